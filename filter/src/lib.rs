@@ -1,0 +1,1 @@
+//! tether gateway filter (skeleton; filled by the gateway-filter work).

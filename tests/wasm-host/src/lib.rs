@@ -1,0 +1,1 @@
+//! proxy-wasm host on wasmtime (skeleton).
