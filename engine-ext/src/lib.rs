@@ -1,1 +1,2 @@
 //! tether engine extension (skeleton).
+pub mod copy;

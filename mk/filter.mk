@@ -1,0 +1,4 @@
+# Test targets for the filter area.
+.PHONY: test-filter
+test-filter:
+	@echo "test-filter: nothing yet"

@@ -1,0 +1,4 @@
+# Test targets for the host area.
+.PHONY: test-host
+test-host:
+	@echo "test-host: nothing yet"
