@@ -1,4 +1,35 @@
-# Test targets for the kernels area.
-.PHONY: test-kernels
-test-kernels:
-	@echo "test-kernels: nothing yet"
+# KV-copy engine (engine-ext/src/copy*, kernels/*.cu). See docs/kv-copy.md.
+#   make test-kernels   NVRTC wheel -> every kernels/*.cu to PTX for sm_90 (fails on any
+#                       compile error, no GPU needed), CPU backend tests, the API example
+#                       in docs/kv-copy.md, GPU tests (skip with a printed reason when
+#                       there is no CUDA driver)
+#   make bench-kvcopy   CPU backend vs naive reference, GB/s side by side
+#   make gpu-bins       build what scripts/gpu-check.sh carries to an accelerator machine
+.PHONY: test-kernels nvrtc bench-kvcopy gpu-bins
+
+KVCOPY_NVRTC_WHEEL := nvidia-cuda-nvrtc-cu12==12.9.86
+KVCOPY_NVRTC_STAMP := $(VENV)/.kvcopy-nvrtc-12.9.86
+# Resolved when a recipe runs (the wheel may not be installed when make parses this file).
+KVCOPY_NVRTC_DIR = $$(dirname "$$(ls -1 $(abspath $(VENV))/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 | head -n 1)")
+KVCOPY_ENV = LD_LIBRARY_PATH=$(KVCOPY_NVRTC_DIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}
+
+$(KVCOPY_NVRTC_STAMP): | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(KVCOPY_NVRTC_WHEEL)
+	@ls $(VENV)/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 >/dev/null \
+		|| { echo "the $(KVCOPY_NVRTC_WHEEL) wheel did not provide libnvrtc.so.12"; exit 1; }
+	@touch $@
+
+nvrtc: $(KVCOPY_NVRTC_STAMP)
+
+test-kernels: $(KVCOPY_NVRTC_STAMP)
+	$(KVCOPY_ENV) $(CARGO) run --quiet -p tether-engine --bin kvcopy-ptx -- kernels --arch compute_90
+	$(CARGO) test --quiet -p tether-engine --lib copy::
+	$(CARGO) test --quiet -p tether-engine --test copy_cpu
+	$(CARGO) test --quiet -p tether-engine --doc copy
+	$(CARGO) test --quiet -p tether-engine --test gpu_copy -- --include-ignored --nocapture
+
+bench-kvcopy:
+	$(CARGO) run --quiet --release -p tether-engine --bin kvcopy-bench -- cpu
+
+gpu-bins: $(KVCOPY_NVRTC_STAMP)
+	$(KVCOPY_ENV) scripts/gpu-check.sh build

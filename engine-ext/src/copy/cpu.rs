@@ -73,7 +73,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> KvCopy<T> for CpuCopy {
 
 /// Calls `copy(tensor, tensor_offset, staging_offset, len)` for every contiguous run of a
 /// validated request, in staging order.
-fn for_each_run(map: &ChunkMap, blocks: &[BlockId], mut copy: impl FnMut(usize, usize, usize, usize)) {
+fn for_each_run(
+    map: &ChunkMap,
+    blocks: &[BlockId],
+    mut copy: impl FnMut(usize, usize, usize, usize),
+) {
     for (entry, &block) in blocks.iter().enumerate() {
         let block = block as usize;
         if map.block_is_contiguous() {

@@ -20,7 +20,11 @@ pub enum CopyError {
     TensorCount { expected: usize, got: usize },
     /// A tensor is smaller than its layout says.
     #[error("tensor {index} holds {have} bytes, layout needs {need}")]
-    TensorTooSmall { index: usize, need: usize, have: usize },
+    TensorTooSmall {
+        index: usize,
+        need: usize,
+        have: usize,
+    },
     /// No CUDA driver library could be loaded, or no device is usable.
     #[error("CUDA unavailable: {0}")]
     CudaUnavailable(String),

@@ -31,7 +31,16 @@ impl Dtype {
 pub enum KvLayout {
     /// vLLM FlashAttention: one tensor per layer,
     /// `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K plane, then V plane).
-    Flash { num_kv_heads: usize, head_dim: usize },
+    Flash {
+        num_kv_heads: usize,
+        head_dim: usize,
+    },
+    /// vLLM FlashInfer: one tensor per layer,
+    /// `[num_blocks, 2, block_size, num_kv_heads, head_dim]` (a block's K then V).
+    FlashInfer {
+        num_kv_heads: usize,
+        head_dim: usize,
+    },
     /// Multi-head latent attention (DeepSeek family): one tensor per layer,
     /// `[num_blocks, block_size, latent_dim]`, one latent vector per token
     /// (576 for DeepSeek-V3: 512 kv_lora + 64 rope).
@@ -39,7 +48,10 @@ pub enum KvLayout {
     /// Cross-layer contiguous: one tensor for all layers,
     /// `[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]`, so a block is
     /// one contiguous run of bytes — what makes offload a single large transfer.
-    CrossLayer { num_kv_heads: usize, head_dim: usize },
+    CrossLayer {
+        num_kv_heads: usize,
+        head_dim: usize,
+    },
 }
 
 /// Shape of a paged KV cache; validated by [`KvCacheSpec::try_new`].
@@ -70,6 +82,10 @@ impl KvCacheSpec {
         };
         let (a, b) = match layout {
             KvLayout::Flash {
+                num_kv_heads,
+                head_dim,
+            }
+            | KvLayout::FlashInfer {
                 num_kv_heads,
                 head_dim,
             }
@@ -123,6 +139,10 @@ impl KvCacheSpec {
                 num_kv_heads,
                 head_dim,
             }
+            | KvLayout::FlashInfer {
+                num_kv_heads,
+                head_dim,
+            }
             | KvLayout::CrossLayer {
                 num_kv_heads,
                 head_dim,
@@ -141,6 +161,16 @@ impl KvCacheSpec {
                 layer_stride: 0,
                 plane_stride: blocks * chunk,
                 block_stride: chunk,
+            },
+            KvLayout::FlashInfer { .. } => MapParts {
+                per_layer_tensors: true,
+                num_layers: layers,
+                num_blocks: blocks,
+                planes,
+                chunk,
+                layer_stride: 0,
+                plane_stride: chunk,
+                block_stride: planes * chunk,
             },
             KvLayout::CrossLayer { .. } => MapParts {
                 per_layer_tensors: false,
@@ -167,7 +197,11 @@ pub struct StateSpec {
 
 impl StateSpec {
     /// Checks that every dimension is non-zero and that sizes fit in `usize`.
-    pub fn try_new(num_layers: usize, num_slots: usize, slab_bytes: usize) -> Result<Self, CopyError> {
+    pub fn try_new(
+        num_layers: usize,
+        num_slots: usize,
+        slab_bytes: usize,
+    ) -> Result<Self, CopyError> {
         if [num_layers, num_slots, slab_bytes].contains(&0) {
             return Err(CopyError::InvalidShape("every dimension must be non-zero"));
         }
@@ -234,7 +268,9 @@ pub struct ChunkMap {
 
 impl ChunkMap {
     fn try_from_parts(p: MapParts) -> Result<Self, CopyError> {
-        let fit = |v: u128| usize::try_from(v).map_err(|_| CopyError::InvalidShape("sizes overflow usize"));
+        let fit = |v: u128| {
+            usize::try_from(v).map_err(|_| CopyError::InvalidShape("sizes overflow usize"))
+        };
         let layers_in_tensor = if p.per_layer_tensors { 1 } else { p.num_layers };
         let tensor_bytes = layers_in_tensor * p.planes * p.num_blocks * p.chunk;
         // Offsets are also computed in i64 on the GPU and staging sizes may cover every block.
@@ -265,7 +301,11 @@ impl ChunkMap {
 
     /// Number of tensors a caller passes: one per layer, or one for a cross-layer cache.
     pub fn num_tensors(&self) -> usize {
-        if self.per_layer_tensors { self.num_layers } else { 1 }
+        if self.per_layer_tensors {
+            self.num_layers
+        } else {
+            1
+        }
     }
 
     /// Bytes each tensor must hold at least.

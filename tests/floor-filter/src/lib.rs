@@ -59,7 +59,13 @@ impl RootContext for FloorRoot {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let mode = self.mode.clone()?;
-        Some(Box::new(FloorHttp { mode, body_calls: 0, set_status: None, get_status: None, body_size: 0 }))
+        Some(Box::new(FloorHttp {
+            mode,
+            body_calls: 0,
+            set_status: None,
+            get_status: None,
+            body_size: 0,
+        }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -86,7 +92,9 @@ fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
                 .ok_or("field `dst` is missing or not a string (mode `body` needs \"ip:port\")")?;
             dst.parse::<SocketAddr>()
                 .map_err(|_| format!("field `dst` is not an ip:port address: {dst:?}"))?;
-            Ok(Mode::Body { dst: dst.to_owned() })
+            Ok(Mode::Body {
+                dst: dst.to_owned(),
+            })
         }
         other => Err(format!(
             "field `mode` has unknown value {other:?} (expected header, body, probe or pause)"
@@ -108,7 +116,9 @@ impl HttpContext for FloorHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
         match self.mode {
             Mode::Header => {
-                if let Err(s) = hostcalls::set_map_value(MapType::HttpRequestHeaders, "x-floor", Some("1")) {
+                if let Err(s) =
+                    hostcalls::set_map_value(MapType::HttpRequestHeaders, "x-floor", Some("1"))
+                {
                     log_status("set x-floor", s);
                 }
                 Action::Continue
@@ -130,7 +140,9 @@ impl HttpContext for FloorHttp {
             _ if !end_of_stream => Action::Pause,
             Mode::Body { dst } => {
                 let args = filter_state_args(ORIGINAL_DST_KEY, dst);
-                if let Err(s) = hostcalls::call_foreign_function("set_envoy_filter_state", Some(&args)) {
+                if let Err(s) =
+                    hostcalls::call_foreign_function("set_envoy_filter_state", Some(&args))
+                {
                     log_status("set_envoy_filter_state", s);
                 }
                 Action::Continue
@@ -152,7 +164,9 @@ impl HttpContext for FloorHttp {
                 ("x-floor-set-status", status_text(self.set_status)),
             ];
             for (name, value) in report {
-                if let Err(s) = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value)) {
+                if let Err(s) =
+                    hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&value))
+                {
                     log_status(name, s);
                 }
             }
@@ -166,7 +180,10 @@ fn status_text(status: Option<u32>) -> String {
 }
 
 fn log_status(what: &str, status: Status) {
-    let _ = hostcalls::log(LogLevel::Warn, &format!("floor filter: {what} failed: {status:?}"));
+    let _ = hostcalls::log(
+        LogLevel::Warn,
+        &format!("floor filter: {what} failed: {status:?}"),
+    );
 }
 
 /// Protobuf `SetEnvoyFilterStateArguments{path=1, value=2}`; `span=3` is left at
@@ -215,7 +232,13 @@ mod raw {
         // SAFETY: the host reads `name` within its length and writes the two
         // out-pointers, which point at live locals.
         let status = unsafe {
-            proxy_get_header_map_value(MapType::HttpRequestHeaders, name.as_ptr(), name.len(), &mut data, &mut size)
+            proxy_get_header_map_value(
+                MapType::HttpRequestHeaders,
+                name.as_ptr(),
+                name.len(),
+                &mut data,
+                &mut size,
+            )
         };
         if !data.is_null() {
             // SAFETY: on success the host returns a buffer it allocated through

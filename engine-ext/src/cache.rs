@@ -1,0 +1,782 @@
+//! The rank's retention cache: prefix hits, turn-boundary retention, eviction order and the two tiers.
+//!
+//! Lifecycle of one request, as an engine integration drives it:
+//! 1. [`RetentionCache::admit`] before prefill: matches the prompt's block chain on
+//!    the device, continues the match on the host tier and restores those blocks
+//!    (checksums verified; any mismatch or failed copy is a miss, never wrong KV),
+//!    refreshes the key's retention, and allocates slots for the rest.
+//! 2. [`RetentionCache::finish_prefill`] when the prompt's KV is computed: publishes
+//!    the new blocks and, for a prompt-end marker, retains the prompt (and for hybrid
+//!    models its state snapshots), superseding the key's previous retention.
+//! 3. [`RetentionCache::release`] when the request finishes.
+//!
+//! Making room for a block always follows one order: unreferenced unretained blocks
+//! (LRU, tails first, subtrees with their heads); then expired retentions, dropped;
+//! then the least valuable live retention, offloaded to the host tier if it fits there
+//! (else dropped). Nothing in this module reads a clock: every call takes `now`.
+
+use crate::config::{ConfigError, Millis, PolicyConfig};
+use crate::hash::BlockHash;
+use crate::host::{HostKind, HostTier};
+use crate::marker::{RetentionKey, TurnMarker};
+use crate::payload::{MoveError, Mover, SlotId, StateSlot, split};
+use crate::pool::BlockPool;
+use crate::record::{DeviceRecord, HostRecord, RecordMeta};
+use crate::states::StatePool;
+use crate::value;
+use std::collections::HashMap;
+use thiserror::Error;
+
+/// The engine's id for a running request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// Why a request could not be served by the cache.
+#[derive(Debug, Error)]
+pub enum CacheError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Every slot is pinned by running requests; the prompt does not fit now.
+    #[error("no device block free for a prompt of {need} blocks")]
+    OutOfBlocks {
+        /// Blocks the prompt needs.
+        need: usize,
+    },
+    /// The request id is already running.
+    #[error("request {0:?} is already admitted")]
+    Duplicate(RequestId),
+    /// The request id is not running.
+    #[error("request {0:?} is not admitted")]
+    Unknown(RequestId),
+}
+
+/// Why the host tier could not serve what it held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreMiss {
+    /// A payload failed its checksum; it and the records needing it were dropped.
+    Checksum,
+    /// The copy into device memory failed part-way; the restored range was discarded.
+    Copy(String),
+}
+
+/// What [`RetentionCache::admit`] gives the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    /// One device slot per full prompt block (the request's block table).
+    pub slots: Vec<SlotId>,
+    /// Leading blocks whose KV is valid (device hits plus restored); prefill starts after them.
+    pub cached_blocks: usize,
+    /// Of those, blocks restored from the host tier for this request.
+    pub restored_blocks: usize,
+    /// For hybrid models: the snapshot to resume the linear state from (at `cached_blocks`).
+    pub state: Option<StateSlot>,
+    /// Set when host-tier data existed but could not be used.
+    pub miss: Option<RestoreMiss>,
+}
+
+/// Snapshots the engine must write after [`RetentionCache::finish_prefill`] retained a prompt end.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retained {
+    /// (boundary in blocks, slot) for each new snapshot, prompt end first.
+    pub state_slots: Vec<(usize, StateSlot)>,
+}
+
+/// Counters for metrics and the benchmark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Retentions created.
+    pub retained: u64,
+    /// Retentions replaced by the same key's next prompt end.
+    pub superseded: u64,
+    /// Retentions refreshed by a hit.
+    pub refreshed: u64,
+    /// Expired retentions dropped for room.
+    pub expired_dropped: u64,
+    /// Live retentions moved to the host tier.
+    pub offloaded: u64,
+    /// Live retentions dropped because the host tier could not take them.
+    pub dropped: u64,
+    /// Blocks restored from the host tier.
+    pub restored_blocks: u64,
+    /// Restores refused by a checksum mismatch or failed copy.
+    pub restore_misses: u64,
+}
+
+#[derive(Debug)]
+struct Running {
+    hashes: Vec<BlockHash>,
+    slots: Vec<SlotId>,
+    /// The cached slot each block is published as (equal to `slots[i]` unless a duplicate).
+    canonical: Vec<Option<SlotId>>,
+    state_pin: Option<BlockHash>,
+}
+
+enum Victim {
+    Block,
+    State,
+}
+
+/// Where a usable prefix comes from.
+struct Plan {
+    device: usize,
+    restore: usize,
+    state: Option<(BlockHash, bool)>,
+}
+
+/// Block counts at which a hybrid prompt of `n` full blocks keeps state snapshots: the
+/// prompt end first, then every `checkpoint_every_tokens` (latest first), so when slots
+/// run short the boundaries most likely to be resumed from are the ones kept. Empty
+/// for attention-only models.
+pub fn snapshot_boundaries(cfg: &PolicyConfig, n: usize) -> Vec<usize> {
+    if !cfg.hybrid() || n == 0 {
+        return Vec::new();
+    }
+    let mut bounds = vec![n];
+    let every = cfg.checkpoint_every_tokens / cfg.block_size;
+    if every > 0 {
+        bounds.extend((1..n.div_ceil(every)).rev().map(|k| k * every).filter(|&b| b < n));
+    }
+    bounds
+}
+
+/// Retention cache of one rank (device block pool, state slots, records, host tier).
+#[derive(Debug)]
+pub struct RetentionCache {
+    cfg: PolicyConfig,
+    pool: BlockPool,
+    states: StatePool,
+    records: HashMap<RetentionKey, DeviceRecord>,
+    host: HostTier,
+    running: HashMap<RequestId, Running>,
+    stats: Stats,
+}
+
+impl RetentionCache {
+    /// A cache configured by `cfg`.
+    pub fn try_new(cfg: PolicyConfig) -> Result<Self, CacheError> {
+        cfg.validate()?;
+        Ok(Self {
+            pool: BlockPool::new(cfg.device_blocks),
+            states: StatePool::new(cfg.device_state_slots),
+            host: HostTier::new(cfg.host_bytes),
+            records: HashMap::new(),
+            running: HashMap::new(),
+            stats: Stats::default(),
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.cfg
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The device block pool.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// The host tier.
+    pub fn host(&self) -> &HostTier {
+        &self.host
+    }
+
+    /// The host tier, mutable (fault injection in tests, operator flushes).
+    pub fn host_mut(&mut self) -> &mut HostTier {
+        &mut self.host
+    }
+
+    /// The device state-snapshot pool.
+    pub fn states(&self) -> &StatePool {
+        &self.states
+    }
+
+    /// The device retention of `key`.
+    pub fn device_record(&self, key: &RetentionKey) -> Option<&DeviceRecord> {
+        self.records.get(key)
+    }
+
+    /// Device retentions held.
+    pub fn device_records(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Leading blocks of `chain` cached on the device, without side effects.
+    pub fn peek_prefix(&self, chain: &[BlockHash]) -> usize {
+        self.pool.prefix_len(chain)
+    }
+
+    /// Admits a request whose prompt has the full-block chain `hashes`. See the module docs.
+    pub fn admit(
+        &mut self,
+        id: RequestId,
+        hashes: &[BlockHash],
+        key: Option<RetentionKey>,
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> Result<Admission, CacheError> {
+        if self.running.contains_key(&id) {
+            return Err(CacheError::Duplicate(id));
+        }
+        if let Some(k) = key {
+            self.refresh(&k, now);
+        }
+        let mut miss = None;
+        let mut plan = self.plan(hashes, true);
+        // Fetch and verify host payloads before any eviction can touch the host tier.
+        let mut restored_bytes = Vec::new();
+        let mut state_bytes = None;
+        if plan.restore > 0 || matches!(plan.state, Some((_, false))) {
+            match self.fetch_restore(hashes, &plan) {
+                Ok((b, s)) => {
+                    restored_bytes = b;
+                    state_bytes = s;
+                }
+                Err(m) => {
+                    self.stats.restore_misses += 1;
+                    miss = Some(m);
+                    plan = self.plan(hashes, false);
+                }
+            }
+        }
+        let n = hashes.len();
+        let mut run = Running {
+            hashes: hashes.to_vec(),
+            slots: Vec::with_capacity(n),
+            canonical: vec![None; n],
+            state_pin: None,
+        };
+        for (i, h) in hashes.iter().take(plan.device).enumerate() {
+            let Some(s) = self.pool.get(*h) else { break };
+            self.pool.acquire(s);
+            run.slots.push(s);
+            run.canonical[i] = Some(s);
+        }
+        if let Some((b, true)) = plan.state {
+            run.state_pin = self.states.pin(b).map(|_| b);
+        }
+        // Allocate the rest: restored blocks first, then the blocks prefill computes.
+        while run.slots.len() < n {
+            match self.alloc(now, mover) {
+                Some(s) => run.slots.push(s),
+                None => {
+                    self.release_running(run);
+                    return Err(CacheError::OutOfBlocks { need: n });
+                }
+            }
+        }
+        let mut restored = 0;
+        let mut state = run.state_pin.and_then(|b| self.states.get(b));
+        if plan.restore > 0 || state_bytes.is_some() {
+            match self.scatter_restore(
+                &mut run,
+                &plan,
+                &restored_bytes,
+                state_bytes.as_deref(),
+                now,
+                mover,
+            ) {
+                Ok((r, s)) => {
+                    restored = r;
+                    if s.is_some() {
+                        state = s;
+                    }
+                }
+                Err(m) => {
+                    self.stats.restore_misses += 1;
+                    miss = Some(m);
+                    plan.restore = 0;
+                    if matches!(plan.state, Some((_, false))) {
+                        plan.state = None;
+                    }
+                }
+            }
+        }
+        let mut cached = plan.device + restored;
+        if self.cfg.hybrid() && state.is_none() {
+            cached = 0;
+        }
+        self.stats.restored_blocks += restored as u64;
+        let adm = Admission {
+            slots: run.slots.clone(),
+            cached_blocks: cached,
+            restored_blocks: restored,
+            state,
+            miss,
+        };
+        self.running.insert(id, run);
+        Ok(adm)
+    }
+
+    /// Decides how much of `hashes` is usable and from where.
+    fn plan(&self, hashes: &[BlockHash], use_host: bool) -> Plan {
+        let m = self.pool.prefix_len(hashes);
+        let hm = if use_host && self.host.capacity() > 0 {
+            self.host.prefix_len(&hashes[m..])
+        } else {
+            0
+        };
+        let total = m + hm;
+        if !self.cfg.hybrid() {
+            return Plan {
+                device: m,
+                restore: hm,
+                state: None,
+            };
+        }
+        // A hybrid prefix is usable only up to the deepest boundary with a snapshot.
+        for j in (1..=total).rev() {
+            let b = hashes[j - 1];
+            let on_device = self.states.get(b).is_some();
+            let on_host = use_host && self.host.contains(HostKind::State, b);
+            if on_device || on_host {
+                let device = m.min(j);
+                return Plan {
+                    device,
+                    restore: j - device,
+                    state: Some((b, on_device)),
+                };
+            }
+        }
+        Plan {
+            device: 0,
+            restore: 0,
+            state: None,
+        }
+    }
+
+    /// Verified copies of the host payloads a plan restores.
+    #[allow(
+        clippy::type_complexity,
+        reason = "private helper returning the two payload kinds"
+    )]
+    fn fetch_restore(
+        &mut self,
+        hashes: &[BlockHash],
+        plan: &Plan,
+    ) -> Result<(Vec<u8>, Option<Vec<u8>>), RestoreMiss> {
+        let mut blocks = Vec::new();
+        for h in &hashes[plan.device..plan.device + plan.restore] {
+            match self.host.fetch(HostKind::Block, *h) {
+                Some(Ok(b)) => blocks.extend_from_slice(&b),
+                Some(Err(_)) => return Err(RestoreMiss::Checksum),
+                None => return Err(RestoreMiss::Copy("host block vanished".into())),
+            }
+        }
+        let state = match plan.state {
+            Some((b, false)) => match self.host.fetch(HostKind::State, b) {
+                Some(Ok(s)) => Some(s),
+                Some(Err(_)) => return Err(RestoreMiss::Checksum),
+                None => return Err(RestoreMiss::Copy("host state vanished".into())),
+            },
+            _ => None,
+        };
+        Ok((blocks, state))
+    }
+
+    /// Writes restored bytes into the request's slots and publishes them.
+    fn scatter_restore(
+        &mut self,
+        run: &mut Running,
+        plan: &Plan,
+        blocks: &[u8],
+        state: Option<&[u8]>,
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> Result<(usize, Option<StateSlot>), RestoreMiss> {
+        let range = plan.device..plan.device + plan.restore;
+        if !range.is_empty() {
+            mover
+                .scatter_blocks(&run.slots[range.clone()], blocks)
+                .map_err(|e| RestoreMiss::Copy(e.0))?;
+        }
+        let mut slot = None;
+        if let (Some(bytes), Some((b, false))) = (state, plan.state) {
+            let s = self
+                .alloc_state(b, now, mover)
+                .ok_or_else(|| RestoreMiss::Copy("no state slot".into()))?;
+            if let Err(e) = mover.scatter_states(&[s], bytes) {
+                self.states.unpin(b);
+                return Err(RestoreMiss::Copy(e.0));
+            }
+            run.state_pin = Some(b);
+            slot = Some(s);
+        }
+        for i in range.clone() {
+            self.publish(run, i);
+        }
+        Ok((range.len(), slot))
+    }
+
+    /// Publishes block `i` of a running request as cached (or pins the existing copy).
+    fn publish(&mut self, run: &mut Running, i: usize) {
+        if run.canonical[i].is_some() {
+            return;
+        }
+        let parent = if i == 0 { None } else { run.canonical[i - 1] };
+        let own = run.slots[i];
+        if self.pool.insert(own, run.hashes[i], parent) {
+            run.canonical[i] = Some(own);
+        } else if let Some(existing) = self.pool.get(run.hashes[i]) {
+            self.pool.acquire(existing);
+            run.canonical[i] = Some(existing);
+        }
+    }
+
+    /// Publishes the request's computed blocks and, for a prompt-end marker, retains them.
+    pub fn finish_prefill(
+        &mut self,
+        id: RequestId,
+        marker: Option<&TurnMarker>,
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> Result<Retained, CacheError> {
+        let mut run = self.running.remove(&id).ok_or(CacheError::Unknown(id))?;
+        for i in 0..run.hashes.len() {
+            self.publish(&mut run, i);
+        }
+        let out = match marker.filter(|m| m.prompt_end && self.cfg.retention) {
+            Some(m) => self.retain(&run, m, now, mover),
+            None => self.cache_snapshots(&run, now, mover),
+        };
+        self.running.insert(id, run);
+        Ok(out)
+    }
+
+    fn retain(
+        &mut self,
+        run: &Running,
+        m: &TurnMarker,
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> Retained {
+        let chain: Vec<SlotId> = run.canonical.iter().map_while(|c| *c).collect();
+        let n = chain.len();
+        let mut out = Retained::default();
+        let prior_gap = self.cfg.kind(m.kind).expected_gap_ms;
+        let observed = self
+            .records
+            .get(&m.key)
+            .map(|r| r.meta.observed_gap_ms)
+            .or_else(|| self.host.record(&m.key).map(|r| r.meta.observed_gap_ms))
+            .flatten();
+        for s in &chain {
+            self.pool.retain(*s);
+        }
+        if let Some(old) = self.records.remove(&m.key) {
+            self.drop_device_record(old);
+            self.stats.superseded += 1;
+        }
+        if self.host.remove_record(&m.key).is_some() {
+            self.stats.superseded += 1;
+        }
+        let mut states = Vec::new();
+        for b in snapshot_boundaries(&self.cfg, n) {
+            let h = run.hashes[b - 1];
+            let existed = self.states.get(h).is_some();
+            if let Some(s) = self.alloc_state(h, now, mover) {
+                states.push((h, s));
+                if !existed {
+                    out.state_slots.push((b, s));
+                }
+            }
+        }
+        let interval = self.cfg.interval(m.kind, m.retention_ms);
+        let bytes = n as u64 * self.cfg.block_bytes + states.len() as u64 * self.cfg.state_bytes;
+        let meta = RecordMeta {
+            key: m.key,
+            kind: m.kind,
+            tokens: (n * self.cfg.block_size) as u64,
+            created_ms: now,
+            last_use_ms: now,
+            expires_ms: now.saturating_add(interval),
+            expected_gap_ms: observed.map_or(prior_gap, |g| value::update_gap(prior_gap, g)),
+            bytes,
+            observed_gap_ms: None,
+        };
+        let hashes = run.hashes[..n].to_vec();
+        self.records.insert(
+            m.key,
+            DeviceRecord {
+                meta,
+                chain,
+                hashes,
+                states,
+                interval_ms: interval,
+            },
+        );
+        self.stats.retained += 1;
+        out
+    }
+
+    /// Without retention, a hybrid prompt's snapshots are still cached, unpinned, in LRU
+    /// order (plain prefix caching of a hybrid model, vLLM `--mamba-cache-mode align`).
+    fn cache_snapshots(&mut self, run: &Running, now: Millis, mover: &mut dyn Mover) -> Retained {
+        let n = run.canonical.iter().take_while(|c| c.is_some()).count();
+        let mut out = Retained::default();
+        for b in snapshot_boundaries(&self.cfg, n) {
+            let h = run.hashes[b - 1];
+            if self.states.get(h).is_some() {
+                continue;
+            }
+            if let Some(s) = self.alloc_state(h, now, mover) {
+                self.states.unpin(h);
+                out.state_slots.push((b, s));
+            }
+        }
+        out
+    }
+
+    /// A hit on `key`: refresh its retention on whichever tier holds it.
+    fn refresh(&mut self, key: &RetentionKey, now: Millis) {
+        if let Some(r) = self.records.get_mut(key) {
+            r.meta.refresh(now, r.interval_ms);
+            self.stats.refreshed += 1;
+        } else if let Some(r) = self.host.record_mut(key) {
+            r.meta.refresh(now, r.interval_ms);
+            self.stats.refreshed += 1;
+        }
+    }
+
+    /// Ends a request: drops its pins, tail first so chain tails are evicted before heads.
+    pub fn release(&mut self, id: RequestId) -> Result<(), CacheError> {
+        let run = self.running.remove(&id).ok_or(CacheError::Unknown(id))?;
+        self.release_running(run);
+        Ok(())
+    }
+
+    fn release_running(&mut self, run: Running) {
+        for i in (0..run.slots.len()).rev() {
+            let own = run.slots[i];
+            match run.canonical[i] {
+                Some(c) if c != own => {
+                    self.pool.release(c);
+                    self.pool.release(own);
+                }
+                _ => self.pool.release(own),
+            }
+        }
+        if let Some(b) = run.state_pin {
+            self.states.unpin(b);
+        }
+    }
+
+    fn drop_device_record(&mut self, rec: DeviceRecord) {
+        for s in rec.chain.iter().rev() {
+            self.pool.unretain(*s);
+        }
+        for (h, _) in &rec.states {
+            self.states.unpin(*h);
+        }
+    }
+
+    /// One free block slot (pinned once, uncached), evicting in policy order.
+    fn alloc(&mut self, now: Millis, mover: &mut dyn Mover) -> Option<SlotId> {
+        loop {
+            if let Some(s) = self.pool.take_empty() {
+                return Some(s);
+            }
+            if self.pool.evict_lru() > 0 {
+                continue;
+            }
+            if !self.evict_record(Victim::Block, now, mover) {
+                return None;
+            }
+        }
+    }
+
+    /// A state slot for the snapshot at `boundary` (pinned once), evicting in policy order.
+    fn alloc_state(
+        &mut self,
+        boundary: BlockHash,
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> Option<StateSlot> {
+        loop {
+            if self.states.has_free() || self.states.get(boundary).is_some() {
+                return self.states.insert(boundary);
+            }
+            if self.states.evict_unpinned() {
+                continue;
+            }
+            if !self.evict_record(Victim::State, now, mover) {
+                return None;
+            }
+        }
+    }
+
+    /// Gives up one device retention: the earliest-expired one (dropped), else the
+    /// least valuable live one (offloaded if the host tier takes it, else dropped).
+    fn evict_record(&mut self, victim: Victim, now: Millis, mover: &mut dyn Mover) -> bool {
+        let cfg = &self.cfg;
+        let pick = self
+            .records
+            .values()
+            .filter(|r| match victim {
+                Victim::Block => true,
+                Victim::State => !r.states.is_empty(),
+            })
+            .map(|r| {
+                if r.meta.expired(now) {
+                    (0u8, r.meta.expires_ms as f64, r.meta.key)
+                } else {
+                    (1u8, r.meta.value(cfg, now), r.meta.key)
+                }
+            })
+            .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let Some((class, _, key)) = pick else {
+            return false;
+        };
+        let Some(rec) = self.records.remove(&key) else {
+            return false;
+        };
+        if class == 0 {
+            self.stats.expired_dropped += 1;
+        } else if self.offload(&rec, now, mover).is_ok() {
+            self.stats.offloaded += 1;
+        } else {
+            self.stats.dropped += 1;
+        }
+        self.drop_device_record(rec);
+        true
+    }
+
+    /// Copies a device record to the host tier: gather the payloads the host lacks,
+    /// checksum them, store, and record. Fails (changing nothing) when it does not fit.
+    fn offload(
+        &mut self,
+        rec: &DeviceRecord,
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> Result<(), MoveError> {
+        if self.host.capacity() == 0 {
+            return Err(MoveError("no host tier".into()));
+        }
+        let state_hashes: Vec<BlockHash> = rec.states.iter().map(|(h, _)| *h).collect();
+        let missing_b = self.host.pin_present(HostKind::Block, &rec.hashes);
+        let missing_s = self.host.pin_present(HostKind::State, &state_hashes);
+        let unpin_present = |host: &mut HostTier| {
+            let present_b: Vec<BlockHash> = rec
+                .hashes
+                .iter()
+                .filter(|h| !missing_b.contains(h))
+                .copied()
+                .collect();
+            let present_s: Vec<BlockHash> = state_hashes
+                .iter()
+                .filter(|h| !missing_s.contains(h))
+                .copied()
+                .collect();
+            host.unpin(HostKind::Block, &present_b);
+            host.unpin(HostKind::State, &present_s);
+        };
+        let need = missing_b.len() as u64 * self.cfg.block_bytes
+            + missing_s.len() as u64 * self.cfg.state_bytes;
+        let v = rec.meta.value(&self.cfg, now);
+        if !self
+            .host
+            .make_room(&self.cfg, need, v, Some(rec.meta.key), now)
+        {
+            unpin_present(&mut self.host);
+            return Err(MoveError("host tier full of more valuable state".into()));
+        }
+        let slots: Vec<SlotId> = rec
+            .hashes
+            .iter()
+            .zip(&rec.chain)
+            .filter(|(h, _)| missing_b.contains(h))
+            .map(|(_, s)| *s)
+            .collect();
+        let sslots: Vec<StateSlot> = rec
+            .states
+            .iter()
+            .filter(|(h, _)| missing_s.contains(h))
+            .map(|(_, s)| *s)
+            .collect();
+        let gathered = mover
+            .gather_blocks(&slots)
+            .and_then(|b| split(b, slots.len()))
+            .and_then(|b| {
+                mover
+                    .gather_states(&sslots)
+                    .and_then(|s| split(s, sslots.len()))
+                    .map(|s| (b, s))
+            });
+        let (bp, sp) = match gathered {
+            Ok(x) => x,
+            Err(e) => {
+                unpin_present(&mut self.host);
+                return Err(e);
+            }
+        };
+        for (h, p) in missing_b.iter().zip(bp) {
+            self.host.put(HostKind::Block, *h, p, self.cfg.block_bytes);
+        }
+        for (h, p) in missing_s.iter().zip(sp) {
+            self.host.put(HostKind::State, *h, p, self.cfg.state_bytes);
+        }
+        self.host.insert_record(HostRecord {
+            meta: rec.meta.clone(),
+            hashes: rec.hashes.clone(),
+            states: state_hashes,
+            interval_ms: rec.interval_ms,
+        });
+        Ok(())
+    }
+
+    /// Checks every accounting invariant across pool, states, records and host tier.
+    pub fn check(&self) -> Result<(), String> {
+        self.pool.check()?;
+        self.host.check()?;
+        let mut retains: HashMap<SlotId, u32> = HashMap::new();
+        let mut refs: HashMap<SlotId, u32> = HashMap::new();
+        let mut state_pins = 0u64;
+        for r in self.records.values() {
+            for (s, h) in r.chain.iter().zip(&r.hashes) {
+                if self.pool.hash_of(*s) != Some(*h) {
+                    return Err(format!(
+                        "record {:?} pins slot {s:?} not holding its block",
+                        r.meta.key
+                    ));
+                }
+                *retains.entry(*s).or_default() += 1;
+            }
+            state_pins += r.states.len() as u64;
+        }
+        for run in self.running.values() {
+            for (i, s) in run.slots.iter().enumerate() {
+                *refs.entry(*s).or_default() += 1;
+                if let Some(c) = run.canonical[i].filter(|c| c != s) {
+                    *refs.entry(c).or_default() += 1;
+                }
+            }
+            state_pins += u64::from(run.state_pin.is_some());
+        }
+        for i in 0..self.pool.capacity() {
+            let s = SlotId(i as u32);
+            if self.pool.retains(s) != retains.get(&s).copied().unwrap_or(0) {
+                return Err(format!("slot {i}: retains disagree with records"));
+            }
+            if self.pool.refs(s) != refs.get(&s).copied().unwrap_or(0) {
+                return Err(format!("slot {i}: refs disagree with running requests"));
+            }
+        }
+        if self.states.total_pins() != state_pins {
+            return Err(format!(
+                "state pins {} != holders {state_pins}",
+                self.states.total_pins()
+            ));
+        }
+        self.states.check()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

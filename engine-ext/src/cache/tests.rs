@@ -1,0 +1,637 @@
+use super::*;
+use crate::hash::{ROOT_HASH, block_hash};
+use crate::marker::{HexId, TurnKind};
+use crate::payload::MetadataOnly;
+use proptest::prelude::*;
+use xxhash_rust::xxh3::xxh3_64;
+
+const BB: usize = 32;
+
+/// A fake paged KV cache in host memory: every slot holds `BB` bytes. "Prefill" writes
+/// a block's canonical content (a function of its hash), so a served block can be
+/// checked byte for byte.
+#[derive(Debug)]
+struct VecMover {
+    blocks: Vec<Vec<u8>>,
+    states: Vec<Vec<u8>>,
+    fail_scatter: bool,
+}
+
+impl VecMover {
+    fn new(blocks: usize, states: usize) -> Self {
+        Self {
+            blocks: vec![vec![0; BB]; blocks],
+            states: vec![vec![0; BB]; states],
+            fail_scatter: false,
+        }
+    }
+    fn content(h: BlockHash) -> Vec<u8> {
+        (0..BB as u64)
+            .map(|i| xxh3_64(&[h.0.to_le_bytes().as_slice(), &i.to_le_bytes()].concat()) as u8)
+            .collect()
+    }
+    fn state_content(h: BlockHash) -> Vec<u8> {
+        Self::content(h).into_iter().map(|b| !b).collect()
+    }
+    /// Plays the engine: writes the KV of blocks the cache said were not cached.
+    fn prefill(&mut self, a: &Admission, hashes: &[BlockHash]) {
+        for (s, h) in a.slots.iter().zip(hashes).skip(a.cached_blocks) {
+            self.blocks[s.0 as usize] = Self::content(*h);
+        }
+    }
+}
+
+impl Mover for VecMover {
+    fn gather_blocks(&mut self, slots: &[SlotId]) -> Result<Vec<u8>, MoveError> {
+        Ok(slots
+            .iter()
+            .flat_map(|s| self.blocks[s.0 as usize].clone())
+            .collect())
+    }
+    fn scatter_blocks(&mut self, slots: &[SlotId], data: &[u8]) -> Result<(), MoveError> {
+        if self.fail_scatter {
+            return Err(MoveError("injected".into()));
+        }
+        for (s, c) in slots.iter().zip(data.chunks_exact(BB)) {
+            self.blocks[s.0 as usize] = c.to_vec();
+        }
+        Ok(())
+    }
+    fn gather_states(&mut self, slots: &[StateSlot]) -> Result<Vec<u8>, MoveError> {
+        Ok(slots
+            .iter()
+            .flat_map(|s| self.states[s.0 as usize].clone())
+            .collect())
+    }
+    fn scatter_states(&mut self, slots: &[StateSlot], data: &[u8]) -> Result<(), MoveError> {
+        for (s, c) in slots.iter().zip(data.chunks_exact(BB)) {
+            self.states[s.0 as usize] = c.to_vec();
+        }
+        Ok(())
+    }
+}
+
+fn chain(session: u32, n: usize) -> Vec<BlockHash> {
+    let mut p = ROOT_HASH;
+    (0..n as u32)
+        .map(|i| {
+            p = block_hash(p, &[session, i], &[]);
+            p
+        })
+        .collect()
+}
+
+fn key(s: u128) -> RetentionKey {
+    RetentionKey {
+        tenant: HexId(1),
+        session: HexId(s),
+        subagent: HexId(0),
+    }
+}
+
+fn marker(s: u128, kind: TurnKind) -> TurnMarker {
+    TurnMarker {
+        key: key(s),
+        prompt_end: true,
+        kind,
+        turn: None,
+        retention_ms: None,
+    }
+}
+
+fn cfg(device_blocks: usize, host_blocks: u64) -> PolicyConfig {
+    PolicyConfig {
+        device_blocks,
+        block_bytes: BB as u64,
+        host_bytes: host_blocks * BB as u64,
+        ..PolicyConfig::default()
+    }
+}
+
+/// One whole turn: admit, prefill, finish with a marker, release. Returns the admission.
+fn turn(
+    c: &mut RetentionCache,
+    m: &mut VecMover,
+    id: u64,
+    hashes: &[BlockHash],
+    mk: Option<TurnMarker>,
+    now: Millis,
+) -> Admission {
+    let a = c
+        .admit(RequestId(id), hashes, mk.map(|m| m.key), now, m)
+        .expect("admit");
+    // Every block the cache calls cached must already hold exactly its content.
+    for (i, (s, h)) in a.slots.iter().zip(hashes).take(a.cached_blocks).enumerate() {
+        assert_eq!(
+            m.blocks[s.0 as usize],
+            VecMover::content(*h),
+            "wrong KV served at block {i}"
+        );
+    }
+    m.prefill(&a, hashes);
+    let r = c
+        .finish_prefill(RequestId(id), mk.as_ref(), now, m)
+        .expect("finish");
+    for (b, s) in r.state_slots {
+        m.states[s.0 as usize] = VecMover::state_content(hashes[b - 1]);
+    }
+    c.release(RequestId(id)).expect("release");
+    c.check().expect("invariants");
+    a
+}
+
+#[test]
+fn next_turn_supersedes_and_frees_the_old_tail() {
+    let mut c = RetentionCache::try_new(cfg(16, 0)).expect("cfg");
+    let mut m = VecMover::new(16, 0);
+    let t1 = chain(1, 4);
+    turn(&mut c, &mut m, 1, &t1, Some(marker(1, TurnKind::First)), 0);
+    assert_eq!(c.pool().evictable(), 0, "retained blocks are not evictable");
+    // Turn 2 shares 3 blocks and replaces the 4th.
+    let mut t2 = t1[..3].to_vec();
+    t2.extend(chain(99, 2));
+    let a = turn(&mut c, &mut m, 2, &t2, Some(marker(1, TurnKind::Tool)), 10);
+    assert_eq!(a.cached_blocks, 3);
+    assert_eq!(c.device_records(), 1);
+    assert_eq!(c.stats().superseded, 1);
+    assert_eq!(
+        c.device_record(&key(1)).map(|r| r.hashes.clone()),
+        Some(t2.clone())
+    );
+    // Only turn 1's last block is now evictable.
+    assert_eq!(
+        c.pool().lru_order(),
+        vec![c.pool().get(t1[3]).expect("cached")]
+    );
+}
+
+#[test]
+fn a_hit_refreshes_and_an_unrefreshed_retention_expires_first() {
+    let mut c = RetentionCache::try_new(cfg(8, 0)).expect("cfg");
+    let mut m = VecMover::new(8, 0);
+    let tool = c.config().tool.interval_ms;
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 3),
+        Some(marker(1, TurnKind::Tool)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 3),
+        Some(marker(2, TurnKind::Tool)),
+        0,
+    );
+    // A plain hit on session 1 (no prompt end) refreshes its interval.
+    let a = turn(
+        &mut c,
+        &mut m,
+        3,
+        &chain(1, 3),
+        Some(TurnMarker {
+            prompt_end: false,
+            ..marker(1, TurnKind::Tool)
+        }),
+        tool - 1,
+    );
+    assert_eq!(a.cached_blocks, 3);
+    let exp = c.device_record(&key(1)).map(|r| r.meta.expires_ms);
+    assert_eq!(exp, Some(2 * tool - 1));
+    // At `tool`, session 2 has expired: it goes first though session 1 is older.
+    turn(&mut c, &mut m, 4, &chain(3, 3), None, tool);
+    assert!(c.device_record(&key(2)).is_none());
+    assert!(c.device_record(&key(1)).is_some());
+    assert_eq!(c.stats().expired_dropped, 1);
+    assert_eq!(c.stats().offloaded + c.stats().dropped, 0);
+}
+
+#[test]
+fn unretained_blocks_go_before_any_retention() {
+    let mut c = RetentionCache::try_new(cfg(8, 0)).expect("cfg");
+    let mut m = VecMover::new(8, 0);
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 4),
+        Some(marker(1, TurnKind::User)),
+        0,
+    );
+    turn(&mut c, &mut m, 2, &chain(2, 4), None, 1);
+    turn(&mut c, &mut m, 3, &chain(3, 4), None, 2);
+    assert!(c.device_record(&key(1)).is_some());
+    assert_eq!(c.peek_prefix(&chain(1, 4)), 4);
+    assert_eq!(c.peek_prefix(&chain(2, 4)), 0);
+}
+
+#[test]
+fn least_valuable_retention_is_evicted_first() {
+    let mut c = RetentionCache::try_new(cfg(8, 0)).expect("cfg");
+    let mut m = VecMover::new(8, 0);
+    // Same size; a user wait is expected to last longer than a tool wait, so it is worth less.
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 3),
+        Some(marker(1, TurnKind::Tool)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 3),
+        Some(marker(2, TurnKind::User)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        3,
+        &chain(3, 4),
+        Some(marker(3, TurnKind::Tool)),
+        1,
+    );
+    assert!(
+        c.device_record(&key(2)).is_none(),
+        "user-wait retention should go first"
+    );
+    assert!(c.device_record(&key(1)).is_some());
+    assert_eq!(c.stats().dropped, 1);
+    // A longer prefix in the same bytes per block is worth more: session 4 (6 blocks)
+    // outlives session 1 (3 blocks) when room is needed again.
+    let mut c = RetentionCache::try_new(cfg(12, 0)).expect("cfg");
+    let mut m = VecMover::new(12, 0);
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 3),
+        Some(marker(1, TurnKind::Tool)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        4,
+        &chain(4, 6),
+        Some(marker(4, TurnKind::Tool)),
+        0,
+    );
+    turn(&mut c, &mut m, 5, &chain(5, 4), None, 1);
+    assert!(c.device_record(&key(1)).is_none());
+    assert!(c.device_record(&key(4)).is_some());
+}
+
+#[test]
+fn pressure_offloads_to_host_and_the_return_restores_bit_exactly() {
+    let mut c = RetentionCache::try_new(cfg(8, 16)).expect("cfg");
+    let mut m = VecMover::new(8, 0);
+    let s1 = chain(1, 5);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 6),
+        Some(marker(2, TurnKind::Tool)),
+        5,
+    );
+    assert_eq!(c.stats().offloaded, 1);
+    assert!(c.host().record(&key(1)).is_some());
+    assert!(c.host().used() <= c.host().capacity());
+    assert_eq!(c.peek_prefix(&s1), 2, "device lost part of session 1");
+    let mut next = s1.clone();
+    next.extend(chain(11, 1));
+    let a = turn(
+        &mut c,
+        &mut m,
+        3,
+        &next,
+        Some(marker(1, TurnKind::User)),
+        60_000,
+    );
+    assert_eq!(a.cached_blocks, 5);
+    assert!(a.restored_blocks >= 3);
+    assert_eq!(a.miss, None);
+    assert!(
+        c.host().record(&key(1)).is_none(),
+        "the new prompt end superseded the host copy"
+    );
+}
+
+#[test]
+fn a_corrupt_host_byte_is_a_miss_and_never_served() {
+    let mut c = RetentionCache::try_new(cfg(8, 16)).expect("cfg");
+    let mut m = VecMover::new(8, 0);
+    let s1 = chain(1, 5);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 6),
+        Some(marker(2, TurnKind::Tool)),
+        5,
+    );
+    let device = c.peek_prefix(&s1);
+    let victim = s1[device + 1];
+    let p = c
+        .host_mut()
+        .payload_mut(HostKind::Block, victim)
+        .expect("offloaded");
+    p.bytes_mut_unchecked()[7] ^= 1;
+    let a = turn(&mut c, &mut m, 3, &s1, Some(marker(1, TurnKind::User)), 10);
+    assert_eq!(a.miss, Some(RestoreMiss::Checksum));
+    assert_eq!(a.restored_blocks, 0);
+    assert_eq!(a.cached_blocks, device);
+    assert!(!c.host().contains(HostKind::Block, victim));
+    assert_eq!(c.stats().restore_misses, 1);
+}
+
+#[test]
+fn a_failed_copy_is_a_miss() {
+    let mut c = RetentionCache::try_new(cfg(8, 16)).expect("cfg");
+    let mut m = VecMover::new(8, 0);
+    let s1 = chain(1, 5);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 6),
+        Some(marker(2, TurnKind::Tool)),
+        5,
+    );
+    let device = c.peek_prefix(&s1);
+    m.fail_scatter = true;
+    let a = c
+        .admit(RequestId(3), &s1, Some(key(1)), 10, &mut m)
+        .expect("admit");
+    assert!(matches!(a.miss, Some(RestoreMiss::Copy(_))));
+    assert_eq!(a.cached_blocks, device);
+    assert_eq!(
+        c.peek_prefix(&s1),
+        device,
+        "unrestored blocks are not published"
+    );
+    c.release(RequestId(3)).expect("release");
+    c.check().expect("invariants");
+}
+
+#[test]
+fn host_tier_refuses_what_is_worth_less_than_it_holds() {
+    // Host holds 5 blocks: one 5-block retention fits, a second cannot displace a more valuable one.
+    let mut c = RetentionCache::try_new(cfg(6, 5)).expect("cfg");
+    let mut m = VecMover::new(6, 0);
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 5),
+        Some(marker(1, TurnKind::Tool)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 5),
+        Some(marker(2, TurnKind::User)),
+        1,
+    );
+    assert!(c.host().record(&key(1)).is_some());
+    turn(&mut c, &mut m, 3, &chain(3, 5), None, 2);
+    assert!(
+        c.host().record(&key(1)).is_some(),
+        "tool-wait record is worth more than the user-wait one"
+    );
+    assert!(c.host().record(&key(2)).is_none());
+    assert_eq!(c.stats().dropped, 1);
+}
+
+#[test]
+fn hybrid_prefix_is_usable_only_at_a_snapshot_boundary() {
+    let mut conf = cfg(32, 64);
+    conf.state_bytes = BB as u64;
+    conf.device_state_slots = 2;
+    conf.checkpoint_every_tokens = 4 * conf.block_size;
+    let mut c = RetentionCache::try_new(conf).expect("cfg");
+    let mut m = VecMover::new(32, 2);
+    let s1 = chain(1, 10);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
+    // Snapshots at 10, 8 and 4 blocks were wanted; with 2 slots the prompt end and the
+    // latest checkpoint are kept.
+    let rec = c.device_record(&key(1)).expect("retained");
+    let kept: Vec<BlockHash> = rec.states.iter().map(|(h, _)| *h).collect();
+    assert_eq!(kept, vec![s1[9], s1[7]]);
+    // A request sharing 9 blocks can only resume at the 8-block checkpoint.
+    let mut other = s1[..9].to_vec();
+    other.extend(chain(7, 2));
+    let a = turn(&mut c, &mut m, 2, &other, None, 1);
+    assert_eq!(a.cached_blocks, 8);
+    let s = a.state.expect("checkpoint state");
+    assert_eq!(m.states[s.0 as usize], VecMover::state_content(s1[7]));
+    // The full prompt resumes exactly at its end.
+    let a = turn(&mut c, &mut m, 3, &s1, None, 2);
+    assert_eq!(a.cached_blocks, 10);
+    let s = a.state.expect("prompt-end state");
+    assert_eq!(m.states[s.0 as usize], VecMover::state_content(s1[9]));
+}
+
+#[test]
+fn hybrid_state_offloads_and_restores_with_its_blocks() {
+    let mut conf = cfg(12, 64);
+    conf.state_bytes = BB as u64;
+    conf.device_state_slots = 1;
+    let mut c = RetentionCache::try_new(conf).expect("cfg");
+    let mut m = VecMover::new(12, 1);
+    let s1 = chain(1, 6);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
+    // Session 2 needs the only state slot: session 1's record moves to the host.
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 6),
+        Some(marker(2, TurnKind::Tool)),
+        1,
+    );
+    assert!(c.host().record(&key(1)).is_some());
+    assert!(c.host().contains(HostKind::State, s1[5]));
+    turn(&mut c, &mut m, 3, &chain(3, 4), None, 2);
+    let a = turn(&mut c, &mut m, 4, &s1, Some(marker(1, TurnKind::User)), 3);
+    assert_eq!(a.cached_blocks, 6);
+    let s = a.state.expect("restored state");
+    assert_eq!(m.states[s.0 as usize], VecMover::state_content(s1[5]));
+}
+
+#[test]
+fn retention_off_is_plain_lru() {
+    let mut conf = cfg(8, 0);
+    conf.retention = false;
+    let mut c = RetentionCache::try_new(conf).expect("cfg");
+    let mut m = MetadataOnly;
+    let a = c
+        .admit(RequestId(1), &chain(1, 4), Some(key(1)), 0, &mut m)
+        .expect("admit");
+    assert_eq!(a.cached_blocks, 0);
+    let r = c
+        .finish_prefill(RequestId(1), Some(&marker(1, TurnKind::User)), 0, &mut m)
+        .expect("finish");
+    assert_eq!(r, Retained::default());
+    c.release(RequestId(1)).expect("release");
+    assert_eq!(c.device_records(), 0);
+    assert_eq!(c.pool().evictable(), 4);
+    assert!(matches!(
+        c.release(RequestId(1)),
+        Err(CacheError::Unknown(_))
+    ));
+}
+
+#[test]
+fn a_prompt_bigger_than_the_pool_is_refused_cleanly() {
+    let mut c = RetentionCache::try_new(cfg(4, 0)).expect("cfg");
+    let mut m = MetadataOnly;
+    let e = c.admit(RequestId(1), &chain(1, 5), None, 0, &mut m);
+    assert!(matches!(e, Err(CacheError::OutOfBlocks { need: 5 })));
+    c.check().expect("invariants");
+    assert_eq!(c.pool().empty_slots(), 4);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Admit a new request for session `s`, turn grows its prompt by `grow` blocks.
+    Start { s: u8, grow: u8, kind: u8 },
+    /// Finish (with a prompt-end marker or not) and release the oldest running request.
+    Finish { prompt_end: bool },
+    /// Advance the clock.
+    Tick(u32),
+    /// Corrupt one host payload byte.
+    Corrupt(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..6, 0u8..4, 0u8..4).prop_map(|(s, grow, kind)| Op::Start { s, grow, kind }),
+        4 => any::<bool>().prop_map(|prompt_end| Op::Finish { prompt_end }),
+        2 => (0u32..200_000).prop_map(Op::Tick),
+        1 => any::<u8>().prop_map(Op::Corrupt),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    /// Under random traffic: every invariant holds after every step (capacities,
+    /// pins, no orphaned prefix), and every block reported cached holds its exact bytes.
+    #[test]
+    fn invariants_hold_under_random_operations(
+        ops in proptest::collection::vec(op(), 1..120),
+        device in 6usize..24, host in 0u64..40, hybrid in any::<bool>()) {
+        let mut conf = cfg(device, host);
+        if hybrid {
+            conf.state_bytes = BB as u64;
+            conf.device_state_slots = 3;
+            conf.checkpoint_every_tokens = 3 * conf.block_size;
+        }
+        let mut c = RetentionCache::try_new(conf).expect("cfg");
+        let mut m = VecMover::new(device, 3);
+        let mut lens = [1usize; 6];
+        let mut running: std::collections::VecDeque<(u64, Vec<BlockHash>, u8, u8)> = Default::default();
+        let (mut now, mut next) = (0u64, 0u64);
+        for o in ops {
+            match o {
+                Op::Start { s, grow, kind } => {
+                    lens[s as usize] = (lens[s as usize] + grow as usize).min(device);
+                    let hashes = chain(u32::from(s), lens[s as usize]);
+                    next += 1;
+                    match c.admit(RequestId(next), &hashes, Some(key(u128::from(s))), now, &mut m) {
+                        Ok(a) => {
+                            for (s, h) in a.slots.iter().zip(&hashes).take(a.cached_blocks) {
+                                prop_assert_eq!(&m.blocks[s.0 as usize], &VecMover::content(*h));
+                            }
+                            if let Some(st) = a.state {
+                                prop_assert!(a.cached_blocks > 0);
+                                prop_assert_eq!(&m.states[st.0 as usize], &VecMover::state_content(hashes[a.cached_blocks - 1]));
+                            }
+                            m.prefill(&a, &hashes);
+                            running.push_back((next, hashes, s, kind));
+                        }
+                        Err(CacheError::OutOfBlocks { .. }) => {}
+                        Err(e) => prop_assert!(false, "{e}"),
+                    }
+                }
+                Op::Finish { prompt_end } => {
+                    if let Some((id, hashes, s, kind)) = running.pop_front() {
+                        let kind = [TurnKind::First, TurnKind::User, TurnKind::Tool, TurnKind::Handoff][kind as usize];
+                        let mk = TurnMarker { prompt_end, ..marker(u128::from(s), kind) };
+                        let r = c.finish_prefill(RequestId(id), Some(&mk), now, &mut m).expect("finish");
+                        for (b, st) in r.state_slots {
+                            m.states[st.0 as usize] = VecMover::state_content(hashes[b - 1]);
+                        }
+                        c.release(RequestId(id)).expect("release");
+                    }
+                }
+                Op::Tick(d) => now += u64::from(d),
+                Op::Corrupt(i) => {
+                    let hs: Vec<BlockHash> = (0..6u32).flat_map(|s| chain(s, device)).collect();
+                    let h = hs[i as usize % hs.len()];
+                    if let Some(b) = c
+                        .host_mut()
+                        .payload_mut(HostKind::Block, h)
+                        .and_then(|p| p.bytes_mut_unchecked().first_mut())
+                    {
+                        *b ^= 0x5a;
+                    }
+                }
+            }
+            if let Err(e) = c.check() {
+                prop_assert!(false, "invariant: {e}");
+            }
+            prop_assert!(c.host().used() <= c.host().capacity());
+            prop_assert!(c.states().used() <= c.states().capacity());
+        }
+    }
+}
+
+#[test]
+fn snapshot_boundaries_put_the_prompt_end_first_then_latest_checkpoints() {
+    let mut conf = cfg(8, 0);
+    assert!(snapshot_boundaries(&conf, 10).is_empty(), "attention-only models take no snapshots");
+    conf.state_bytes = 1;
+    conf.device_state_slots = 1;
+    assert_eq!(snapshot_boundaries(&conf, 10), vec![10]);
+    conf.checkpoint_every_tokens = 4 * conf.block_size;
+    assert_eq!(snapshot_boundaries(&conf, 10), vec![10, 8, 4]);
+    assert_eq!(snapshot_boundaries(&conf, 8), vec![8, 4]);
+    assert!(snapshot_boundaries(&conf, 0).is_empty());
+}
+
+#[test]
+fn hybrid_without_retention_caches_snapshots_unpinned_and_evicts_them_before_retentions() {
+    let mut conf = cfg(32, 0);
+    conf.state_bytes = BB as u64;
+    conf.device_state_slots = 2;
+    conf.retention = false;
+    let mut c = RetentionCache::try_new(conf.clone()).expect("cfg");
+    let mut m = VecMover::new(32, 2);
+    turn(&mut c, &mut m, 1, &chain(1, 4), None, 0);
+    assert_eq!(c.states().unpinned(), 1);
+    let a = turn(&mut c, &mut m, 2, &chain(1, 4), None, 1);
+    assert_eq!(a.cached_blocks, 4, "plain prefix caching reuses the cached snapshot");
+    // With retention: session 1 retained, session 2's snapshot cached unpinned; a third
+    // prompt end takes the unpinned slot, not the retained one.
+    conf.retention = true;
+    let mut c = RetentionCache::try_new(conf).expect("cfg");
+    turn(&mut c, &mut m, 1, &chain(1, 4), Some(marker(1, TurnKind::User)), 0);
+    turn(&mut c, &mut m, 2, &chain(2, 4), None, 1);
+    turn(&mut c, &mut m, 3, &chain(3, 4), Some(marker(3, TurnKind::User)), 2);
+    assert_eq!(c.stats().offloaded + c.stats().dropped, 0);
+    assert!(c.states().get(chain(2, 4)[3]).is_none());
+    assert_eq!(turn(&mut c, &mut m, 4, &chain(1, 4), None, 3).cached_blocks, 4);
+}

@@ -1,0 +1,314 @@
+//! Host tier: checksummed block and state payloads in host memory, with session-aware eviction.
+//!
+//! Payloads are stored once per block hash (sessions sharing a prefix share its host
+//! copy) and reference-counted by the host records that need them. Room is made by
+//! evicting expired records first, then live records strictly less valuable than the
+//! one coming in; if that is not enough the incoming record is refused (dropped),
+//! so used bytes never exceed capacity.
+
+use crate::config::{Millis, PolicyConfig};
+use crate::hash::BlockHash;
+use crate::marker::RetentionKey;
+use crate::payload::{ChecksumMismatch, Payload};
+use crate::pool::HashIndex;
+use crate::record::HostRecord;
+use std::collections::HashMap;
+
+#[derive(Debug)]
+struct Entry {
+    payload: Payload,
+    refs: u32,
+    bytes: u64,
+}
+
+/// Which store of the host tier a payload lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostKind {
+    /// A KV block, by its hash.
+    Block,
+    /// A linear-state snapshot, by its boundary block hash.
+    State,
+}
+
+/// The host tier of one rank.
+#[derive(Debug)]
+pub struct HostTier {
+    capacity: u64,
+    used: u64,
+    blocks: HashIndex<Entry>,
+    states: HashIndex<Entry>,
+    records: HashMap<RetentionKey, HostRecord>,
+    evicted_records: u64,
+}
+
+impl HostTier {
+    /// A tier of `capacity` bytes (0 = disabled).
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            capacity,
+            used: 0,
+            blocks: HashIndex::default(),
+            states: HashIndex::default(),
+            records: HashMap::new(),
+            evicted_records: 0,
+        }
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes in use (logical sizes).
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// True when no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Records evicted to make room so far.
+    pub fn evicted_records(&self) -> u64 {
+        self.evicted_records
+    }
+
+    /// The record of `key`.
+    pub fn record(&self, key: &RetentionKey) -> Option<&HostRecord> {
+        self.records.get(key)
+    }
+
+    /// Mutable record of `key` (to refresh it on a hit).
+    pub fn record_mut(&mut self, key: &RetentionKey) -> Option<&mut HostRecord> {
+        self.records.get_mut(key)
+    }
+
+    /// True when the payload is held.
+    pub fn contains(&self, kind: HostKind, hash: BlockHash) -> bool {
+        self.store(kind).contains_key(&hash)
+    }
+
+    /// How many hashes of `chain` are held, counting from the start.
+    pub fn prefix_len(&self, chain: &[BlockHash]) -> usize {
+        chain
+            .iter()
+            .take_while(|h| self.blocks.contains_key(h))
+            .count()
+    }
+
+    fn store(&self, kind: HostKind) -> &HashIndex<Entry> {
+        match kind {
+            HostKind::Block => &self.blocks,
+            HostKind::State => &self.states,
+        }
+    }
+
+    fn store_mut(&mut self, kind: HostKind) -> &mut HashIndex<Entry> {
+        match kind {
+            HostKind::Block => &mut self.blocks,
+            HostKind::State => &mut self.states,
+        }
+    }
+
+    /// Adds a reference to each held payload of `hashes`; returns the hashes not held.
+    pub(crate) fn pin_present(&mut self, kind: HostKind, hashes: &[BlockHash]) -> Vec<BlockHash> {
+        let store = self.store_mut(kind);
+        let mut missing = Vec::new();
+        for h in hashes {
+            match store.get_mut(h) {
+                Some(e) => e.refs += 1,
+                None => missing.push(*h),
+            }
+        }
+        missing
+    }
+
+    /// Drops one reference to each payload of `hashes` that is held; frees those at zero.
+    pub(crate) fn unpin(&mut self, kind: HostKind, hashes: &[BlockHash]) {
+        let mut freed = 0;
+        let store = self.store_mut(kind);
+        for h in hashes {
+            if let Some(e) = store.get_mut(h) {
+                e.refs -= 1;
+                if e.refs == 0 {
+                    freed += e.bytes;
+                    store.remove(h);
+                }
+            }
+        }
+        self.used -= freed;
+    }
+
+    /// Stores a new payload with one reference. The caller has made room.
+    pub(crate) fn put(&mut self, kind: HostKind, hash: BlockHash, payload: Payload, bytes: u64) {
+        debug_assert!(self.used + bytes <= self.capacity);
+        let store = self.store_mut(kind);
+        if let Some(e) = store.get_mut(&hash) {
+            e.refs += 1;
+            return;
+        }
+        store.insert(
+            hash,
+            Entry {
+                payload,
+                refs: 1,
+                bytes,
+            },
+        );
+        self.used += bytes;
+    }
+
+    /// Frees at least `need` bytes: expired records first (earliest expiry), then live
+    /// records worth less than `incoming_value` (least valuable first). Records in
+    /// `spare` are never chosen. Returns false, having evicted what it chose, when it
+    /// cannot make enough room.
+    pub(crate) fn make_room(
+        &mut self,
+        cfg: &PolicyConfig,
+        need: u64,
+        incoming_value: f64,
+        spare: Option<RetentionKey>,
+        now: Millis,
+    ) -> bool {
+        if need > self.capacity {
+            return false;
+        }
+        if self.capacity - self.used >= need {
+            return true;
+        }
+        // One scan ranks every candidate; victims are taken in that order until the room is there.
+        let mut victims: Vec<(u8, f64, RetentionKey)> = self
+            .records
+            .values()
+            .filter(|r| Some(r.meta.key) != spare)
+            .filter_map(|r| {
+                if r.meta.expired(now) {
+                    Some((0u8, r.meta.expires_ms as f64, r.meta.key))
+                } else {
+                    let v = r.meta.value(cfg, now);
+                    (v < incoming_value).then_some((1u8, v, r.meta.key))
+                }
+            })
+            .collect();
+        victims
+            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+        for (_, _, key) in victims {
+            if self.capacity - self.used >= need {
+                break;
+            }
+            self.remove_record(&key);
+            self.evicted_records += 1;
+        }
+        self.capacity - self.used >= need
+    }
+
+    /// Inserts a record whose payload references are already taken, replacing (and
+    /// releasing) any previous record of the same key.
+    pub(crate) fn insert_record(&mut self, rec: HostRecord) {
+        let key = rec.meta.key;
+        if let Some(old) = self.records.insert(key, rec) {
+            self.unpin(HostKind::Block, &old.hashes);
+            self.unpin(HostKind::State, &old.states);
+        }
+    }
+
+    /// Removes a record and releases its payloads (supersede, expiry, eviction).
+    pub fn remove_record(&mut self, key: &RetentionKey) -> Option<HostRecord> {
+        let old = self.records.remove(key)?;
+        self.unpin(HostKind::Block, &old.hashes);
+        self.unpin(HostKind::State, &old.states);
+        Some(old)
+    }
+
+    /// A verified copy of a payload. On a checksum mismatch the payload and every
+    /// record that needs it are dropped, so corrupt bytes are never offered again.
+    pub fn fetch(
+        &mut self,
+        kind: HostKind,
+        hash: BlockHash,
+    ) -> Option<Result<Vec<u8>, ChecksumMismatch>> {
+        let result = self
+            .store(kind)
+            .get(&hash)?
+            .payload
+            .verify()
+            .map(<[u8]>::to_vec);
+        if result.is_err() {
+            self.drop_payload(kind, hash);
+        }
+        Some(result)
+    }
+
+    /// Drops a payload and every record that references it.
+    pub fn drop_payload(&mut self, kind: HostKind, hash: BlockHash) {
+        let keys: Vec<RetentionKey> = self
+            .records
+            .values()
+            .filter(|r| match kind {
+                HostKind::Block => r.hashes.contains(&hash),
+                HostKind::State => r.states.contains(&hash),
+            })
+            .map(|r| r.meta.key)
+            .collect();
+        for k in keys {
+            self.remove_record(&k);
+        }
+        // Unreferenced payloads are already gone; a pinned-but-unrecorded one cannot exist.
+        if let Some(e) = self.store_mut(kind).remove(&hash) {
+            self.used -= e.bytes;
+        }
+    }
+
+    /// The stored payload, for fault injection (corrupting host memory in tests).
+    pub fn payload_mut(&mut self, kind: HostKind, hash: BlockHash) -> Option<&mut Payload> {
+        self.store_mut(kind).get_mut(&hash).map(|e| &mut e.payload)
+    }
+
+    /// Checks accounting: used = Σ payload bytes ≤ capacity; refs = record references.
+    pub fn check(&self) -> Result<(), String> {
+        let sum: u64 = self
+            .blocks
+            .values()
+            .chain(self.states.values())
+            .map(|e| e.bytes)
+            .sum();
+        if sum != self.used {
+            return Err(format!("host used {} != payload bytes {sum}", self.used));
+        }
+        if self.used > self.capacity {
+            return Err(format!(
+                "host used {} > capacity {}",
+                self.used, self.capacity
+            ));
+        }
+        let mut want: HashMap<(bool, BlockHash), u32> = HashMap::new();
+        for r in self.records.values() {
+            for h in &r.hashes {
+                *want.entry((true, *h)).or_default() += 1;
+            }
+            for h in &r.states {
+                *want.entry((false, *h)).or_default() += 1;
+            }
+        }
+        for (is_block, store) in [(true, &self.blocks), (false, &self.states)] {
+            for (h, e) in store {
+                if want.get(&(is_block, *h)).copied().unwrap_or(0) != e.refs {
+                    return Err(format!(
+                        "host payload {h:?} refs {} disagree with records",
+                        e.refs
+                    ));
+                }
+            }
+        }
+        if want.len() != self.blocks.len() + self.states.len() {
+            return Err("a host record references a missing payload".into());
+        }
+        Ok(())
+    }
+}

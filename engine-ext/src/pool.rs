@@ -1,0 +1,398 @@
+//! Device block pool: cached-block index, reference and retention counts, and the LRU free queue.
+//!
+//! Mirrors vLLM's `BlockPool`: a fixed set of slots, a hash → slot map for full cached
+//! blocks, and a free queue evicted from the front. Callers release a request's chain
+//! tail first, so chain tails are evicted before their heads. Unlike vLLM, the pool
+//! also keeps the prefix tree (parent / child links): evicting a block evicts its
+//! (necessarily unpinned) subtree with it, so no cached block is ever left without its
+//! prefix, and a block whose descendants are pinned is never in the free queue
+//! (pins propagate: a request or a retention holds its whole chain from the root).
+
+use crate::hash::BlockHash;
+use crate::payload::SlotId;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+const NIL: u32 = u32::MAX;
+
+/// Block hashes are already uniform: hash them by taking their low 64 bits.
+#[derive(Default)]
+pub(crate) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes.iter().take(8) {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+pub(crate) type HashIndex<V> = HashMap<BlockHash, V, BuildHasherDefault<PassThrough>>;
+
+#[derive(Clone, Debug)]
+struct Slot {
+    hash: [u64; 2],
+    parent: u32,
+    first_child: u32,
+    next_sib: u32,
+    prev_sib: u32,
+    lru_prev: u32,
+    lru_next: u32,
+    refs: u32,
+    retains: u32,
+    cached: bool,
+    in_lru: bool,
+}
+
+impl Slot {
+    const EMPTY: Slot = Slot {
+        hash: [0, 0],
+        parent: NIL,
+        first_child: NIL,
+        next_sib: NIL,
+        prev_sib: NIL,
+        lru_prev: NIL,
+        lru_next: NIL,
+        refs: 0,
+        retains: 0,
+        cached: false,
+        in_lru: false,
+    };
+
+    fn block_hash(&self) -> BlockHash {
+        BlockHash(u128::from(self.hash[0]) | (u128::from(self.hash[1]) << 64))
+    }
+}
+
+/// The device block pool of one rank.
+#[derive(Debug)]
+pub struct BlockPool {
+    slots: Vec<Slot>,
+    index: HashIndex<u32>,
+    empty: Vec<u32>,
+    lru_head: u32,
+    lru_tail: u32,
+    lru_len: usize,
+    evicted: u64,
+}
+
+impl BlockPool {
+    /// A pool of `capacity` empty slots.
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.min(NIL as usize - 1);
+        Self {
+            slots: vec![Slot::EMPTY; capacity],
+            index: HashIndex::with_capacity_and_hasher(capacity, Default::default()),
+            empty: (0..capacity as u32).rev().collect(),
+            lru_head: NIL,
+            lru_tail: NIL,
+            lru_len: 0,
+            evicted: 0,
+        }
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slots holding nothing.
+    pub fn empty_slots(&self) -> usize {
+        self.empty.len()
+    }
+
+    /// Cached blocks that nothing pins (evictable now).
+    pub fn evictable(&self) -> usize {
+        self.lru_len
+    }
+
+    /// Cached blocks in the index.
+    pub fn cached(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Blocks evicted so far.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// The cached slot holding `hash`.
+    pub fn get(&self, hash: BlockHash) -> Option<SlotId> {
+        self.index.get(&hash).map(|&s| SlotId(s))
+    }
+
+    /// Hash of a cached slot.
+    pub fn hash_of(&self, slot: SlotId) -> Option<BlockHash> {
+        let s = self.slots.get(slot.0 as usize)?;
+        s.cached.then(|| s.block_hash())
+    }
+
+    /// How many leading hashes of `chain` are cached.
+    pub fn prefix_len(&self, chain: &[BlockHash]) -> usize {
+        chain
+            .iter()
+            .take_while(|h| self.index.contains_key(h))
+            .count()
+    }
+
+    /// Takes an empty slot, if any (does not evict).
+    pub fn take_empty(&mut self) -> Option<SlotId> {
+        let s = self.empty.pop()?;
+        self.slots[s as usize].refs = 1;
+        Some(SlotId(s))
+    }
+
+    /// Evicts the front of the free queue and its subtree; returns the number of slots freed.
+    pub fn evict_lru(&mut self) -> usize {
+        if self.lru_head == NIL {
+            return 0;
+        }
+        let victim = self.lru_head;
+        let mut stack = vec![victim];
+        let mut freed = 0;
+        while let Some(s) = stack.pop() {
+            let mut c = self.slots[s as usize].first_child;
+            while c != NIL {
+                let next = self.slots[c as usize].next_sib;
+                if self.slots[c as usize].in_lru {
+                    stack.push(c);
+                } else {
+                    // Unreachable while pins cover whole chains; keep the pinned child
+                    // cached as a root rather than corrupting the tree.
+                    debug_assert!(false, "pinned block under an evictable parent");
+                    self.unlink_child(c);
+                }
+                c = next;
+            }
+            self.lru_remove(s);
+            self.unlink_child(s);
+            let h = self.slots[s as usize].block_hash();
+            self.index.remove(&h);
+            self.slots[s as usize] = Slot::EMPTY;
+            self.empty.push(s);
+            freed += 1;
+        }
+        self.evicted += freed as u64;
+        freed
+    }
+
+    /// Pins a slot for a running request (reference count + 1).
+    pub fn acquire(&mut self, slot: SlotId) {
+        let s = slot.0;
+        self.lru_remove(s);
+        self.slots[s as usize].refs += 1;
+    }
+
+    /// Drops a request's pin. An unpinned cached block joins the back of the free
+    /// queue; an unpinned uncached slot becomes empty.
+    pub fn release(&mut self, slot: SlotId) {
+        let s = slot.0;
+        let e = &mut self.slots[s as usize];
+        debug_assert!(e.refs > 0, "release of an unreferenced slot");
+        e.refs = e.refs.saturating_sub(1);
+        self.settle(s);
+    }
+
+    /// Pins a cached slot for a retention record.
+    pub fn retain(&mut self, slot: SlotId) {
+        self.lru_remove(slot.0);
+        let e = &mut self.slots[slot.0 as usize];
+        e.retains = e.retains.saturating_add(1);
+    }
+
+    /// Drops a retention pin.
+    pub fn unretain(&mut self, slot: SlotId) {
+        let e = &mut self.slots[slot.0 as usize];
+        debug_assert!(e.retains > 0, "unretain of an unretained slot");
+        e.retains = e.retains.saturating_sub(1);
+        self.settle(slot.0);
+    }
+
+    /// Retention pins on a slot.
+    pub fn retains(&self, slot: SlotId) -> u32 {
+        self.slots[slot.0 as usize].retains
+    }
+
+    /// Request pins on a slot.
+    pub fn refs(&self, slot: SlotId) -> u32 {
+        self.slots[slot.0 as usize].refs
+    }
+
+    fn settle(&mut self, s: u32) {
+        let e = &self.slots[s as usize];
+        if e.refs == 0 && e.retains == 0 {
+            if e.cached {
+                self.lru_push_back(s);
+            } else {
+                self.slots[s as usize] = Slot::EMPTY;
+                self.empty.push(s);
+            }
+        }
+    }
+
+    /// Publishes a computed block under `hash` as a child of `parent`. Returns false
+    /// (leaving the slot uncached) when another slot already holds the hash.
+    pub fn insert(&mut self, slot: SlotId, hash: BlockHash, parent: Option<SlotId>) -> bool {
+        if self.index.contains_key(&hash) {
+            return false;
+        }
+        let s = slot.0;
+        self.index.insert(hash, s);
+        let e = &mut self.slots[s as usize];
+        e.hash = [hash.0 as u64, (hash.0 >> 64) as u64];
+        e.cached = true;
+        if let Some(p) = parent {
+            let p = p.0;
+            let old = self.slots[p as usize].first_child;
+            let e = &mut self.slots[s as usize];
+            e.parent = p;
+            e.next_sib = old;
+            e.prev_sib = NIL;
+            if old != NIL {
+                self.slots[old as usize].prev_sib = s;
+            }
+            self.slots[p as usize].first_child = s;
+        }
+        true
+    }
+
+    fn unlink_child(&mut self, s: u32) {
+        let (p, prev, next) = {
+            let e = &self.slots[s as usize];
+            (e.parent, e.prev_sib, e.next_sib)
+        };
+        if p == NIL {
+            return;
+        }
+        if prev != NIL {
+            self.slots[prev as usize].next_sib = next;
+        } else {
+            self.slots[p as usize].first_child = next;
+        }
+        if next != NIL {
+            self.slots[next as usize].prev_sib = prev;
+        }
+        let e = &mut self.slots[s as usize];
+        e.parent = NIL;
+        e.prev_sib = NIL;
+        e.next_sib = NIL;
+    }
+
+    fn lru_push_back(&mut self, s: u32) {
+        if self.slots[s as usize].in_lru {
+            return;
+        }
+        let tail = self.lru_tail;
+        {
+            let e = &mut self.slots[s as usize];
+            e.in_lru = true;
+            e.lru_prev = tail;
+            e.lru_next = NIL;
+        }
+        if tail != NIL {
+            self.slots[tail as usize].lru_next = s;
+        } else {
+            self.lru_head = s;
+        }
+        self.lru_tail = s;
+        self.lru_len += 1;
+    }
+
+    fn lru_remove(&mut self, s: u32) {
+        let (in_lru, prev, next) = {
+            let e = &self.slots[s as usize];
+            (e.in_lru, e.lru_prev, e.lru_next)
+        };
+        if !in_lru {
+            return;
+        }
+        if prev != NIL {
+            self.slots[prev as usize].lru_next = next;
+        } else {
+            self.lru_head = next;
+        }
+        if next != NIL {
+            self.slots[next as usize].lru_prev = prev;
+        } else {
+            self.lru_tail = prev;
+        }
+        let e = &mut self.slots[s as usize];
+        e.in_lru = false;
+        e.lru_prev = NIL;
+        e.lru_next = NIL;
+        self.lru_len -= 1;
+    }
+
+    /// The free queue front to back (eviction order), for tests and diagnostics.
+    pub fn lru_order(&self) -> Vec<SlotId> {
+        let mut out = Vec::with_capacity(self.lru_len);
+        let mut c = self.lru_head;
+        while c != NIL {
+            out.push(SlotId(c));
+            c = self.slots[c as usize].lru_next;
+        }
+        out
+    }
+
+    /// Heap bytes of the pool's metadata (slots, index, empty list), by capacity.
+    pub fn metadata_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.index.capacity() * (std::mem::size_of::<(BlockHash, u32)>() + 1)
+            + self.empty.capacity() * 4
+    }
+
+    /// Checks the pool's structural invariants; returns the first violation found.
+    pub fn check(&self) -> Result<(), String> {
+        let mut lru = 0;
+        for (i, e) in self.slots.iter().enumerate() {
+            let i = i as u32;
+            if e.cached {
+                if self.index.get(&e.block_hash()) != Some(&i) {
+                    return Err(format!("slot {i} cached but not indexed"));
+                }
+                if e.parent != NIL && !self.slots[e.parent as usize].cached {
+                    return Err(format!("slot {i} orphaned: parent {} not cached", e.parent));
+                }
+                let pinned = e.refs > 0 || e.retains > 0;
+                if e.in_lru == pinned {
+                    return Err(format!(
+                        "slot {i} free-queue membership wrong (pinned={pinned})"
+                    ));
+                }
+                if pinned && e.parent != NIL {
+                    let p = &self.slots[e.parent as usize];
+                    if p.refs == 0 && p.retains == 0 {
+                        return Err(format!(
+                            "slot {i} pinned under unpinned parent {}",
+                            e.parent
+                        ));
+                    }
+                }
+            } else if e.in_lru {
+                return Err(format!("uncached slot {i} in free queue"));
+            }
+            lru += usize::from(e.in_lru);
+        }
+        if lru != self.lru_len || self.lru_order().len() != lru {
+            return Err("free queue length mismatch".into());
+        }
+        let used = self.slots.iter().filter(|e| e.cached || e.refs > 0).count();
+        if used + self.empty.len() != self.slots.len() {
+            return Err(format!(
+                "slot accounting: {used} used + {} empty != {}",
+                self.empty.len(),
+                self.slots.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

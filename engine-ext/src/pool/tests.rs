@@ -1,0 +1,79 @@
+use super::*;
+
+fn h(i: u128) -> BlockHash {
+    BlockHash(i * 0x9e37_79b9_7f4a_7c15 + 1)
+}
+
+/// Allocates and publishes a chain of `n` blocks, returning its slots (all pinned once).
+fn chain(p: &mut BlockPool, base: u128, n: usize, under: Option<SlotId>) -> Vec<SlotId> {
+    let mut parent = under;
+    let mut out = Vec::new();
+    for i in 0..n {
+        let s = p.take_empty().expect("room");
+        assert!(p.insert(s, h(base + i as u128), parent));
+        parent = Some(s);
+        out.push(s);
+    }
+    out
+}
+
+#[test]
+fn released_chains_evict_tail_before_head() {
+    let mut p = BlockPool::new(8);
+    let a = chain(&mut p, 0, 3, None);
+    for s in a.iter().rev() {
+        p.release(*s);
+    }
+    assert_eq!(p.lru_order(), vec![a[2], a[1], a[0]]);
+    p.check().expect("invariants");
+    // Evicting the front takes only the tail; the head stays reusable.
+    assert_eq!(p.evict_lru(), 1);
+    assert_eq!(p.prefix_len(&[h(0), h(1), h(2)]), 2);
+    p.check().expect("invariants");
+}
+
+#[test]
+fn evicting_a_head_takes_its_subtree_so_nothing_is_orphaned() {
+    let mut p = BlockPool::new(8);
+    let a = chain(&mut p, 0, 3, None);
+    // Released head first (a caller bug in ordering) still never orphans the tail.
+    for s in &a {
+        p.release(*s);
+    }
+    assert_eq!(p.evict_lru(), 3);
+    assert_eq!(p.cached(), 0);
+    assert_eq!(p.empty_slots(), 8);
+    p.check().expect("invariants");
+}
+
+#[test]
+fn retained_and_referenced_blocks_leave_the_free_queue() {
+    let mut p = BlockPool::new(4);
+    let a = chain(&mut p, 0, 2, None);
+    p.retain(a[0]);
+    p.retain(a[1]);
+    for s in a.iter().rev() {
+        p.release(*s);
+    }
+    assert_eq!(p.evictable(), 0);
+    assert_eq!(p.evict_lru(), 0);
+    p.unretain(a[1]);
+    p.unretain(a[0]);
+    assert_eq!(p.lru_order(), vec![a[1], a[0]]);
+    p.acquire(a[0]);
+    p.acquire(a[1]);
+    assert_eq!(p.evictable(), 0);
+    p.check().expect("invariants");
+}
+
+#[test]
+fn duplicate_hashes_stay_uncached_and_free_on_release() {
+    let mut p = BlockPool::new(4);
+    let a = chain(&mut p, 0, 1, None);
+    let dup = p.take_empty().expect("room");
+    assert!(!p.insert(dup, h(0), None));
+    p.release(dup);
+    assert_eq!(p.empty_slots(), 3);
+    assert_eq!(p.get(h(0)), Some(a[0]));
+    p.check().expect("invariants");
+}

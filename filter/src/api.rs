@@ -1,0 +1,117 @@
+//! Request formats: which API a path speaks, and what its conversation looks like.
+
+use crate::json::Value;
+
+/// The request formats the filter understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// OpenAI Chat Completions: `messages` with roles `system`/`developer`/`user`/`assistant`/`tool`.
+    Chat,
+    /// OpenAI Responses: `input` items (messages, `function_call`, `function_call_output`, …), `instructions`.
+    Responses,
+    /// Anthropic Messages: `messages` of `user`/`assistant` with content blocks, top-level `system`.
+    Messages,
+    /// Legacy Completions: `prompt`.
+    Completions,
+}
+
+impl Api {
+    /// The API served at `path` (query string ignored); `None` passes through untouched.
+    pub fn from_path(path: &[u8]) -> Option<Api> {
+        let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+        let path = path.strip_suffix(b"/").unwrap_or(path);
+        match path {
+            b"/v1/chat/completions" => Some(Api::Chat),
+            b"/v1/responses" => Some(Api::Responses),
+            b"/v1/messages" => Some(Api::Messages),
+            b"/v1/completions" => Some(Api::Completions),
+            _ => None,
+        }
+    }
+
+    /// Short lower-case name used in logs, the debug header and hashes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Responses => "responses",
+            Api::Messages => "messages",
+            Api::Completions => "completions",
+        }
+    }
+
+    /// The top-level member holding the conversation.
+    pub fn conversation_key(self) -> &'static str {
+        match self {
+            Api::Chat | Api::Messages => "messages",
+            Api::Responses => "input",
+            Api::Completions => "prompt",
+        }
+    }
+
+    /// A system/developer message at the start of the conversation (part of the head).
+    pub fn is_preamble(self, v: Value<'_>) -> bool {
+        match self {
+            Api::Chat | Api::Responses => v
+                .get_first("role")
+                .is_some_and(|r| r.str_is("system") || r.str_is("developer")),
+            Api::Messages | Api::Completions => false,
+        }
+    }
+
+    /// Whether an array element looks like a conversation entry of this API
+    /// (and not, say, a tool schema): used to recognise the conversation from its tail.
+    pub fn looks_like_turn(self, v: Value<'_>) -> bool {
+        let role = v.get_first("role");
+        let role_ok = |allowed: &[&str]| {
+            role.and_then(|r| r.str())
+                .is_some_and(|r| allowed.contains(&r.as_ref()))
+        };
+        match self {
+            Api::Chat => role_ok(&[
+                "system",
+                "developer",
+                "user",
+                "assistant",
+                "tool",
+                "function",
+            ]),
+            Api::Messages => role_ok(&["user", "assistant"]),
+            Api::Responses => {
+                role_ok(&["system", "developer", "user", "assistant"])
+                    || v.get_first("type").and_then(|t| t.str()).is_some_and(|t| {
+                        t == "message"
+                            || t == "reasoning"
+                            || t == "item_reference"
+                            || t.ends_with("_call")
+                            || t.ends_with("_call_output")
+                    })
+            }
+            Api::Completions => true,
+        }
+    }
+
+    /// A tool result entry (its call, in an earlier assistant entry, names the tool).
+    pub fn is_tool_result(self, v: Value<'_>) -> bool {
+        match self {
+            Api::Chat => v.get_first("role").is_some_and(|r| r.str_is("tool") || r.str_is("function")),
+            Api::Responses => v.get_first("type").and_then(|t| t.str()).is_some_and(|t| t.ends_with("_call_output")),
+            Api::Messages => {
+                v.get_first("role").is_some_and(|r| r.str_is("user"))
+                    && v.get("content").is_some_and(|c| {
+                        c.elements().any(|b| b.get_first("type").is_some_and(|t| t.str_is("tool_result")))
+                    })
+            }
+            Api::Completions => false,
+        }
+    }
+
+    /// From the end of a conversation, the first entry that is neither a tool
+    /// result nor a tool call: everything after it is the turn that just ended.
+    pub fn ends_turn_run(self, v: Value<'_>) -> bool {
+        if self.is_tool_result(v) {
+            return false;
+        }
+        !(self == Api::Responses
+            && v.get_first("type").and_then(|t| t.str()).is_some_and(|t| t.ends_with("_call")))
+    }
+}

@@ -1,0 +1,412 @@
+//! Plugin configuration: parsed once from JSON into a typed, validated struct;
+//! every error names the offending field (see `docs/gateway.md`).
+
+use serde::de::DeserializeOwned;
+use std::net::SocketAddr;
+
+/// An invalid plugin configuration: `field` is the JSON path of the culprit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {why}")]
+pub struct ConfigError {
+    pub field: String,
+    pub why: String,
+}
+
+impl ConfigError {
+    fn new(field: impl Into<String>, why: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            why: why.into(),
+        }
+    }
+}
+
+/// Where placement happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Emit the key; Envoy's `hash_policy` (or Istio `consistentHash`) places it.
+    Hash,
+    /// Pick endpoint and DP rank in the filter (weighted rendezvous hashing).
+    Pick,
+}
+
+/// One rank (engine) the filter may pick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    /// `ip:port` as Envoy's `override_host` / `ORIGINAL_DST` expect it.
+    pub address: String,
+    pub weight: f64,
+    pub dp_size: u32,
+}
+
+/// Where an identity value is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A request header (lower-case name).
+    Header(String),
+    /// A JSON body path: top-level member, then members of nested objects.
+    Body(Vec<String>),
+}
+
+/// One entry of `session_sources` / `subagent_sources` / `parent_sources`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub origin: Origin,
+    /// `+head`: the value names a user, not a run; combine it with the conversation-head hash.
+    pub with_head: bool,
+    /// The source as written (`header:x-session-id`), used in `x-tether-key-source` and counters.
+    pub label: String,
+}
+
+impl Source {
+    /// Parses `header:<name>`, `body:<dotted.path>`, each with an optional `+head`.
+    pub fn parse(text: &str) -> Result<Source, String> {
+        let (body, with_head) = match text.strip_suffix("+head") {
+            Some(b) => (b, true),
+            None => (text, false),
+        };
+        let origin = if let Some(name) = body.strip_prefix("header:") {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+            {
+                return Err(format!(
+                    "header name in {text:?} must be non-empty lower-case [a-z0-9_-]"
+                ));
+            }
+            if name.starts_with("x-tether-") {
+                return Err(format!("{text:?} is an internal header the filter strips"));
+            }
+            Origin::Header(name.to_owned())
+        } else if let Some(path) = body.strip_prefix("body:") {
+            let parts: Vec<String> = path.split('.').map(str::to_owned).collect();
+            if parts.iter().any(String::is_empty) {
+                return Err(format!("body path in {text:?} has an empty segment"));
+            }
+            Origin::Body(parts)
+        } else {
+            return Err(format!(
+                "unknown source prefix in {text:?} (expected header: or body:)"
+            ));
+        };
+        Ok(Source {
+            origin,
+            with_head,
+            label: text.to_owned(),
+        })
+    }
+
+    pub fn is_header(&self) -> bool {
+        matches!(self.origin, Origin::Header(_))
+    }
+}
+
+/// Retention interval per turn kind, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub first: u64,
+    pub user: u64,
+    pub tool: u64,
+    pub handoff: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            first: 300_000,
+            user: 300_000,
+            tool: 60_000,
+            handoff: 120_000,
+        }
+    }
+}
+
+/// Engine-native outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Engine {
+    /// Set `X-Session-ID` = key (vLLM/SGLang session header).
+    pub session_header: bool,
+    /// Set body `session_id` = key (body rewrite).
+    pub body_session_id: bool,
+    /// Set body `routed_dp_rank` = DP rank (SGLang; pick mode; body rewrite).
+    pub routed_dp_rank: bool,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self {
+            session_header: true,
+            body_session_id: false,
+            routed_dp_rank: false,
+        }
+    }
+}
+
+/// The validated plugin configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub mode: Mode,
+    pub endpoints: Vec<Endpoint>,
+    pub fallbacks: usize,
+    pub session_sources: Vec<Source>,
+    pub subagent_sources: Vec<Source>,
+    pub parent_sources: Vec<Source>,
+    pub tenant_header: Option<String>,
+    /// Secret of the keyed `cache_salt` hash; `None` = no salting.
+    pub cache_salt: Option<Vec<u8>>,
+    pub retention_ms: Retention,
+    pub subagent_tools: Vec<String>,
+    pub engine: Engine,
+    pub max_body_bytes: usize,
+    pub debug_header: bool,
+    /// Decide in the header callback when a header names the session (no body read, no turn markers).
+    pub header_fast_path: bool,
+    /// Bodies up to this size are walked whole, so `x-tether-turn` is exact.
+    pub turn_count_max_bytes: usize,
+}
+
+/// Default `session_sources`.
+pub const DEFAULT_SESSION_SOURCES: &[&str] = &[
+    "header:x-session-id",
+    "header:x-claude-code-session-id",
+    "header:session-id",
+    "header:x-session-affinity",
+    "header:x-dynamo-session-id",
+    "body:session_id",
+    "body:vllm_xargs.agentic_context.session_id",
+    "body:nvext.agent_context.session_id",
+    "body:prompt_cache_key",
+    "body:metadata.session_id",
+    "body:metadata.user_id",
+    "body:user+head",
+];
+
+/// Default `subagent_sources`.
+pub const DEFAULT_SUBAGENT_SOURCES: &[&str] = &[
+    "header:x-claude-code-agent-id",
+    "header:thread-id",
+    "body:vllm_xargs.agentic_context.agent_id",
+    "body:nvext.agent_context.agent_id",
+    "body:metadata.agent_id",
+];
+
+/// Default `parent_sources`.
+pub const DEFAULT_PARENT_SOURCES: &[&str] = &[
+    "header:x-parent-session-id",
+    "header:x-claude-code-parent-agent-id",
+    "header:x-codex-parent-thread-id",
+    "header:x-dynamo-parent-session-id",
+    "body:vllm_xargs.agentic_context.parent_id",
+    "body:nvext.agent_context.parent_id",
+];
+
+/// Default `subagent_tools`.
+pub const DEFAULT_SUBAGENT_TOOLS: &[&str] = &["Task", "Agent", "spawn_agent", "delegate"];
+
+fn sources(list: &[&str]) -> Vec<Source> {
+    list.iter().filter_map(|s| Source::parse(s).ok()).collect()
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Hash,
+            endpoints: Vec::new(),
+            fallbacks: 2,
+            session_sources: sources(DEFAULT_SESSION_SOURCES),
+            subagent_sources: sources(DEFAULT_SUBAGENT_SOURCES),
+            parent_sources: sources(DEFAULT_PARENT_SOURCES),
+            tenant_header: None,
+            cache_salt: None,
+            retention_ms: Retention::default(),
+            subagent_tools: DEFAULT_SUBAGENT_TOOLS
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+            engine: Engine::default(),
+            max_body_bytes: 16 * 1024 * 1024,
+            debug_header: false,
+            header_fast_path: true,
+            turn_count_max_bytes: 64 * 1024,
+        }
+    }
+}
+
+fn field<T: DeserializeOwned>(name: &str, v: &serde_json::Value) -> Result<T, ConfigError> {
+    serde_json::from_value(v.clone()).map_err(|e| ConfigError::new(name, e.to_string()))
+}
+
+fn source_list(name: &str, v: &serde_json::Value) -> Result<Vec<Source>, ConfigError> {
+    let raw: Vec<String> = field(name, v)?;
+    raw.iter()
+        .enumerate()
+        .map(|(i, s)| Source::parse(s).map_err(|why| ConfigError::new(format!("{name}[{i}]"), why)))
+        .collect()
+}
+
+impl Config {
+    /// Parses and validates the plugin configuration; empty input = all defaults.
+    pub fn parse(raw: &[u8]) -> Result<Config, ConfigError> {
+        let mut cfg = Config::default();
+        if raw.iter().all(|b| b.is_ascii_whitespace()) {
+            return Ok(cfg);
+        }
+        let value: serde_json::Value = serde_json::from_slice(raw)
+            .map_err(|e| ConfigError::new("(configuration)", format!("not JSON: {e}")))?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| ConfigError::new("(configuration)", "must be a JSON object"))?;
+        for (name, v) in obj {
+            match name.as_str() {
+                "mode" => {
+                    cfg.mode = match field::<String>(name, v)?.as_str() {
+                        "hash" => Mode::Hash,
+                        "pick" => Mode::Pick,
+                        other => {
+                            return Err(ConfigError::new(
+                                name,
+                                format!("unknown mode {other:?} (expected \"hash\" or \"pick\")"),
+                            ));
+                        }
+                    }
+                }
+                "endpoints" => {
+                    let list = v
+                        .as_array()
+                        .ok_or_else(|| ConfigError::new(name, "must be a list"))?;
+                    cfg.endpoints = list
+                        .iter()
+                        .enumerate()
+                        .map(|(i, e)| endpoint(i, e))
+                        .collect::<Result<_, _>>()?;
+                }
+                "fallbacks" => cfg.fallbacks = field(name, v)?,
+                "session_sources" => cfg.session_sources = source_list(name, v)?,
+                "subagent_sources" => cfg.subagent_sources = source_list(name, v)?,
+                "parent_sources" => cfg.parent_sources = source_list(name, v)?,
+                "tenant_header" => {
+                    let h: String = field(name, v)?;
+                    if h.is_empty() || h.bytes().any(|b| b.is_ascii_uppercase() || b == b':') {
+                        return Err(ConfigError::new(
+                            name,
+                            "must be a non-empty lower-case header name",
+                        ));
+                    }
+                    cfg.tenant_header = Some(h);
+                }
+                "cache_salt" => {
+                    let mut secret = None;
+                    for (k, v) in object(name, v)? {
+                        match k.as_str() {
+                            "secret" => secret = Some(field::<String>("cache_salt.secret", v)?),
+                            other => {
+                                return Err(ConfigError::new(
+                                    format!("cache_salt.{other}"),
+                                    "unknown field",
+                                ));
+                            }
+                        }
+                    }
+                    let secret =
+                        secret.ok_or_else(|| ConfigError::new("cache_salt.secret", "missing"))?;
+                    if secret.is_empty() {
+                        return Err(ConfigError::new("cache_salt.secret", "must not be empty"));
+                    }
+                    cfg.cache_salt = Some(secret.into_bytes());
+                }
+                "retention_ms" => {
+                    for (k, v) in object(name, v)? {
+                        let path = format!("retention_ms.{k}");
+                        let slot = match k.as_str() {
+                            "first" => &mut cfg.retention_ms.first,
+                            "user" => &mut cfg.retention_ms.user,
+                            "tool" => &mut cfg.retention_ms.tool,
+                            "handoff" => &mut cfg.retention_ms.handoff,
+                            _ => return Err(ConfigError::new(path, "unknown field")),
+                        };
+                        *slot = field(&path, v)?;
+                    }
+                }
+                "subagent_tools" => cfg.subagent_tools = field(name, v)?,
+                "engine" => {
+                    for (k, v) in object(name, v)? {
+                        let path = format!("engine.{k}");
+                        let slot = match k.as_str() {
+                            "session_header" => &mut cfg.engine.session_header,
+                            "body_session_id" => &mut cfg.engine.body_session_id,
+                            "routed_dp_rank" => &mut cfg.engine.routed_dp_rank,
+                            _ => return Err(ConfigError::new(path, "unknown field")),
+                        };
+                        *slot = field(&path, v)?;
+                    }
+                }
+                "max_body_bytes" => cfg.max_body_bytes = field(name, v)?,
+                "debug_header" => cfg.debug_header = field(name, v)?,
+                "header_fast_path" => cfg.header_fast_path = field(name, v)?,
+                "turn_count_max_bytes" => cfg.turn_count_max_bytes = field(name, v)?,
+                other => return Err(ConfigError::new(other, "unknown field")),
+            }
+        }
+        if cfg.mode == Mode::Pick && cfg.endpoints.is_empty() {
+            return Err(ConfigError::new(
+                "endpoints",
+                "must not be empty in pick mode",
+            ));
+        }
+        if cfg.engine.routed_dp_rank && cfg.mode != Mode::Pick {
+            return Err(ConfigError::new(
+                "engine.routed_dp_rank",
+                "needs mode \"pick\" (the filter must choose the rank)",
+            ));
+        }
+        if cfg.max_body_bytes == 0 {
+            return Err(ConfigError::new("max_body_bytes", "must be positive"));
+        }
+        Ok(cfg)
+    }
+
+    /// True when the body is rewritten at end of stream (salt or engine body fields).
+    pub fn rewrites_body(&self) -> bool {
+        self.cache_salt.is_some() || self.engine.body_session_id || self.engine.routed_dp_rank
+    }
+}
+
+fn object<'v>(
+    name: &str,
+    v: &'v serde_json::Value,
+) -> Result<&'v serde_json::Map<String, serde_json::Value>, ConfigError> {
+    v.as_object()
+        .ok_or_else(|| ConfigError::new(name, "must be an object"))
+}
+
+fn endpoint(i: usize, v: &serde_json::Value) -> Result<Endpoint, ConfigError> {
+    let at = |f: &str| format!("endpoints[{i}].{f}");
+    let (mut address, mut weight, mut dp_size) = (None, 1.0_f64, 1_u32);
+    for (k, v) in object(&format!("endpoints[{i}]"), v)? {
+        match k.as_str() {
+            "address" => address = Some(field::<String>(&at("address"), v)?),
+            "weight" => weight = field(&at("weight"), v)?,
+            "dp_size" => dp_size = field(&at("dp_size"), v)?,
+            other => return Err(ConfigError::new(at(other), "unknown field")),
+        }
+    }
+    let address = address.ok_or_else(|| ConfigError::new(at("address"), "missing"))?;
+    let addr: SocketAddr = address
+        .parse()
+        .map_err(|_| ConfigError::new(at("address"), format!("{address:?} is not ip:port")))?;
+    if !(weight.is_finite() && weight > 0.0) {
+        return Err(ConfigError::new(at("weight"), "must be a positive number"));
+    }
+    if dp_size == 0 {
+        return Err(ConfigError::new(at("dp_size"), "must be at least 1"));
+    }
+    Ok(Endpoint {
+        address: addr.to_string(),
+        weight,
+        dp_size,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,77 @@
+use super::*;
+
+fn err(json: &str) -> ConfigError {
+    Config::parse(json.as_bytes()).expect_err(json)
+}
+
+#[test]
+fn defaults_match_the_contract() {
+    let c = Config::parse(b"").unwrap();
+    assert_eq!(c, Config::parse(b"{}").unwrap());
+    assert_eq!(c.mode, Mode::Hash);
+    assert_eq!(c.fallbacks, 2);
+    assert_eq!(c.session_sources.len(), DEFAULT_SESSION_SOURCES.len());
+    assert_eq!(c.subagent_sources.len(), DEFAULT_SUBAGENT_SOURCES.len());
+    assert_eq!(c.parent_sources.len(), DEFAULT_PARENT_SOURCES.len());
+    assert_eq!(c.retention_ms, Retention { first: 300_000, user: 300_000, tool: 60_000, handoff: 120_000 });
+    assert!(c.engine.session_header && !c.engine.body_session_id && !c.engine.routed_dp_rank);
+    assert_eq!(c.max_body_bytes, 16 * 1024 * 1024);
+    assert!(c.session_sources.last().is_some_and(|s| s.with_head));
+}
+
+#[test]
+fn a_full_configuration_parses() {
+    let c = Config::parse(
+        br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","weight":2,"dp_size":8},{"address":"[::1]:9000"}],
+        "fallbacks":1,"session_sources":["header:x-run","body:meta.run+head"],"subagent_sources":[],"parent_sources":[],
+        "tenant_header":"x-tenant","cache_salt":{"secret":"s"},"retention_ms":{"tool":5},"subagent_tools":["Task"],
+        "engine":{"session_header":false,"routed_dp_rank":true},"max_body_bytes":1000,"debug_header":true,
+        "header_fast_path":false,"turn_count_max_bytes":10}"#,
+    )
+    .unwrap();
+    assert_eq!(c.endpoints[0].weight, 2.0);
+    assert_eq!(c.endpoints[1].address, "[::1]:9000");
+    assert_eq!(c.endpoints[1].dp_size, 1);
+    assert_eq!(c.session_sources[1].origin, Origin::Body(vec!["meta".into(), "run".into()]));
+    assert_eq!(c.retention_ms.tool, 5);
+    assert_eq!(c.retention_ms.user, 300_000);
+    assert!(c.rewrites_body());
+}
+
+#[test]
+fn errors_name_the_field() {
+    let cases = [
+        (r#"{"bogus":1}"#, "bogus"),
+        (r#"{"mode":"round"}"#, "mode"),
+        (r#"{"mode":3}"#, "mode"),
+        (r#"{"mode":"pick"}"#, "endpoints"),
+        (r#"{"mode":"pick","endpoints":[]}"#, "endpoints"),
+        (r#"{"endpoints":[{"address":"host:80"}]}"#, "endpoints[0].address"),
+        (r#"{"endpoints":[{"address":"1.2.3.4"}]}"#, "endpoints[0].address"),
+        (r#"{"endpoints":[{"address":"1.2.3.4:80","weight":0}]}"#, "endpoints[0].weight"),
+        (r#"{"endpoints":[{"address":"1.2.3.4:80","weight":-1}]}"#, "endpoints[0].weight"),
+        (r#"{"endpoints":[{"address":"1.2.3.4:80","weight":"x"}]}"#, "endpoints[0].weight"),
+        (r#"{"endpoints":[{"address":"1.2.3.4:80","dp_size":0}]}"#, "endpoints[0].dp_size"),
+        (r#"{"endpoints":[{"address":"1.2.3.4:80","zone":"a"}]}"#, "endpoints[0].zone"),
+        (r#"{"session_sources":["cookie:x"]}"#, "session_sources[0]"),
+        (r#"{"session_sources":["header:X-Upper"]}"#, "session_sources[0]"),
+        (r#"{"subagent_sources":["body:a..b"]}"#, "subagent_sources[0]"),
+        (r#"{"parent_sources":["header:x-tether-key"]}"#, "parent_sources[0]"),
+        (r#"{"tenant_header":""}"#, "tenant_header"),
+        (r#"{"cache_salt":{"secret":""}}"#, "cache_salt.secret"),
+        (r#"{"cache_salt":{"key":"x"}}"#, "cache_salt.key"),
+        (r#"{"retention_ms":{"tool":-1}}"#, "retention_ms.tool"),
+        (r#"{"retention_ms":{"idle":1}}"#, "retention_ms.idle"),
+        (r#"{"engine":{"session_header":"yes"}}"#, "engine.session_header"),
+        (r#"{"engine":{"routed_dp_rank":true}}"#, "engine.routed_dp_rank"),
+        (r#"{"max_body_bytes":0}"#, "max_body_bytes"),
+        (r#"{"fallbacks":-2}"#, "fallbacks"),
+        (r#"[1]"#, "(configuration)"),
+        (r#"{"#, "(configuration)"),
+    ];
+    for (json, field) in cases {
+        let e = err(json);
+        assert_eq!(e.field, field, "{json}: {e}");
+        assert!(e.to_string().starts_with(&format!("{field}: ")), "{e}");
+    }
+}

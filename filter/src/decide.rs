@@ -1,0 +1,377 @@
+//! The per-request decision, host-free: what the header callback and the body
+//! callback conclude from the headers and the body bytes. The proxy-wasm glue
+//! only moves bytes in and out.
+
+use crate::api::Api;
+use crate::config::{Config, Mode};
+use crate::head::head_hash;
+use crate::identity::{self, BodyRef, Headers, Identity, KeySource, Resolution};
+use crate::placement::{Pick, Placement};
+use crate::rewrite::{self, Edit};
+use crate::scan::{self, ReadLimits, ReadStats, ScanError};
+use crate::turn::{self, Turn};
+
+/// Why a request got the fallback key (or none); each has a counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Path is not one of the four APIs: passed through untouched.
+    UnknownFormat,
+    /// `content-type` is present and not JSON.
+    NotJson,
+    /// `content-encoding` other than `identity`.
+    Compressed,
+    /// The body is not a JSON object.
+    MalformedJson,
+    /// The body ends before its object does (or the host could not give the bytes).
+    Truncated,
+    /// The body is over `max_body_bytes`.
+    TooLarge,
+    /// No body although the key had to come from it.
+    NoBody,
+    /// A JSON object with no identity field and no conversation to hash.
+    NoConversation,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 8] = [
+        Reason::UnknownFormat,
+        Reason::NotJson,
+        Reason::Compressed,
+        Reason::MalformedJson,
+        Reason::Truncated,
+        Reason::TooLarge,
+        Reason::NoBody,
+        Reason::NoConversation,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::UnknownFormat => "unknown_format",
+            Reason::NotJson => "not_json",
+            Reason::Compressed => "compressed",
+            Reason::MalformedJson => "malformed_json",
+            Reason::Truncated => "truncated",
+            Reason::TooLarge => "too_large",
+            Reason::NoBody => "no_body",
+            Reason::NoConversation => "no_conversation",
+        }
+    }
+}
+
+/// Headers a client may not send: the filter emits them (or the mesh reads them).
+pub fn is_internal_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.starts_with("x-tether-")
+        || n == "x-data-parallel-rank"
+        || n == "x-gateway-destination-endpoint"
+        || n == "x-prefiller-host-port"
+}
+
+/// Everything decided for one routed request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub api: Api,
+    pub identity: Identity,
+    /// `x-tether-key-source`: `header:<name>`, `body:<path>`, `head`, `fallback:<reason>`.
+    pub source: String,
+    pub turn: Option<Turn>,
+    pub pick: Option<Pick>,
+    /// Body edit at end of stream (salting / engine body fields).
+    pub edit: Option<Edit>,
+    pub stats: ReadStats,
+    /// Present-but-unusable identity headers skipped.
+    pub bad_headers: u32,
+    /// Decided in the header callback (no body read).
+    pub header_path: bool,
+}
+
+/// What the header callback does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeaderOutcome {
+    /// Unknown path: no routing headers.
+    Untouched,
+    /// Decided now: set the output headers, never buffer.
+    Decided(Box<Decision>),
+    /// Read the body; `reason` is already known to force the fallback key.
+    ReadBody { api: Api, reason: Option<Reason> },
+}
+
+/// The header-callback decision. `end_of_stream` = the request has no body.
+pub fn on_headers(
+    cfg: &Config,
+    placement: &Placement,
+    headers: &Headers,
+    end_of_stream: bool,
+) -> HeaderOutcome {
+    let path = headers
+        .iter()
+        .find(|(k, _)| k == ":path")
+        .map(|(_, v)| v.as_slice())
+        .unwrap_or_default();
+    let Some(api) = Api::from_path(path) else {
+        return HeaderOutcome::Untouched;
+    };
+    let (res, bad) = identity::resolve(cfg, headers, None);
+    let header_ok = cfg.header_fast_path && !cfg.rewrites_body();
+    match res {
+        Resolution::Known(id) if header_ok || end_of_stream => {
+            HeaderOutcome::Decided(Box::new(finish(
+                cfg,
+                placement,
+                api,
+                id,
+                None,
+                None,
+                ReadStats::default(),
+                bad,
+                true,
+            )))
+        }
+        _ if end_of_stream => {
+            let tenant = tenant_of(cfg, headers);
+            let id = identity::fallback(tenant, &[], Reason::NoBody);
+            HeaderOutcome::Decided(Box::new(finish(
+                cfg,
+                placement,
+                api,
+                id,
+                None,
+                None,
+                ReadStats::default(),
+                bad,
+                true,
+            )))
+        }
+        _ => HeaderOutcome::ReadBody {
+            api,
+            reason: content_reason(headers),
+        },
+    }
+}
+
+/// `compressed` / `not_json` from the content headers.
+fn content_reason(headers: &Headers) -> Option<Reason> {
+    let get = |n: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(n))
+            .map(|(_, v)| v.as_slice())
+    };
+    if let Some(enc) = get("content-encoding") {
+        let enc = enc.trim_ascii();
+        if !enc.is_empty() && !enc.eq_ignore_ascii_case(b"identity") {
+            return Some(Reason::Compressed);
+        }
+    }
+    if let Some(ct) = get("content-type") {
+        let ct = ct.to_ascii_lowercase();
+        if memchr::memmem::find(&ct, b"json").is_none() {
+            return Some(Reason::NotJson);
+        }
+    }
+    None
+}
+
+fn tenant_of(cfg: &Config, headers: &Headers) -> Vec<u8> {
+    match cfg
+        .tenant_header
+        .as_deref()
+        .map(|n| identity::header(headers, n))
+    {
+        Some(identity::Lookup::Found(v)) => v,
+        _ => Vec::new(),
+    }
+}
+
+/// The fallback decision for a body we will not parse (`prefix` = its first bytes).
+pub fn fallback(
+    cfg: &Config,
+    placement: &Placement,
+    api: Api,
+    headers: &Headers,
+    prefix: &[u8],
+    reason: Reason,
+) -> Decision {
+    let id = identity::fallback(
+        tenant_of(cfg, headers),
+        prefix
+            .get(..prefix.len().min(identity::FALLBACK_PREFIX))
+            .unwrap_or_default(),
+        reason,
+    );
+    finish(
+        cfg,
+        placement,
+        api,
+        id,
+        None,
+        None,
+        ReadStats::default(),
+        0,
+        false,
+    )
+}
+
+/// The body-callback decision at end of stream; `fetch(start, len)` reads body bytes.
+pub fn on_body(
+    cfg: &Config,
+    placement: &Placement,
+    api: Api,
+    headers: &Headers,
+    size: usize,
+    reason: Option<Reason>,
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+) -> Decision {
+    let prefix = |fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>| {
+        fetch(0, size.min(identity::FALLBACK_PREFIX)).unwrap_or_default()
+    };
+    let forced = reason
+        .or(if size == 0 {
+            Some(Reason::NoBody)
+        } else {
+            None
+        })
+        .or(if size > cfg.max_body_bytes {
+            Some(Reason::TooLarge)
+        } else {
+            None
+        });
+    if let Some(r) = forced {
+        let p = if size == 0 { Vec::new() } else { prefix(fetch) };
+        return fallback(cfg, placement, api, headers, &p, r);
+    }
+    let limits = ReadLimits {
+        full_max: cfg.turn_count_max_bytes,
+        ..ReadLimits::default()
+    };
+    let (view, doc, stats) = match scan::read_doc(api, size, limits, fetch) {
+        Ok(x) => x,
+        Err(e) => {
+            let r = match e {
+                ScanError::Malformed => Reason::MalformedJson,
+                ScanError::Truncated | ScanError::Unavailable => Reason::Truncated,
+            };
+            let p = prefix(fetch);
+            return fallback(cfg, placement, api, headers, &p, r);
+        }
+    };
+    let head = head_hash(api, &doc, &view);
+    let (res, bad) = identity::resolve(
+        cfg,
+        headers,
+        Some(BodyRef {
+            doc: &doc,
+            view: &view,
+            head,
+        }),
+    );
+    let id = match res {
+        Resolution::Known(id) => id,
+        Resolution::NeedBody | Resolution::Nothing => {
+            let p = view.prefix(identity::FALLBACK_PREFIX).to_vec();
+            let mut d = fallback(cfg, placement, api, headers, &p, Reason::NoConversation);
+            d.stats = stats;
+            return d;
+        }
+    };
+    let turn = turn::classify(api, &doc, &view, &cfg.subagent_tools, id.parent.is_some());
+    let mut d = finish(cfg, placement, api, id, turn, None, stats, bad, false);
+    if cfg.rewrites_body() {
+        let owned = owned_fields(cfg, &d);
+        d.edit = match rewrite::plan(&doc, &view, &owned) {
+            Some(e) => Some(e),
+            None => {
+                // A client copy sits after the conversation: read it all and rewrite the whole prefix.
+                fetch(0, size).and_then(|body| {
+                    let full = scan::scan_full(&body, api).ok()?;
+                    let fv = scan::View {
+                        head: body,
+                        tail: Vec::new(),
+                        tail_base: size,
+                        size,
+                    };
+                    rewrite::plan(&full, &fv, &owned)
+                })
+            }
+        };
+    }
+    d
+}
+
+/// Body fields the filter owns and their JSON values for this request.
+fn owned_fields(cfg: &Config, d: &Decision) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if let Some(secret) = &cfg.cache_salt {
+        out.push((
+            "cache_salt",
+            format!("\"{}\"", cache_salt(secret, &d.identity.tenant)),
+        ));
+    }
+    if cfg.engine.body_session_id {
+        out.push((
+            "session_id",
+            format!("\"{}\"", identity::hex16(d.identity.key())),
+        ));
+    }
+    if let (true, Some(p)) = (cfg.engine.routed_dp_rank, &d.pick) {
+        out.push(("routed_dp_rank", p.rank.to_string()));
+    }
+    out
+}
+
+/// `cache_salt` for a tenant: 128-bit xxh3 of (secret, tenant), 32 hex digits.
+/// Clients never see it (it only goes to the engine), so it needs to be
+/// unguessable, not a cryptographic MAC.
+pub fn cache_salt(secret: &[u8], tenant: &[u8]) -> String {
+    let mut buf = Vec::with_capacity(secret.len() + tenant.len() + 16);
+    for p in [b"cache_salt".as_slice(), secret, tenant] {
+        buf.extend_from_slice(&u32::try_from(p.len()).unwrap_or(u32::MAX).to_le_bytes());
+        buf.extend_from_slice(p);
+    }
+    format!(
+        "{:032x}",
+        xxhash_rust::xxh3::xxh3_128_with_seed(&buf, identity::SEED)
+    )
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "internal assembly of one decision"
+)]
+fn finish(
+    cfg: &Config,
+    placement: &Placement,
+    api: Api,
+    identity: Identity,
+    turn: Option<Turn>,
+    edit: Option<Edit>,
+    stats: ReadStats,
+    bad_headers: u32,
+    header_path: bool,
+) -> Decision {
+    let source = match &identity.source {
+        KeySource::Source(i) => cfg
+            .session_sources
+            .get(*i)
+            .map_or_else(|| "unknown".to_owned(), |s| s.label.clone()),
+        KeySource::Head => "head".to_owned(),
+        KeySource::Fallback(r) => format!("fallback:{}", r.name()),
+    };
+    let pick = (cfg.mode == Mode::Pick)
+        .then(|| placement.pick(identity.key(), cfg.fallbacks))
+        .flatten();
+    Decision {
+        api,
+        identity,
+        source,
+        turn,
+        pick,
+        edit,
+        stats,
+        bad_headers,
+        header_path,
+    }
+}
+
+#[cfg(test)]
+mod tests;

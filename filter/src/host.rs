@@ -1,0 +1,180 @@
+//! Raw proxy-wasm host calls that report the host status instead of panicking
+//! (the SDK's `hostcalls` panic on statuses they do not expect, which kills the
+//! VM: see `docs/envoy-mechanisms.md`). Compiled for wasm only.
+
+use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType};
+use std::ptr::null_mut;
+
+/// A host status other than `Ok` (0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostStatus(pub u32);
+
+#[link(wasm_import_module = "env")]
+unsafe extern "C" {
+    fn proxy_log(level: LogLevel, data: *const u8, size: usize) -> u32;
+    fn proxy_get_buffer_bytes(
+        t: BufferType,
+        start: usize,
+        max: usize,
+        out: *mut *mut u8,
+        out_size: *mut usize,
+    ) -> u32;
+    fn proxy_set_buffer_bytes(
+        t: BufferType,
+        start: usize,
+        size: usize,
+        data: *const u8,
+        data_size: usize,
+    ) -> u32;
+    fn proxy_get_header_map_pairs(t: MapType, out: *mut *mut u8, out_size: *mut usize) -> u32;
+    fn proxy_replace_header_map_value(
+        t: MapType,
+        k: *const u8,
+        kl: usize,
+        v: *const u8,
+        vl: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(t: MapType, k: *const u8, kl: usize) -> u32;
+    fn proxy_set_property(p: *const u8, pl: usize, v: *const u8, vl: usize) -> u32;
+    fn proxy_call_foreign_function(
+        n: *const u8,
+        nl: usize,
+        a: *const u8,
+        al: usize,
+        out: *mut *mut u8,
+        out_size: *mut usize,
+    ) -> u32;
+    fn proxy_define_metric(t: MetricType, n: *const u8, nl: usize, id: *mut u32) -> u32;
+    fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+}
+
+fn check(status: u32) -> Result<(), HostStatus> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(HostStatus(status))
+    }
+}
+
+/// Takes ownership of a host-allocated buffer (allocated through the SDK's
+/// `proxy_on_memory_allocate`, i.e. a `Vec<u8>` of capacity `size`).
+fn adopt(data: *mut u8, size: usize) -> Vec<u8> {
+    if data.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: the host wrote `size` bytes into memory it obtained from our
+    // allocator with exactly that capacity, and hands ownership to us.
+    unsafe { Vec::from_raw_parts(data, size, size) }
+}
+
+pub fn log(level: LogLevel, msg: &str) {
+    // SAFETY: the host only reads `msg` within its length.
+    let _ = unsafe { proxy_log(level, msg.as_ptr(), msg.len()) };
+}
+
+/// Up to `max` bytes of a buffer from `start`.
+pub fn get_buffer(t: BufferType, start: usize, max: usize) -> Result<Vec<u8>, HostStatus> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: the out-pointers point at live locals.
+    check(unsafe { proxy_get_buffer_bytes(t, start, max, &mut data, &mut size) })?;
+    Ok(adopt(data, size))
+}
+
+/// Replaces `[start, start + size)` of a buffer (Envoy: `start == 0` drains `size` bytes and prepends).
+pub fn set_buffer(t: BufferType, start: usize, size: usize, data: &[u8]) -> Result<(), HostStatus> {
+    // SAFETY: the host only reads `data` within its length.
+    check(unsafe { proxy_set_buffer_bytes(t, start, size, data.as_ptr(), data.len()) })
+}
+
+/// All pairs of a header map; names are lower-case ASCII in Envoy, values raw bytes.
+pub fn header_pairs(t: MapType) -> Result<Vec<(String, Vec<u8>)>, HostStatus> {
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: the out-pointers point at live locals.
+    check(unsafe { proxy_get_header_map_pairs(t, &mut data, &mut size) })?;
+    Ok(decode_pairs(&adopt(data, size)).unwrap_or_default())
+}
+
+/// Decodes the proxy-wasm map encoding: count, (key len, value len)×count, then
+/// NUL-terminated keys and values. `None` on any inconsistency.
+pub fn decode_pairs(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    if bytes.is_empty() {
+        return Some(Vec::new());
+    }
+    let u32_at = |at: usize| -> Option<usize> {
+        let b: [u8; 4] = bytes.get(at..at + 4)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(b)).ok()
+    };
+    let count = u32_at(0)?;
+    let mut p = count.checked_mul(8)?.checked_add(4)?;
+    let mut out = Vec::with_capacity(count.min(1024));
+    for n in 0..count {
+        let (kl, vl) = (u32_at(4 + n * 8)?, u32_at(8 + n * 8)?);
+        let key = bytes.get(p..p.checked_add(kl)?)?;
+        p = p.checked_add(kl + 1)?;
+        let value = bytes.get(p..p.checked_add(vl)?)?;
+        p = p.checked_add(vl + 1)?;
+        out.push((String::from_utf8_lossy(key).into_owned(), value.to_vec()));
+    }
+    Some(out)
+}
+
+pub fn replace_header(t: MapType, name: &str, value: &[u8]) -> Result<(), HostStatus> {
+    // SAFETY: the host only reads the two byte ranges.
+    check(unsafe {
+        proxy_replace_header_map_value(t, name.as_ptr(), name.len(), value.as_ptr(), value.len())
+    })
+}
+
+pub fn remove_header(t: MapType, name: &str) -> Result<(), HostStatus> {
+    // SAFETY: the host only reads `name` within its length.
+    check(unsafe { proxy_remove_header_map_value(t, name.as_ptr(), name.len()) })
+}
+
+/// Sets a one-segment property (Envoy: filter state `wasm.<name>`).
+pub fn set_property(name: &str, value: &[u8]) -> Result<(), HostStatus> {
+    // SAFETY: the host only reads the two byte ranges.
+    check(unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
+}
+
+/// Envoy's `set_envoy_filter_state` foreign function: protobuf
+/// `SetEnvoyFilterStateArguments{path = 1, value = 2}` (span left at its default).
+pub fn set_envoy_filter_state(key: &str, value: &str) -> Result<(), HostStatus> {
+    let mut args = Vec::with_capacity(key.len() + value.len() + 8);
+    for (tag, field) in [(0x0a_u8, key), (0x12_u8, value)] {
+        args.push(tag);
+        let mut len = field.len();
+        while len >= 0x80 {
+            args.push((len & 0x7f) as u8 | 0x80);
+            len >>= 7;
+        }
+        args.push(len as u8);
+        args.extend_from_slice(field.as_bytes());
+    }
+    let name = "set_envoy_filter_state";
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: the host reads the name and argument ranges and writes the out-pointers (live locals).
+    let status = unsafe {
+        proxy_call_foreign_function(
+            name.as_ptr(),
+            name.len(),
+            args.as_ptr(),
+            args.len(),
+            &mut data,
+            &mut size,
+        )
+    };
+    drop(adopt(data, size));
+    check(status)
+}
+
+pub fn define_counter(name: &str) -> Result<u32, HostStatus> {
+    let mut id = 0u32;
+    // SAFETY: the host reads `name` and writes the id into a live local.
+    check(unsafe { proxy_define_metric(MetricType::Counter, name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+pub fn increment(id: u32, by: i64) -> Result<(), HostStatus> {
+    // SAFETY: plain value call.
+    check(unsafe { proxy_increment_metric(id, by) })
+}

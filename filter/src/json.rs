@@ -1,0 +1,489 @@
+//! JSON byte primitives: skip one value forward or backward, walk objects and
+//! arrays lazily, unescape small strings — no DOM, no allocation on the hot path.
+//!
+//! Strings are skipped with `memchr` (SIMD in the wasm build), so the cost of a
+//! walk is dominated by the few bytes outside strings. Nothing here validates
+//! JSON fully: separators inside skipped containers are not checked, but
+//! bracket kinds, string ends and scalar tokens are, and any input yields a
+//! result or a [`Stop`], never a panic.
+
+use std::borrow::Cow;
+
+/// Why a walk stopped before the value ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Stop {
+    /// The bytes at hand ended inside the value; more bytes would decide.
+    #[error("value continues past the bytes at hand")]
+    Incomplete,
+    /// The bytes are not JSON.
+    #[error("not JSON")]
+    Malformed,
+}
+
+/// Containers deeper than this are treated as malformed (bounded work and stack).
+pub const MAX_DEPTH: usize = 256;
+
+/// A small bit stack of open containers (`true` = object), fixed size.
+struct Nesting {
+    bits: [u64; MAX_DEPTH / 64],
+    depth: usize,
+}
+
+impl Nesting {
+    fn new() -> Self {
+        Self {
+            bits: [0; MAX_DEPTH / 64],
+            depth: 0,
+        }
+    }
+
+    fn push(&mut self, object: bool) -> Result<(), Stop> {
+        let slot = self.bits.get_mut(self.depth / 64).ok_or(Stop::Malformed)?;
+        let mask = 1u64 << (self.depth % 64);
+        if object {
+            *slot |= mask;
+        } else {
+            *slot &= !mask;
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
+    /// Pops and checks that the closing bracket matches the opening one.
+    fn pop(&mut self, object: bool) -> Result<(), Stop> {
+        if self.depth == 0 {
+            return Err(Stop::Malformed);
+        }
+        self.depth -= 1;
+        let slot = self.bits.get(self.depth / 64).ok_or(Stop::Malformed)?;
+        let was_object = slot & (1u64 << (self.depth % 64)) != 0;
+        if was_object == object {
+            Ok(())
+        } else {
+            Err(Stop::Malformed)
+        }
+    }
+}
+
+/// True for JSON insignificant whitespace.
+#[inline]
+pub fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// First index at or after `i` that is not whitespace (may be `buf.len()`).
+#[inline]
+pub fn skip_ws(buf: &[u8], mut i: usize) -> usize {
+    while let Some(&b) = buf.get(i) {
+        if !is_ws(b) {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// Index just after the last non-whitespace byte before `end` (may be 0).
+#[inline]
+pub fn skip_ws_back(buf: &[u8], mut end: usize) -> usize {
+    while end > 0 {
+        match buf.get(end - 1) {
+            Some(&b) if is_ws(b) => end -= 1,
+            _ => break,
+        }
+    }
+    end
+}
+
+/// `i` is at an opening quote; returns the index after the closing quote.
+#[inline]
+pub fn skip_string(buf: &[u8], i: usize) -> Result<usize, Stop> {
+    let mut j = i + 1;
+    loop {
+        let rest = buf.get(j..).ok_or(Stop::Incomplete)?;
+        let k = memchr::memchr2(b'"', b'\\', rest).ok_or(Stop::Incomplete)?;
+        let p = j + k;
+        if buf.get(p) == Some(&b'"') {
+            return Ok(p + 1);
+        }
+        // A backslash: the next byte is escaped, whatever it is.
+        j = p + 2;
+    }
+}
+
+/// `end` is just after a closing quote; returns the index of the opening quote.
+///
+/// Scanning backward is exact: inside a JSON string every `"` is escaped, so
+/// the opening quote is the nearest `"` preceded by an even run of backslashes.
+#[inline]
+pub fn skip_string_back(buf: &[u8], end: usize) -> Result<usize, Stop> {
+    let mut hi = end.checked_sub(1).ok_or(Stop::Incomplete)?;
+    loop {
+        let window = buf.get(..hi).ok_or(Stop::Malformed)?;
+        let q = memchr::memrchr(b'"', window).ok_or(Stop::Incomplete)?;
+        let mut run = 0usize;
+        while q > run && buf.get(q - run - 1) == Some(&b'\\') {
+            run += 1;
+        }
+        if run == q && run > 0 {
+            // The backslash run reaches the start of the bytes at hand: parity unknown.
+            return Err(Stop::Incomplete);
+        }
+        if run.is_multiple_of(2) {
+            return Ok(q);
+        }
+        hi = q;
+    }
+}
+
+#[inline]
+fn is_scalar_byte(b: u8) -> bool {
+    matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E' | b'a'..=b'z')
+}
+
+/// Checks a scalar token (`true`, `false`, `null` or a number).
+fn check_scalar(tok: &[u8]) -> Result<(), Stop> {
+    match tok.first() {
+        Some(b't') if tok == b"true" => Ok(()),
+        Some(b'f') if tok == b"false" => Ok(()),
+        Some(b'n') if tok == b"null" => Ok(()),
+        Some(b'-' | b'0'..=b'9') => {
+            if tok
+                .iter()
+                .all(|b| matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                && tok.last().is_some_and(u8::is_ascii_digit)
+            {
+                Ok(())
+            } else {
+                Err(Stop::Malformed)
+            }
+        }
+        _ => Err(Stop::Malformed),
+    }
+}
+
+/// `i` is at the first byte of a value; returns the index just after it.
+pub fn skip_value(buf: &[u8], i: usize) -> Result<usize, Stop> {
+    match buf.get(i) {
+        None => Err(Stop::Incomplete),
+        Some(b'"') => skip_string(buf, i),
+        Some(b'{' | b'[') => skip_container(buf, i),
+        Some(_) => {
+            let mut j = i;
+            while buf.get(j).is_some_and(|&b| is_scalar_byte(b)) {
+                j += 1;
+            }
+            if j == buf.len() {
+                // A number may go on in bytes we do not have.
+                return Err(Stop::Incomplete);
+            }
+            check_scalar(buf.get(i..j).ok_or(Stop::Malformed)?)?;
+            Ok(j)
+        }
+    }
+}
+
+/// Skips a whole object or array starting at `i`, checking bracket kinds.
+fn skip_container(buf: &[u8], i: usize) -> Result<usize, Stop> {
+    let mut nest = Nesting::new();
+    let mut j = i;
+    loop {
+        let b = *buf.get(j).ok_or(Stop::Incomplete)?;
+        match b {
+            b'"' => {
+                j = skip_string(buf, j)?;
+                continue;
+            }
+            b'{' => nest.push(true)?,
+            b'[' => nest.push(false)?,
+            b'}' | b']' => {
+                nest.pop(b == b'}')?;
+                if nest.depth == 0 {
+                    return Ok(j + 1);
+                }
+            }
+            _ => {}
+        }
+        j += 1;
+    }
+}
+
+/// `end` is just after the last byte of a value; returns the index of its first byte.
+pub fn skip_value_back(buf: &[u8], end: usize) -> Result<usize, Stop> {
+    let last = end.checked_sub(1).ok_or(Stop::Incomplete)?;
+    match buf.get(last) {
+        None => Err(Stop::Malformed),
+        Some(b'"') => skip_string_back(buf, end),
+        Some(b'}' | b']') => skip_container_back(buf, end),
+        Some(_) => {
+            let mut j = end;
+            while j > 0 && buf.get(j - 1).is_some_and(|&b| is_scalar_byte(b)) {
+                j -= 1;
+            }
+            if j == 0 {
+                return Err(Stop::Incomplete);
+            }
+            check_scalar(buf.get(j..end).ok_or(Stop::Malformed)?)?;
+            Ok(j)
+        }
+    }
+}
+
+fn skip_container_back(buf: &[u8], end: usize) -> Result<usize, Stop> {
+    let mut nest = Nesting::new();
+    let mut j = end;
+    loop {
+        if j == 0 {
+            return Err(Stop::Incomplete);
+        }
+        let b = *buf.get(j - 1).ok_or(Stop::Malformed)?;
+        match b {
+            b'"' => {
+                j = skip_string_back(buf, j)?;
+                continue;
+            }
+            b'}' => nest.push(true)?,
+            b']' => nest.push(false)?,
+            b'{' | b'[' => {
+                nest.pop(b == b'{')?;
+                if nest.depth == 0 {
+                    return Ok(j - 1);
+                }
+            }
+            _ => {}
+        }
+        j -= 1;
+    }
+}
+
+/// A byte range `[start, end)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Span {
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Span {
+    pub fn new(start: usize, end: usize) -> Self {
+        Self { start, end }
+    }
+
+    pub fn len(&self) -> usize {
+        self.end.saturating_sub(self.start)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The same range moved by `base` (chunk-relative → body-absolute).
+    pub fn shift(self, base: usize) -> Self {
+        Self {
+            start: self.start + base,
+            end: self.end + base,
+        }
+    }
+}
+
+/// One complete JSON value (the slice holds exactly it), walked lazily.
+#[derive(Debug, Clone, Copy)]
+pub struct Value<'a>(pub &'a [u8]);
+
+impl<'a> Value<'a> {
+    pub fn bytes(&self) -> &'a [u8] {
+        self.0
+    }
+
+    pub fn is_object(&self) -> bool {
+        self.0.first() == Some(&b'{')
+    }
+
+    pub fn is_array(&self) -> bool {
+        self.0.first() == Some(&b'[')
+    }
+
+    pub fn is_string(&self) -> bool {
+        self.0.first() == Some(&b'"')
+    }
+
+    /// The members of an object, in order (empty for non-objects; stops at the
+    /// first malformed member).
+    pub fn members(&self) -> Members<'a> {
+        Members {
+            buf: self.0,
+            i: if self.is_object() { 1 } else { usize::MAX },
+        }
+    }
+
+    /// The elements of an array, in order (empty for non-arrays).
+    pub fn elements(&self) -> Elements<'a> {
+        Elements {
+            buf: self.0,
+            i: if self.is_array() { 1 } else { usize::MAX },
+        }
+    }
+
+    /// The last member named `key` of an object (JSON parsers keep the last duplicate).
+    pub fn get(&self, key: &str) -> Option<Value<'a>> {
+        let mut found = None;
+        for (k, v) in self.members() {
+            if key_eq(k, key) {
+                found = Some(v);
+            }
+        }
+        found
+    }
+
+    /// The first member named `key`; cheaper when the key is usually early (`role`, `type`).
+    pub fn get_first(&self, key: &str) -> Option<Value<'a>> {
+        self.members().find(|(k, _)| key_eq(k, key)).map(|(_, v)| v)
+    }
+
+    /// A string value, unescaped (borrowed when it holds no escapes).
+    pub fn str(&self) -> Option<Cow<'a, str>> {
+        let inner = self.0.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+        unescape(inner)
+    }
+
+    /// True when this is a string equal to `s` (after unescaping).
+    pub fn str_is(&self, s: &str) -> bool {
+        self.str().is_some_and(|v| v == s)
+    }
+}
+
+/// Iterator over an object's members: (raw key between the quotes, value).
+pub struct Members<'a> {
+    buf: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Iterator for Members<'a> {
+    type Item = (&'a [u8], Value<'a>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let buf = self.buf;
+        let mut i = skip_ws(buf, self.i);
+        if buf.get(i) == Some(&b',') {
+            i = skip_ws(buf, i + 1);
+        }
+        if buf.get(i) != Some(&b'"') {
+            self.i = usize::MAX;
+            return None;
+        }
+        let key_end = skip_string(buf, i).ok()?;
+        let key = buf.get(i + 1..key_end - 1)?;
+        let colon = skip_ws(buf, key_end);
+        if buf.get(colon) != Some(&b':') {
+            self.i = usize::MAX;
+            return None;
+        }
+        let vs = skip_ws(buf, colon + 1);
+        let Ok(ve) = skip_value(buf, vs) else {
+            self.i = usize::MAX;
+            return None;
+        };
+        self.i = ve;
+        Some((key, Value(buf.get(vs..ve)?)))
+    }
+}
+
+/// Iterator over an array's elements.
+pub struct Elements<'a> {
+    buf: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = Value<'a>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let buf = self.buf;
+        let mut i = skip_ws(buf, self.i);
+        if buf.get(i) == Some(&b',') {
+            i = skip_ws(buf, i + 1);
+        }
+        match buf.get(i) {
+            None | Some(b']') => {
+                self.i = usize::MAX;
+                return None;
+            }
+            Some(_) => {}
+        }
+        let Ok(e) = skip_value(buf, i) else {
+            self.i = usize::MAX;
+            return None;
+        };
+        self.i = e;
+        Some(Value(buf.get(i..e)?))
+    }
+}
+
+/// Compares a raw (still escaped) key with a plain one. Escaped keys are
+/// unescaped first, so `"cache\u005fsalt"` cannot hide from the filter.
+pub fn key_eq(raw: &[u8], plain: &str) -> bool {
+    if memchr::memchr(b'\\', raw).is_none() {
+        return raw == plain.as_bytes();
+    }
+    unescape(raw).is_some_and(|k| k == plain)
+}
+
+/// Unescapes the inside of a JSON string; `None` if it is not valid.
+pub fn unescape(inner: &[u8]) -> Option<Cow<'_, str>> {
+    if memchr::memchr(b'\\', inner).is_none() {
+        return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
+    }
+    let mut out = String::with_capacity(inner.len());
+    let mut i = 0;
+    while i < inner.len() {
+        let rest = inner.get(i..)?;
+        let k = memchr::memchr(b'\\', rest).unwrap_or(rest.len());
+        out.push_str(std::str::from_utf8(rest.get(..k)?).ok()?);
+        i += k;
+        if i >= inner.len() {
+            break;
+        }
+        let esc = *inner.get(i + 1)?;
+        i += 2;
+        let c = match esc {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let hi = hex4(inner.get(i..i + 4)?)?;
+                i += 4;
+                if (0xD800..0xDC00).contains(&hi) {
+                    if inner.get(i..i + 2)? != b"\\u" {
+                        return None;
+                    }
+                    let lo = hex4(inner.get(i + 2..i + 6)?)?;
+                    i += 6;
+                    if !(0xDC00..0xE000).contains(&lo) {
+                        return None;
+                    }
+                    char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))?
+                } else {
+                    char::from_u32(hi)?
+                }
+            }
+            _ => return None,
+        };
+        out.push(c);
+    }
+    Some(Cow::Owned(out))
+}
+
+fn hex4(b: &[u8]) -> Option<u32> {
+    if b.len() != 4 || !b.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let s = std::str::from_utf8(b).ok()?;
+    u32::from_str_radix(s, 16).ok()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,645 @@
+//! The body scanner: top-level members from the head (forward) and the tail
+//! (backward) of a JSON body, meeting at the conversation array, so the middle
+//! of a long conversation is never read.
+//!
+//! [`read_doc`] drives it: it asks a fetch function for byte ranges (in Envoy,
+//! `get_buffer_bytes(start, len)`), grows the head or the tail only while a
+//! needed value is cut, and reads the whole body only when it is small
+//! (`full_max`) or the two ends would overlap.
+
+use crate::api::Api;
+use crate::json::{self, Span, Stop, Value};
+
+/// Why a body could not be scanned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ScanError {
+    /// The body ends before the top-level object does.
+    #[error("body is truncated")]
+    Truncated,
+    /// The body is not a JSON object.
+    #[error("body is not a JSON object")]
+    Malformed,
+    /// The host gave fewer bytes than asked for.
+    #[error("body bytes unavailable")]
+    Unavailable,
+}
+
+/// One top-level member: the raw key (between its quotes) and the value, both
+/// as absolute body offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    pub key: Span,
+    pub value: Span,
+}
+
+/// Where the forward scan of the head stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadEnd {
+    /// The whole object was read; `end` is just after its closing brace.
+    Complete { end: usize },
+    /// The bytes ended inside the conversation member's value, which starts at `start`.
+    InConversation { start: usize },
+    /// The bytes ended inside another member (or between members) at `at`.
+    InOther { at: usize },
+}
+
+/// Result of the forward scan over the head bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadScan {
+    /// Complete members, in body order (the conversation member included when complete).
+    pub members: Vec<Member>,
+    /// Complete elements of the conversation array seen from its start.
+    pub conv_elems: Vec<Span>,
+    /// Start of the conversation member's value, when it was reached.
+    pub conv_start: Option<usize>,
+    pub end: HeadEnd,
+}
+
+/// Scans `buf` (the body from offset 0) forward. `conv_key` names the conversation member.
+/// Element predicate: stop walking the conversation after an element for which it holds.
+pub type Enough<'a> = Option<&'a dyn Fn(Value<'_>) -> bool>;
+
+/// Scans `buf` (the body from offset 0) forward. `conv_key` names the
+/// conversation member; with `enough`, the walk of its elements stops after the
+/// first element it accepts (the head scan then ends `InConversation`).
+pub fn scan_head(buf: &[u8], conv_key: &str, enough: Enough<'_>) -> Result<HeadScan, ScanError> {
+    let mut out = HeadScan {
+        members: Vec::new(),
+        conv_elems: Vec::new(),
+        conv_start: None,
+        end: HeadEnd::InOther { at: 0 },
+    };
+    let mut i = json::skip_ws(buf, 0);
+    match buf.get(i) {
+        None => return Ok(out),
+        Some(b'{') => {}
+        Some(_) => return Err(ScanError::Malformed),
+    }
+    i = json::skip_ws(buf, i + 1);
+    if buf.get(i) == Some(&b'}') {
+        out.end = HeadEnd::Complete { end: i + 1 };
+        return Ok(out);
+    }
+    loop {
+        // key
+        match buf.get(i) {
+            None => {
+                out.end = HeadEnd::InOther { at: i };
+                return Ok(out);
+            }
+            Some(b'"') => {}
+            Some(_) => return Err(ScanError::Malformed),
+        }
+        let key_end = match json::skip_string(buf, i) {
+            Ok(e) => e,
+            Err(Stop::Incomplete) => {
+                out.end = HeadEnd::InOther { at: i };
+                return Ok(out);
+            }
+            Err(Stop::Malformed) => return Err(ScanError::Malformed),
+        };
+        let key = Span::new(i + 1, key_end - 1);
+        let colon = json::skip_ws(buf, key_end);
+        match buf.get(colon) {
+            None => {
+                out.end = HeadEnd::InOther { at: i };
+                return Ok(out);
+            }
+            Some(b':') => {}
+            Some(_) => return Err(ScanError::Malformed),
+        }
+        let vs = json::skip_ws(buf, colon + 1);
+        let is_conv = buf
+            .get(key.start..key.end)
+            .is_some_and(|k| json::key_eq(k, conv_key));
+        let ve = if is_conv {
+            out.conv_start = Some(vs);
+            out.conv_elems.clear();
+            scan_array_head(buf, vs, &mut out.conv_elems, enough)
+        } else {
+            json::skip_value(buf, vs)
+        };
+        let ve = match ve {
+            Ok(e) => e,
+            Err(Stop::Incomplete) => {
+                out.end = if is_conv {
+                    HeadEnd::InConversation { start: vs }
+                } else {
+                    HeadEnd::InOther { at: vs }
+                };
+                return Ok(out);
+            }
+            Err(Stop::Malformed) => return Err(ScanError::Malformed),
+        };
+        out.members.push(Member {
+            key,
+            value: Span::new(vs, ve),
+        });
+        i = json::skip_ws(buf, ve);
+        match buf.get(i) {
+            None => {
+                out.end = HeadEnd::InOther { at: i };
+                return Ok(out);
+            }
+            Some(b',') => i = json::skip_ws(buf, i + 1),
+            Some(b'}') => {
+                out.end = HeadEnd::Complete { end: i + 1 };
+                return Ok(out);
+            }
+            Some(_) => return Err(ScanError::Malformed),
+        }
+    }
+}
+
+/// Walks an array forward from `[` at `i`, recording complete elements; a
+/// non-array value is skipped whole.
+fn scan_array_head(buf: &[u8], i: usize, elems: &mut Vec<Span>, enough: Enough<'_>) -> Result<usize, Stop> {
+    if buf.get(i) != Some(&b'[') {
+        return json::skip_value(buf, i);
+    }
+    let mut j = json::skip_ws(buf, i + 1);
+    if buf.get(j) == Some(&b']') {
+        return Ok(j + 1);
+    }
+    loop {
+        let e = json::skip_value(buf, j)?;
+        elems.push(Span::new(j, e));
+        if enough.is_some_and(|f| buf.get(j..e).is_some_and(|b| f(Value(b)))) {
+            return Err(Stop::Incomplete);
+        }
+        j = json::skip_ws(buf, e);
+        match buf.get(j) {
+            None => return Err(Stop::Incomplete),
+            Some(b',') => j = json::skip_ws(buf, j + 1),
+            Some(b']') => return Ok(j + 1),
+            Some(_) => return Err(Stop::Malformed),
+        }
+    }
+}
+
+/// Where the backward scan of the tail stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TailEnd {
+    /// Reached the object's opening brace at `start`.
+    Complete { start: usize },
+    /// The bytes ran out inside (or just before the key of) a value ending at
+    /// `end`; `elems` are the complete trailing elements when it is an array.
+    InValue {
+        end: usize,
+        is_array: bool,
+        elems: Vec<Span>,
+    },
+}
+
+/// Result of the backward scan over the tail bytes (absolute offsets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TailScan {
+    /// Complete members in body order.
+    pub members: Vec<Member>,
+    pub end: TailEnd,
+}
+
+/// Scans `buf`, the last bytes of the body starting at absolute offset `base`, backward.
+/// With `enough`, the walk of a trailing array stops after the first element
+/// (from the end) it accepts: the last turns are all the filter needs.
+pub fn scan_tail(buf: &[u8], base: usize, enough: Enough<'_>) -> Result<TailScan, ScanError> {
+    let mut members = Vec::new();
+    let mut e = json::skip_ws_back(buf, buf.len());
+    match e.checked_sub(1).and_then(|k| buf.get(k)) {
+        Some(b'}') => {}
+        Some(_) => return Err(ScanError::Truncated),
+        None => {
+            let end = TailEnd::InValue {
+                end: base + e,
+                is_array: false,
+                elems: Vec::new(),
+            };
+            return Ok(TailScan { members, end });
+        }
+    }
+    e = json::skip_ws_back(buf, e - 1);
+    if e > 0 && buf.get(e - 1) == Some(&b'{') {
+        return Ok(TailScan {
+            members,
+            end: TailEnd::Complete {
+                start: base + e - 1,
+            },
+        });
+    }
+    loop {
+        let value_end = e;
+        let mut elems = Vec::new();
+        let is_array = buf.get(value_end.wrapping_sub(1)) == Some(&b']');
+        let vs = if is_array {
+            scan_array_tail(buf, value_end, &mut elems, enough)
+        } else {
+            json::skip_value_back(buf, value_end)
+        };
+        let incomplete = |elems: Vec<Span>| {
+            let elems = elems.into_iter().rev().map(|s| s.shift(base)).collect();
+            TailEnd::InValue {
+                end: base + value_end,
+                is_array,
+                elems,
+            }
+        };
+        let vs = match vs {
+            Ok(s) => s,
+            Err(Stop::Incomplete) => {
+                members.reverse();
+                return Ok(TailScan {
+                    members,
+                    end: incomplete(elems),
+                });
+            }
+            Err(Stop::Malformed) => return Err(ScanError::Malformed),
+        };
+        // `"key" :` before the value; running out here leaves the value keyless.
+        let colon = json::skip_ws_back(buf, vs);
+        let key_close = json::skip_ws_back(buf, colon.saturating_sub(1));
+        let keyless = colon == 0 || key_close == 0;
+        if keyless {
+            members.reverse();
+            return Ok(TailScan {
+                members,
+                end: incomplete(elems),
+            });
+        }
+        if buf.get(colon - 1) != Some(&b':') || buf.get(key_close - 1) != Some(&b'"') {
+            return Err(ScanError::Malformed);
+        }
+        let key_open = match json::skip_string_back(buf, key_close) {
+            Ok(k) => k,
+            Err(Stop::Incomplete) => {
+                members.reverse();
+                return Ok(TailScan {
+                    members,
+                    end: incomplete(elems),
+                });
+            }
+            Err(Stop::Malformed) => return Err(ScanError::Malformed),
+        };
+        members.push(Member {
+            key: Span::new(key_open + 1, key_close - 1).shift(base),
+            value: Span::new(vs, value_end).shift(base),
+        });
+        let sep = json::skip_ws_back(buf, key_open);
+        match sep.checked_sub(1).and_then(|k| buf.get(k)) {
+            None => {
+                members.reverse();
+                let end = TailEnd::InValue {
+                    end: base + sep,
+                    is_array: false,
+                    elems: Vec::new(),
+                };
+                return Ok(TailScan { members, end });
+            }
+            Some(b',') => e = json::skip_ws_back(buf, sep - 1),
+            Some(b'{') => {
+                members.reverse();
+                return Ok(TailScan {
+                    members,
+                    end: TailEnd::Complete {
+                        start: base + sep - 1,
+                    },
+                });
+            }
+            Some(_) => return Err(ScanError::Malformed),
+        }
+    }
+}
+
+/// Walks an array backward from just after its `]`, recording complete
+/// elements (last first); returns the index of its `[`.
+fn scan_array_tail(buf: &[u8], end: usize, elems: &mut Vec<Span>, enough: Enough<'_>) -> Result<usize, Stop> {
+    let mut j = json::skip_ws_back(buf, end - 1);
+    if j > 0 && buf.get(j - 1) == Some(&b'[') {
+        return Ok(j - 1);
+    }
+    loop {
+        let s = json::skip_value_back(buf, j)?;
+        elems.push(Span::new(s, j));
+        if enough.is_some_and(|f| buf.get(s..j).is_some_and(|b| f(Value(b)))) {
+            return Err(Stop::Incomplete);
+        }
+        j = json::skip_ws_back(buf, s);
+        match j.checked_sub(1).and_then(|k| buf.get(k)) {
+            None => return Err(Stop::Incomplete),
+            Some(b',') => j = json::skip_ws_back(buf, j - 1),
+            Some(b'[') => return Ok(j - 1),
+            Some(_) => return Err(Stop::Malformed),
+        }
+    }
+}
+
+/// The body bytes the filter fetched: a head from offset 0 and a tail ending at
+/// the body's end (empty when the head is the whole body).
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    pub head: Vec<u8>,
+    pub tail: Vec<u8>,
+    pub tail_base: usize,
+    pub size: usize,
+}
+
+impl View {
+    /// The bytes of an absolute span, when fetched.
+    pub fn bytes(&self, s: Span) -> Option<&[u8]> {
+        if s.end <= self.head.len() {
+            return self.head.get(s.start..s.end);
+        }
+        let start = s.start.checked_sub(self.tail_base)?;
+        self.tail.get(start..s.end.checked_sub(self.tail_base)?)
+    }
+
+    pub fn value(&self, s: Span) -> Option<Value<'_>> {
+        self.bytes(s).map(Value)
+    }
+
+    /// The first `n` bytes of the body (or fewer when fewer were fetched).
+    pub fn prefix(&self, n: usize) -> &[u8] {
+        self.head.get(..n.min(self.head.len())).unwrap_or_default()
+    }
+
+    /// True when the head holds the whole body.
+    pub fn is_full(&self) -> bool {
+        self.head.len() == self.size
+    }
+}
+
+/// The conversation member, as far as it was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conv {
+    /// An array (`messages`, `input`, `prompt`): elements from its start and
+    /// from its end; `all` when `first` holds every element (then `last` is empty).
+    Array {
+        first: Vec<Span>,
+        last: Vec<Span>,
+        all: bool,
+    },
+    /// A string (`input`, `prompt`): `prefix` covers the bytes read from its start.
+    Text { prefix: Span },
+}
+
+impl Conv {
+    /// The last `n` known elements in order (from `last`, or from `first` when all are known).
+    pub fn last_elems(&self) -> &[Span] {
+        match self {
+            Conv::Array { first, last, all } => {
+                if *all {
+                    first
+                } else {
+                    last
+                }
+            }
+            Conv::Text { .. } => &[],
+        }
+    }
+}
+
+/// The scanned document: every top-level member except a cut conversation
+/// array, plus what is known of the conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Doc {
+    pub members: Vec<Member>,
+    pub conv: Option<Conv>,
+}
+
+impl Doc {
+    /// The last top-level member named `key` (parsers keep the last duplicate).
+    pub fn member<'v>(&self, view: &'v View, key: &str) -> Option<Value<'v>> {
+        self.members
+            .iter()
+            .rev()
+            .find(|m| view.bytes(m.key).is_some_and(|k| json::key_eq(k, key)))
+            .and_then(|m| view.value(m.value))
+    }
+
+    /// All top-level members named `key` (to strip client copies of fields we own).
+    pub fn members_named<'d>(
+        &'d self,
+        view: &'d View,
+        key: &'d str,
+    ) -> impl Iterator<Item = &'d Member> + 'd {
+        self.members
+            .iter()
+            .filter(move |m| view.bytes(m.key).is_some_and(|k| json::key_eq(k, key)))
+    }
+}
+
+/// How much to read; see the crate docs for the defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits {
+    /// Bodies up to this size are read whole (exact turn count).
+    pub full_max: usize,
+    /// First head and tail sizes; each grows ×4 while a needed value is cut.
+    pub head: usize,
+    pub tail: usize,
+}
+
+impl Default for ReadLimits {
+    fn default() -> Self {
+        Self {
+            full_max: 64 * 1024,
+            head: 16 * 1024,
+            tail: 16 * 1024,
+        }
+    }
+}
+
+/// What [`read_doc`] did, for counters and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Bytes copied out of the host.
+    pub fetched: usize,
+    /// Head/tail growth rounds after the first.
+    pub regrows: u32,
+    /// The whole body was read.
+    pub full: bool,
+    /// The whole body was read although it is over `full_max` (a needed value sat in the middle).
+    pub middle: bool,
+}
+
+/// Reads the document of a body of `size` bytes through `fetch(start, len)`.
+pub fn read_doc(
+    api: Api,
+    size: usize,
+    limits: ReadLimits,
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+) -> Result<(View, Doc, ReadStats), ScanError> {
+    let mut stats = ReadStats::default();
+    let conv_key = api.conversation_key();
+    if size <= limits.full_max {
+        return read_full(api, size, fetch, stats).map(|(v, d, mut s)| {
+            s.middle = false;
+            (v, d, s)
+        });
+    }
+    let (mut head_len, mut tail_len) = (limits.head.max(1), limits.tail.max(1));
+    let mut head: Vec<u8> = Vec::new();
+    let mut tail: Vec<u8> = Vec::new();
+    loop {
+        if head_len.saturating_add(tail_len) >= size {
+            stats.middle = true;
+            return read_full(api, size, fetch, stats);
+        }
+        if head.len() != head_len {
+            head = fetch_exact(fetch, 0, head_len, &mut stats)?;
+        }
+        let tail_base = size - tail_len;
+        if tail.len() != tail_len {
+            tail = fetch_exact(fetch, tail_base, tail_len, &mut stats)?;
+        }
+        let hs = scan_head(&head, conv_key, Some(&|v| !api.is_preamble(v)))?;
+        let ts = scan_tail(&tail, tail_base, Some(&|v| api.ends_turn_run(v)))?;
+        let view = View {
+            head,
+            tail,
+            tail_base,
+            size,
+        };
+        let conv_is_text = matches!(hs.end, HeadEnd::InConversation { start } if view.head.get(start) == Some(&b'"'));
+        let need_head = match hs.end {
+            HeadEnd::Complete { .. } => false,
+            HeadEnd::InOther { .. } => true,
+            HeadEnd::InConversation { .. } => {
+                !conv_is_text
+                    && hs
+                        .conv_elems
+                        .iter()
+                        .all(|s| view.value(*s).is_some_and(|v| api.is_preamble(v)))
+            }
+        };
+        let need_tail = match &ts.end {
+            TailEnd::Complete { .. } => false,
+            TailEnd::InValue {
+                is_array: true,
+                elems,
+                ..
+            } => {
+                // The last entry must look like a turn; when tool results end the
+                // conversation, the assistant entry that called them must be in view too.
+                !elems.last().and_then(|s| view.value(*s)).is_some_and(|v| api.looks_like_turn(v))
+                    || !elems.first().and_then(|s| view.value(*s)).is_some_and(|v| api.ends_turn_run(v))
+            }
+            TailEnd::InValue {
+                is_array: false, ..
+            } => !conv_is_text,
+        };
+        if let (HeadEnd::Complete { .. }, _) | (_, TailEnd::Complete { .. }) = (&hs.end, &ts.end) {
+            // One end saw the whole object although the ends do not overlap: only
+            // whitespace or garbage lies beyond; read it all to decide.
+            stats.middle = true;
+            return read_full(api, size, fetch, stats);
+        }
+        if !need_head && !need_tail {
+            let conv = match (hs.end, ts.end) {
+                (
+                    HeadEnd::InConversation { start },
+                    TailEnd::InValue {
+                        is_array: true,
+                        elems,
+                        ..
+                    },
+                ) if view.head.get(start) == Some(&b'[') => Some(Conv::Array {
+                    first: hs.conv_elems,
+                    last: elems,
+                    all: false,
+                }),
+                (HeadEnd::InConversation { start }, TailEnd::InValue { .. }) => Some(Conv::Text {
+                    prefix: Span::new(start, view.head.len()),
+                }),
+                _ => None,
+            };
+            let mut members = hs.members;
+            members.extend(ts.members);
+            return Ok((view, Doc { members, conv }, stats));
+        }
+        let View {
+            head: h, tail: t, ..
+        } = view;
+        head = h;
+        tail = t;
+        if need_head {
+            head_len = head_len.saturating_mul(4);
+        }
+        if need_tail {
+            tail_len = tail_len.saturating_mul(4);
+        }
+        stats.regrows += 1;
+    }
+}
+
+fn fetch_exact(
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+    start: usize,
+    len: usize,
+    stats: &mut ReadStats,
+) -> Result<Vec<u8>, ScanError> {
+    let bytes = fetch(start, len).ok_or(ScanError::Unavailable)?;
+    if bytes.len() != len {
+        return Err(ScanError::Unavailable);
+    }
+    stats.fetched += len;
+    Ok(bytes)
+}
+
+fn read_full(
+    api: Api,
+    size: usize,
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+    mut stats: ReadStats,
+) -> Result<(View, Doc, ReadStats), ScanError> {
+    let head = if size == 0 {
+        Vec::new()
+    } else {
+        fetch_exact(fetch, 0, size, &mut stats)?
+    };
+    stats.full = true;
+    let doc = scan_full(&head, api)?;
+    Ok((
+        View {
+            head,
+            tail: Vec::new(),
+            tail_base: size,
+            size,
+        },
+        doc,
+        stats,
+    ))
+}
+
+/// Scans a whole body (the head scan over all of it).
+pub fn scan_full(body: &[u8], api: Api) -> Result<Doc, ScanError> {
+    let hs = scan_head(body, api.conversation_key(), None)?;
+    match hs.end {
+        HeadEnd::Complete { end } => {
+            if json::skip_ws(body, end) != body.len() {
+                return Err(ScanError::Malformed);
+            }
+        }
+        HeadEnd::InConversation { .. } | HeadEnd::InOther { .. } => {
+            return Err(ScanError::Truncated);
+        }
+    }
+    let conv = hs.conv_start.and_then(|start| match body.get(start) {
+        Some(b'[') => Some(Conv::Array {
+            first: hs.conv_elems,
+            last: Vec::new(),
+            all: true,
+        }),
+        Some(b'"') => hs
+            .members
+            .iter()
+            .find(|m| m.value.start == start)
+            .map(|m| Conv::Text { prefix: m.value }),
+        _ => None,
+    });
+    Ok(Doc {
+        members: hs.members,
+        conv,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,185 @@
+use super::*;
+use crate::testkit::{ALL_APIS, ALL_ORDERS, Convo, SliceFetch, Step};
+use proptest::prelude::*;
+use serde_json::{Map, Value as J, json};
+
+/// Random JSON values: strings with escapes, unicode and quotes, nested containers.
+fn arb_json() -> impl Strategy<Value = J> {
+    let leaf = prop_oneof![
+        Just(J::Null),
+        any::<bool>().prop_map(J::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        (-1_000_000i32..1_000_000).prop_map(|f| json!(f64::from(f) / 8.0)),
+        "(\\PC|[\"\\\\/\\n\\t\\u{1}])*".prop_map(J::String),
+    ];
+    leaf.prop_recursive(5, 64, 8, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..8).prop_map(J::Array),
+            prop::collection::vec(("[a-z_\"\\\\]{0,8}", inner), 0..8).prop_map(|kv| J::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
+fn arb_object() -> impl Strategy<Value = Map<String, J>> {
+    prop::collection::vec(("[a-z_]{1,10}", arb_json()), 0..10).prop_map(|kv| kv.into_iter().collect())
+}
+
+fn members_of(doc: &Doc, view: &View) -> Vec<(String, J)> {
+    doc.members
+        .iter()
+        .map(|m| {
+            let k = json::unescape(view.bytes(m.key).unwrap_or_default()).unwrap_or_default().into_owned();
+            let v: J = serde_json::from_slice(view.bytes(m.value).unwrap_or_default()).unwrap_or(J::from("<bad>"));
+            (k, v)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The full scan finds exactly serde_json's top-level members, compact or pretty.
+    #[test]
+    fn full_scan_matches_serde(obj in arb_object(), pretty in any::<bool>()) {
+        let v = J::Object(obj.clone());
+        let body = if pretty { serde_json::to_vec_pretty(&v) } else { serde_json::to_vec(&v) }.unwrap();
+        let doc = scan_full(&body, Api::Chat).unwrap();
+        let view = View { head: body.clone(), tail: Vec::new(), tail_base: body.len(), size: body.len() };
+        let want: Vec<(String, J)> = obj.into_iter().collect();
+        prop_assert_eq!(members_of(&doc, &view), want);
+    }
+
+    /// Every value skips to the same boundary forward and backward.
+    #[test]
+    fn skip_forward_and_backward_agree(v in arb_json(), pad in 0usize..3) {
+        let text = serde_json::to_vec(&v).unwrap();
+        let mut buf = b"[".to_vec();
+        buf.extend(std::iter::repeat_n(b' ', pad));
+        let start = buf.len();
+        buf.extend_from_slice(&text);
+        let end = buf.len();
+        buf.push(b']');
+        prop_assert_eq!(json::skip_value(&buf, start), Ok(end));
+        prop_assert_eq!(json::skip_value_back(&buf, end), Ok(start));
+    }
+
+    /// The conversation array's elements, seen from the head and from the tail
+    /// with small read limits, are serde_json's first and last elements, and the
+    /// other members are all found.
+    #[test]
+    fn head_and_tail_find_members_and_ends(
+        before in arb_object(), after in arb_object(), msgs in prop::collection::vec(arb_json(), 1..40),
+        head in 1usize..600, tail in 1usize..600,
+    ) {
+        let mut obj: Vec<(String, J)> = before.into_iter().filter(|(k, _)| k != "messages").collect();
+        let msgs: Vec<J> = msgs.into_iter().map(|c| json!({"role": "user", "content": c})).collect();
+        obj.push(("messages".into(), J::Array(msgs.clone())));
+        for (k, v) in after {
+            if !obj.iter().any(|(n, _)| *n == k) { obj.push((k, v)); }
+        }
+        let body = serde_json::to_vec(&J::Object(obj.iter().cloned().collect())).unwrap();
+        let mut f = SliceFetch::new(&body);
+        let limits = ReadLimits { full_max: 0, head, tail };
+        let (view, doc, _) = read_doc(Api::Chat, body.len(), limits, &mut |s, l| f.fetch(s, l)).unwrap();
+        let found = members_of(&doc, &view);
+        for (k, v) in &obj {
+            if k == "messages" { continue; }
+            prop_assert!(found.contains(&(k.clone(), v.clone())), "member {} missing", k);
+        }
+        let Some(Conv::Array { first, last, all }) = &doc.conv else { panic!("no conversation: {:?}", doc.conv) };
+        let parse = |s: &Span| -> J { serde_json::from_slice(view.bytes(*s).unwrap()).unwrap() };
+        let firsts: Vec<J> = first.iter().map(parse).collect();
+        prop_assert_eq!(&firsts[..], &msgs[..firsts.len()]);
+        let lasts: Vec<J> = (if *all { first } else { last }).iter().map(parse).collect();
+        prop_assert!(!lasts.is_empty());
+        prop_assert_eq!(&lasts[..], &msgs[msgs.len() - lasts.len()..]);
+    }
+
+    /// Any strict prefix of a body is an error (never a panic, never "complete").
+    #[test]
+    fn truncation_is_an_error(obj in arb_object(), cut in 0.0f64..1.0) {
+        let body = serde_json::to_vec(&J::Object(obj)).unwrap();
+        let n = ((body.len() - 1) as f64 * cut) as usize;
+        let cut_body = &body[..n];
+        prop_assert!(scan_full(cut_body, Api::Chat).is_err());
+        let mut f = SliceFetch::new(cut_body);
+        let limits = ReadLimits { full_max: 0, head: 16, tail: 16 };
+        prop_assert!(read_doc(Api::Chat, cut_body.len(), limits, &mut |s, l| f.fetch(s, l)).is_err());
+    }
+
+    /// Corrupted bodies never panic, whatever the read limits.
+    #[test]
+    fn corruption_never_panics(obj in arb_object(), flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8), head in 1usize..64, tail in 1usize..64) {
+        let mut body = serde_json::to_vec(&J::Object(obj)).unwrap();
+        for (i, b) in flips {
+            let i = i.index(body.len());
+            body[i] = b;
+        }
+        for api in ALL_APIS {
+            let _ = scan_full(&body, api);
+            let mut f = SliceFetch::new(&body);
+            let _ = read_doc(api, body.len(), ReadLimits { full_max: 0, head, tail }, &mut |s, l| f.fetch(s, l));
+        }
+    }
+}
+
+#[test]
+fn long_conversations_read_only_the_ends() {
+    let mut c = Convo::new("sys", "task");
+    for i in 0..400 {
+        c = c.with(Step::User(format!("reply {i} {}", "x".repeat(1000))));
+    }
+    for api in ALL_APIS {
+        for order in ALL_ORDERS {
+            let body = c.clone().extra("prompt_cache_key", json!("pck")).body(api, order);
+            if api == Api::Completions {
+                continue;
+            }
+            assert!(body.len() > 400_000, "{api:?}: {}", body.len());
+            let mut f = SliceFetch::new(&body);
+            let (view, doc, stats) =
+                read_doc(api, body.len(), ReadLimits::default(), &mut |s, l| f.fetch(s, l)).unwrap();
+            assert!(f.fetched < 70_000, "{api:?} {order:?} fetched {} of {}", f.fetched, body.len());
+            assert!(!stats.full);
+            assert!(doc.member(&view, "prompt_cache_key").is_some_and(|v| v.str_is("pck")), "{api:?} {order:?}");
+            assert!(doc.member(&view, "model").is_some_and(|v| v.str_is("m")), "{api:?} {order:?}");
+        }
+    }
+}
+
+#[test]
+fn a_big_value_after_the_conversation_grows_the_tail() {
+    // tools (a big array that is not a conversation) after messages: the tail grows past it.
+    let tools: Vec<J> = (0..500).map(|i| json!({"type": "function", "function": {"name": format!("t{i}"), "description": "d".repeat(100)}})).collect();
+    let msgs: Vec<J> = (0..500).map(|i| json!({"role": "user", "content": format!("m{i} {}", "y".repeat(500))})).collect();
+    let body = testkit_object(&[("messages", J::Array(msgs)), ("tools", J::Array(tools)), ("user", json!("u"))]);
+    let mut f = SliceFetch::new(&body);
+    let (view, doc, stats) = read_doc(Api::Chat, body.len(), ReadLimits::default(), &mut |s, l| f.fetch(s, l)).unwrap();
+    assert!(stats.regrows >= 1);
+    assert!(doc.member(&view, "tools").is_some());
+    assert!(doc.member(&view, "user").is_some_and(|v| v.str_is("u")));
+    let Some(Conv::Array { last, .. }) = &doc.conv else { panic!() };
+    let v: J = serde_json::from_slice(view.bytes(*last.last().unwrap()).unwrap()).unwrap();
+    assert!(v["content"].as_str().unwrap().starts_with("m499 "));
+}
+
+fn testkit_object(m: &[(&str, J)]) -> Vec<u8> {
+    let names: Vec<&str> = m.iter().map(|(k, _)| *k).collect();
+    crate::testkit::object(m, &names)
+}
+
+#[test]
+fn escaped_keys_are_recognised() {
+    let body = br#"{"cache\u005fsalt":"x","messages":[]}"#;
+    let doc = scan_full(body, Api::Chat).unwrap();
+    let view = View { head: body.to_vec(), tail: Vec::new(), tail_base: body.len(), size: body.len() };
+    assert!(doc.member(&view, "cache_salt").is_some_and(|v| v.str_is("x")));
+}
+
+#[test]
+fn trailing_garbage_is_malformed() {
+    assert_eq!(scan_full(br#"{"a":1} x"#, Api::Chat), Err(ScanError::Malformed));
+    assert_eq!(scan_full(br#"[1]"#, Api::Chat), Err(ScanError::Malformed));
+    assert_eq!(scan_full(br#"{"a":tru}"#, Api::Chat), Err(ScanError::Malformed));
+    assert!(scan_full(b"{\"a\":1}\n", Api::Chat).is_ok());
+}

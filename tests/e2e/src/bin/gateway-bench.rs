@@ -1,0 +1,292 @@
+//! `gateway-bench`: what the tether filter costs inside a real Envoy, side by side
+//! with no filter, the cheapest wasm filters (the floors) and Envoy's native JSON
+//! routing, at 4 KB and 400 KB agent-shaped bodies.
+//!
+//! Run with `make bench-gateway` (or `cargo run --release -p tether-e2e --bin
+//! gateway-bench -- --quick`). Method and measured figures: `docs/bench-gateway.md`.
+
+#[path = "../bench_body.rs"]
+mod bench_body;
+#[path = "../bench_load.rs"]
+mod bench_load;
+#[path = "../bench_report.rs"]
+mod bench_report;
+#[path = "../bench_upstream.rs"]
+mod bench_upstream;
+
+use anyhow::{Context, Result, bail, ensure};
+use bench_load::{Reply, Target};
+use bench_report::{Results, Sample, Variant};
+use bytes::Bytes;
+use clap::Parser;
+use hyper::header::{HeaderName, HeaderValue};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tether_e2e::{Envoy, paths};
+
+/// Measures six gateway configurations through real Envoy (one worker) in
+/// interleaved rounds and prints medians, ratios and the two targets.
+#[derive(Debug, Parser)]
+#[command(name = "gateway-bench")]
+struct Args {
+    /// A short run (2 rounds, short phases) to check that everything works.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds; every variant runs once per round, in rotating order.
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Seconds of each saturation phase.
+    #[arg(long)]
+    saturation_secs: Option<f64>,
+    /// Seconds (at most) of each concurrency-1 latency phase.
+    #[arg(long)]
+    latency_secs: Option<f64>,
+    /// Connections at saturation.
+    #[arg(long, default_value_t = 8)]
+    conns: usize,
+    /// Variants to run, by letter: a no filter, b header floor, c body floor,
+    /// d tether header key, e tether body key, f native json_to_metadata.
+    #[arg(long, default_value = "a,b,c,d,e,f")]
+    variants: String,
+    /// Body sizes in bytes (the body-path target is judged at the largest).
+    #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 409600])]
+    sizes: Vec<usize>,
+}
+
+/// Phase lengths after `--quick` and the explicit overrides.
+struct Plan {
+    rounds: usize,
+    saturation: Duration,
+    latency: Duration,
+    warmup: Duration,
+}
+
+impl Args {
+    fn plan(&self) -> Plan {
+        let (rounds, sat, lat, warm) = if self.quick { (2, 0.5, 0.5, 0.5) } else { (5, 2.0, 1.5, 2.0) };
+        Plan {
+            rounds: self.rounds.unwrap_or(rounds).max(1),
+            saturation: Duration::from_secs_f64(self.saturation_secs.unwrap_or(sat)),
+            latency: Duration::from_secs_f64(self.latency_secs.unwrap_or(lat)),
+            warmup: Duration::from_secs_f64(warm),
+        }
+    }
+
+    fn variants(&self) -> Result<Vec<Variant>> {
+        let mut out = Vec::new();
+        for part in self.variants.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let mut chars = part.chars();
+            let (Some(c), None) = (chars.next(), chars.next()) else { bail!("variant {part:?} is not one letter a-f") };
+            let v = Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-f)"))?;
+            if !out.contains(&v) {
+                out.push(v);
+            }
+        }
+        ensure!(!out.is_empty(), "no variant selected");
+        out.sort();
+        Ok(out)
+    }
+}
+
+/// The Envoy bootstraps of `envoy/bench/`, one per gateway configuration.
+mod bootstraps {
+    pub const NONE: &str = include_str!("../../../../envoy/bench/none.yaml");
+    pub const HEADER_FLOOR: &str = include_str!("../../../../envoy/bench/header-floor.yaml");
+    pub const BODY_FLOOR: &str = include_str!("../../../../envoy/bench/body-floor.yaml");
+    pub const TETHER: &str = include_str!("../../../../envoy/bench/tether.yaml");
+    pub const NATIVE_JSON: &str = include_str!("../../../../envoy/bench/native-json.yaml");
+}
+
+/// Which Envoy serves a variant (d and e share one: same config, different requests).
+fn envoy_key(v: Variant) -> &'static str {
+    match v {
+        Variant::NoFilter => "none",
+        Variant::HeaderFloor => "header-floor",
+        Variant::BodyFloor => "body-floor",
+        Variant::TetherHeader | Variant::TetherBody => "tether",
+        Variant::NativeJson => "native-json",
+    }
+}
+
+/// Starts the Envoy for `v` with its bootstrap and plugin configuration.
+fn start_envoy(v: Variant, upstream: &bench_upstream::Upstream) -> Result<Envoy> {
+    let mut builder = Envoy::builder().concurrency(1).log_level("warning");
+    for (i, addr) in upstream.addrs().iter().enumerate() {
+        builder = builder.var(format!("UP_{i}_PORT"), addr.port().to_string());
+    }
+    let first = upstream.addrs().first().context("the upstream has no port")?;
+    let (yaml, builder) = match v {
+        Variant::NoFilter => (bootstraps::NONE, builder),
+        Variant::HeaderFloor => {
+            paths::require_floor_wasm()?;
+            (bootstraps::HEADER_FLOOR, builder.plugin_config(&serde_json::json!({"mode": "header"})))
+        }
+        Variant::BodyFloor => {
+            paths::require_floor_wasm()?;
+            let config = serde_json::json!({"mode": "body", "dst": first.to_string()});
+            (bootstraps::BODY_FLOOR, builder.plugin_config(&config))
+        }
+        Variant::TetherHeader | Variant::TetherBody => {
+            paths::require_filter_wasm()?;
+            (bootstraps::TETHER, builder.plugin_config(&serde_json::json!({"mode": "hash"})))
+        }
+        Variant::NativeJson => (bootstraps::NATIVE_JSON, builder),
+    };
+    Ok(builder.start(yaml)?)
+}
+
+/// The request a variant sends: the same body everywhere; the header variants
+/// add `x-session-id` (the key tether's header path uses).
+fn target(v: Variant, envoy: &Envoy, body: &Bytes) -> Target {
+    let mut headers = Vec::new();
+    if matches!(v, Variant::HeaderFloor | Variant::TetherHeader) {
+        headers.push((HeaderName::from_static("x-session-id"), HeaderValue::from_static(bench_body::SESSION_ID)));
+    }
+    Target { addr: envoy.listen_addr(), headers, body: body.clone() }
+}
+
+/// Checks once that a variant really took its path: the bench upstream answered,
+/// got the whole body, and saw the routing evidence of that path.
+fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
+    let header = |name: &str| reply.headers.get(name).and_then(|h| h.to_str().ok()).map(str::to_owned);
+    ensure!(reply.status == 200, "status {}", reply.status);
+    let got = header("x-up-body-bytes").context("the reply did not come from the bench upstream")?;
+    ensure!(got == body_len.to_string(), "the upstream got {got} body bytes, sent {body_len}");
+    let source = header("x-up-x-tether-key-source").unwrap_or_default();
+    match v {
+        Variant::HeaderFloor => ensure!(header("x-up-x-floor").as_deref() == Some("1"), "x-floor not set"),
+        Variant::TetherHeader => ensure!(source == "header:x-session-id", "key source {source:?}, expected the header"),
+        Variant::TetherBody => ensure!(source.starts_with("body:"), "key source {source:?}, expected a body field"),
+        Variant::NativeJson => ensure!(
+            header("x-up-x-tether-key").as_deref() == Some(bench_body::SESSION_ID),
+            "json_to_metadata did not deliver prompt_cache_key as x-tether-key"
+        ),
+        Variant::NoFilter | Variant::BodyFloor => {}
+    }
+    Ok(())
+}
+
+/// One latency phase and one saturation phase.
+async fn measure(target: &Target, plan: &Plan, conns: usize) -> Result<Sample> {
+    let hist = bench_load::latency(target, 20, 100_000, plan.latency).await?;
+    let rps = bench_load::saturate(target, conns, plan.saturation).await?;
+    Ok(Sample {
+        p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
+        rps,
+    })
+}
+
+fn envoy_version() -> String {
+    std::process::Command::new(paths::envoy_bin())
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            // `envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL`
+            let build = text.split("version:").nth(1)?.split_whitespace().next()?.to_owned();
+            build.split('/').nth(1).map(str::to_owned)
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let plan = args.plan();
+    let mut variants = args.variants()?;
+    let mut sizes = args.sizes.clone();
+    sizes.sort_unstable();
+    sizes.dedup();
+    ensure!(!sizes.is_empty(), "no body size");
+    paths::require_envoy()?;
+
+    let upstream = bench_upstream::Upstream::start(4)?;
+    let bodies: BTreeMap<usize, Bytes> =
+        sizes.iter().map(|&s| (s, Bytes::from(bench_body::chat_completion(s, true)))).collect();
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut envoys: BTreeMap<&str, Envoy> = BTreeMap::new();
+    let mut skipped: Vec<(Variant, String)> = Vec::new();
+    variants.retain(|&v| {
+        let key = envoy_key(v);
+        if !envoys.contains_key(key) {
+            match start_envoy(v, &upstream) {
+                Ok(envoy) => {
+                    envoys.insert(key, envoy);
+                }
+                Err(e) => {
+                    skipped.push((v, format!("{e:#}")));
+                    return false;
+                }
+            }
+        }
+        let Some(envoy) = envoys.get(key) else { return false };
+        for (&size, body) in &bodies {
+            let t = target(v, envoy, body);
+            let outcome = rt.block_on(bench_load::probe(&t)).and_then(|r| check_reply(v, &r, body.len()));
+            if let Err(e) = outcome {
+                skipped.push((v, format!("routing check at {} failed: {e:#}", bench_report::human_size(size))));
+                return false;
+            }
+        }
+        true
+    });
+    for (v, why) in &skipped {
+        eprintln!("gateway-bench: skipping {}. {}: {why}", v.letter(), v.label());
+    }
+    ensure!(!variants.is_empty(), "no variant could run");
+
+    let targets: BTreeMap<(Variant, usize), Target> = variants
+        .iter()
+        .flat_map(|&v| bodies.iter().map(move |(&s, b)| (v, s, b)))
+        .filter_map(|(v, s, b)| envoys.get(envoy_key(v)).map(|e| ((v, s), target(v, e, b))))
+        .collect();
+
+    eprintln!("gateway-bench: warming up");
+    for t in targets.values() {
+        rt.block_on(async {
+            bench_load::saturate(t, args.conns, plan.warmup).await?;
+            bench_load::latency(t, 20, 200, plan.warmup / 4).await
+        })?;
+    }
+
+    let mut results = Results::default();
+    for round in 0..plan.rounds {
+        eprintln!("gateway-bench: round {}/{}", round + 1, plan.rounds);
+        for &size in &sizes {
+            // Rotate the order each round so drift and neighbours' load hit all alike.
+            let mut order = variants.clone();
+            let turn = round % order.len();
+            order.rotate_left(turn);
+            for v in order {
+                let t = &targets[&(v, size)];
+                let sample = rt.block_on(measure(t, &plan, args.conns))?;
+                results.record(v, size, sample);
+            }
+        }
+    }
+
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    println!("gateway-bench: Envoy {} --concurrency 1, {cores} CPU cores visible", envoy_version());
+    println!(
+        "{} rounds (medians shown; ratios and deltas are medians of per-round pairs); latency at concurrency 1 for up to {:.1} s per phase; saturation: {} connections for {:.1} s",
+        plan.rounds,
+        plan.latency.as_secs_f64(),
+        args.conns,
+        plan.saturation.as_secs_f64()
+    );
+    let sizes_text: Vec<String> =
+        bodies.iter().map(|(s, b)| format!("{} ({} bytes)", bench_report::human_size(*s), b.len())).collect();
+    println!("bodies: Chat Completions agent transcripts, {}", sizes_text.join(", "));
+    println!("upstream: in-process hyper server (drains the body, fixed 200-byte reply)\n");
+    println!("{}", bench_report::table(&results, &variants, &sizes));
+    println!("targets:");
+    println!("  {}", bench_report::header_target(&results, &sizes));
+    let largest = sizes.last().copied().unwrap_or(409_600);
+    println!("  {}", bench_report::body_target(&results, largest));
+    for (v, why) in &skipped {
+        println!("  not run: {}. {} — {}", v.letter(), v.label(), why.lines().next().unwrap_or(""));
+    }
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! A guard-owned echo rank: a real `tether-echo-rank` process on an ephemeral
+//! port, killed on drop.
+
+use crate::error::io;
+use crate::{HarnessError, paths};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running echo rank.
+#[derive(Debug)]
+pub struct EchoRank {
+    name: String,
+    addr: SocketAddr,
+    child: Child,
+}
+
+impl EchoRank {
+    /// Starts `tether-echo-rank --name <name>` on 127.0.0.1 (binary located by
+    /// [`paths::echo_rank_bin`]).
+    pub fn start(name: &str) -> Result<Self, HarnessError> {
+        Self::start_with(&paths::echo_rank_bin(), name, "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()))
+    }
+
+    /// Starts the given echo-rank binary listening on `listen` (port 0 = ephemeral).
+    pub fn start_with(bin: &Path, name: &str, listen: SocketAddr) -> Result<Self, HarnessError> {
+        let bin = paths::require("tether-echo-rank", bin.to_path_buf(), "run `cargo build -p tether-e2e --bins`")?;
+        let mut child = Command::new(&bin)
+            .arg("--name")
+            .arg(name)
+            .arg("--listen")
+            .arg(listen.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|source| HarnessError::Spawn { what: format!("echo rank {name}"), source })?;
+        let stdout = child.stdout.take().ok_or_else(|| HarnessError::Protocol {
+            what: format!("echo rank {name}"),
+            why: "no stdout pipe".into(),
+        })?;
+        // The first line is the readiness report; a thread bounds the wait.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let r = BufReader::new(stdout).read_line(&mut line).map(|_| line);
+            let _ = tx.send(r);
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(r) => r.map_err(io(format!("reading echo rank {name}'s stdout")))?,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(HarnessError::NotReady { what: format!("echo rank {name}"), secs: 10, log: String::new() });
+            }
+        };
+        let addr = line.trim().strip_prefix("READY ").and_then(|a| a.parse().ok());
+        match addr {
+            Some(addr) => Ok(Self { name: name.to_owned(), addr, child }),
+            None => {
+                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+                Err(HarnessError::ExitedEarly { what: format!("echo rank {name}"), status, log: line })
+            }
+        }
+    }
+
+    /// Starts one rank per name.
+    pub fn start_many(names: &[&str]) -> Result<Vec<Self>, HarnessError> {
+        names.iter().map(|n| Self::start(n)).collect()
+    }
+
+    /// The rank's name (echoed as `rank`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+}
+
+impl Drop for EchoRank {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

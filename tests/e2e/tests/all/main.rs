@@ -1,0 +1,12 @@
+//! All end-to-end tests in one binary (links once): real Envoy, real echo-rank
+//! processes, the tether filter and the floor filter. See docs/e2e.md.
+
+mod bad_input;
+mod buffering;
+mod config;
+mod floor;
+mod pick;
+mod removal;
+mod support;
+mod topology;
+mod debug_tmp;

@@ -1,0 +1,161 @@
+//! Shared test helpers: artifact checks that never skip, rank fleets, plugin configs.
+
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use tether_e2e::agent::Conversation;
+use tether_e2e::prometheus::Metrics;
+use tether_e2e::{EchoRank, EchoReply, Envoy, EnvoyBuilder, HarnessError, HttpClient, Request, Response, bootstrap, paths};
+
+/// Fails loudly (under `CI=true` and otherwise: `make test-e2e` installs
+/// everything, so a missing artifact is a broken setup, never a reason to skip).
+#[track_caller]
+pub fn need(r: Result<PathBuf, HarnessError>) -> PathBuf {
+    match r {
+        Ok(p) => p,
+        Err(e) => {
+            let ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
+            panic!("end-to-end prerequisite missing{}: {e}", if ci { " (CI=true)" } else { "" })
+        }
+    }
+}
+
+/// Envoy and the tether filter module, or a panic naming the fix.
+pub fn need_envoy_and_filter() {
+    need(paths::require_envoy());
+    need(paths::require_filter_wasm());
+}
+
+/// Envoy and the floor filter module.
+pub fn need_envoy_and_floor() {
+    need(paths::require_envoy());
+    need(paths::require_floor_wasm());
+}
+
+/// The echo-rank binary Cargo built for these tests.
+pub fn echo_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tether-echo-rank"))
+}
+
+/// Starts `n` echo ranks named `rank-a`, `rank-b`, ….
+pub fn ranks(n: usize) -> Vec<EchoRank> {
+    (0..n)
+        .map(|i| {
+            let name = format!("rank-{}", (b'a' + i as u8) as char);
+            EchoRank::start_with(&echo_bin(), &name, "127.0.0.1:0".parse().expect("literal address"))
+                .unwrap_or_else(|e| panic!("starting {name}: {e}"))
+        })
+        .collect()
+}
+
+/// A builder with `RANK_<i>_IP/PORT` set for these ranks.
+pub fn builder_for(ranks: &[EchoRank]) -> EnvoyBuilder {
+    bootstrap::rank_vars(ranks).into_iter().fold(tether_e2e::Envoy::builder(), |b, (k, v)| b.var(k, v))
+}
+
+/// Pick-mode endpoints for these ranks (`dp_size` per rank).
+pub fn endpoints(ranks: &[EchoRank], dp: &[u32]) -> serde_json::Value {
+    serde_json::Value::Array(
+        ranks
+            .iter()
+            .zip(dp.iter().chain(std::iter::repeat(&1)))
+            .map(|(r, d)| serde_json::json!({"address": r.addr().to_string(), "weight": 1, "dp_size": d}))
+            .collect(),
+    )
+}
+
+/// Where a request landed: the rank's name and the DP rank it was given.
+pub fn place(e: &EchoReply) -> String {
+    match e.header("x-data-parallel-rank") {
+        Some(dp) => format!("{}/dp{dp}", e.rank),
+        None => e.rank.clone(),
+    }
+}
+
+/// Echo ranks behind one Envoy running the tether filter.
+pub struct Fleet {
+    pub ranks: Vec<EchoRank>,
+    pub envoy: Envoy,
+    pub client: HttpClient,
+}
+
+impl Fleet {
+    /// `n` ranks, pick mode (`dp` sizes per rank, default 1), `extra` merged
+    /// into the plugin configuration, on `bootstrap` with `vars`.
+    pub fn pick(bootstrap: &str, n: usize, dp: &[u32], extra: Value, vars: &[(&str, &str)]) -> Fleet {
+        need_envoy_and_filter();
+        let ranks = ranks(n);
+        let mut cfg = json!({"mode": "pick", "endpoints": endpoints(&ranks, dp)});
+        merge(&mut cfg, extra);
+        Self::start(ranks, bootstrap, &cfg, vars)
+    }
+
+    /// `n` ranks, hash mode.
+    pub fn hash(n: usize, extra: Value) -> Fleet {
+        need_envoy_and_filter();
+        let ranks = ranks(n);
+        let mut cfg = json!({"mode": "hash"});
+        merge(&mut cfg, extra);
+        Self::start(ranks, tether_e2e::bootstrap::HASH, &cfg, &[])
+    }
+
+    /// Starts Envoy for these ranks with this plugin configuration.
+    pub fn start(ranks: Vec<EchoRank>, bootstrap: &str, cfg: &Value, vars: &[(&str, &str)]) -> Fleet {
+        let builder = vars.iter().fold(builder_for(&ranks).plugin_config(cfg), |b, (k, v)| b.var(*k, *v));
+        let envoy = builder.start(bootstrap).unwrap_or_else(|e| panic!("envoy starts with {cfg}: {e}"));
+        Fleet { ranks, envoy, client: HttpClient::new() }
+    }
+
+    /// Sends and returns the raw response (any status).
+    pub async fn raw(&self, req: Request) -> Response {
+        self.client.send(self.envoy.listen_addr(), req).await.unwrap_or_else(|e| panic!("no answer: {e}"))
+    }
+
+    /// Sends, asserts 200 from a rank, returns what the rank saw.
+    pub async fn echo(&self, req: Request) -> EchoReply {
+        echo_of(self.raw(req).await)
+    }
+
+    /// The rank with this name.
+    pub fn rank(&self, name: &str) -> &EchoRank {
+        self.ranks.iter().find(|r| r.name() == name).unwrap_or_else(|| panic!("no rank {name}"))
+    }
+
+    /// Scrapes `/stats/prometheus`.
+    pub fn metrics(&self) -> Metrics {
+        self.envoy.prometheus().unwrap_or_else(|e| panic!("scraping /stats/prometheus: {e}"))
+    }
+}
+
+/// Asserts a 200 from a rank and decodes its echo.
+#[track_caller]
+pub fn echo_of(resp: Response) -> EchoReply {
+    assert_eq!(resp.status, 200, "status; body: {}", String::from_utf8_lossy(&resp.body[..resp.body.len().min(500)]));
+    resp.echo().unwrap_or_else(|e| panic!("not an echo reply: {e}"))
+}
+
+/// Shallow merge of object `extra` into `base`.
+pub fn merge(base: &mut Value, extra: Value) {
+    if let (Some(b), Value::Object(e)) = (base.as_object_mut(), extra) {
+        b.extend(e);
+    }
+}
+
+/// A request from a Claude Code-style harness: session (and subagent) in headers.
+pub fn header_turn(conv: &Conversation, session: &str, agent: Option<&str>) -> Request {
+    let req = Request::post_bytes(conv.api().path(), "application/json", conv.body(&[]))
+        .header("x-claude-code-session-id", session);
+    match agent {
+        Some(a) => req.header("x-claude-code-agent-id", a),
+        None => req,
+    }
+}
+
+/// A request whose only identity is a body field (`prompt_cache_key` etc.).
+pub fn body_turn(conv: &Conversation, identity: &[(&str, Value)]) -> Request {
+    Request::post_bytes(conv.api().path(), "application/json", conv.body(identity))
+}
+
+/// The value of a counter whose name contains `needle` (summed over matches).
+pub fn counter(m: &Metrics, needle: &str) -> f64 {
+    m.sum(needle)
+}

@@ -1,0 +1,179 @@
+//! The wasmtime host's Envoy rules, checked against real Envoy: each test sends
+//! the same request through the floor filter in Envoy and in the harness
+//! (`tether-wasm-host`) and asserts both show the same observable result, so
+//! the harness cannot drift from the real host. Rules: docs/wasm-host.md.
+
+use std::time::Duration;
+use tether_e2e::{EchoRank, Envoy, HttpClient, Request, paths};
+use tether_wasm_host::{HostOptions, Plugin};
+
+/// Listener → floor filter (wasm, V8) → router → one echo rank.
+const BOOTSTRAP: &str = r#"
+admin:
+  address: {socket_address: {address: 127.0.0.1, port_value: ${ADMIN_PORT}}}
+static_resources:
+  listeners:
+  - name: ingress
+    address: {socket_address: {address: 127.0.0.1, port_value: ${LISTEN_PORT}}}
+    per_connection_buffer_limit_bytes: 33554432
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          route_config:
+            virtual_hosts:
+            - {name: all, domains: ["*"], routes: [{match: {prefix: "/"}, route: {cluster: rank}}]}
+          http_filters:
+          - name: floor
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: floor
+                root_id: floor
+                fail_open: false
+                vm_config:
+                  vm_id: floor
+                  runtime: envoy.wasm.runtime.v8
+                  code: {local: {filename: "${FLOOR_WASM}"}}
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: ${PLUGIN_CONFIG}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: rank
+    type: STATIC
+    connect_timeout: 2s
+    load_assignment:
+      cluster_name: rank
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: ${RANK_0_IP}, port_value: ${RANK_0_PORT}}}}
+"#;
+
+fn start_envoy(config: &serde_json::Value) -> anyhow::Result<(Envoy, EchoRank)> {
+    paths::require_envoy()?;
+    paths::require_floor_wasm()?;
+    let rank = EchoRank::start("r0")?;
+    let envoy = Envoy::builder()
+        .plugin_config(config)
+        .var("RANK_0_IP", rank.addr().ip().to_string())
+        .var("RANK_0_PORT", rank.port().to_string())
+        .start(BOOTSTRAP)?;
+    Ok((envoy, rank))
+}
+
+fn harness(config: &serde_json::Value) -> anyhow::Result<tether_wasm_host::FilterVm> {
+    let plugin = Plugin::from_file(paths::require_floor_wasm()?)?;
+    Ok(plugin.start(HostOptions {
+        plugin_config: config.to_string().into_bytes(),
+        ..HostOptions::default()
+    })?)
+}
+
+fn body(size: usize) -> Vec<u8> {
+    (0..size).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+/// Header mode: a header set in the header callback reaches the upstream.
+#[tokio::test(flavor = "multi_thread")]
+async fn header_set_in_header_callback_reaches_upstream() -> anyhow::Result<()> {
+    let config = serde_json::json!({"mode": "header"});
+    let (envoy, _rank) = start_envoy(&config)?;
+    let resp = HttpClient::new()
+        .send(
+            envoy.listen_addr(),
+            Request::post_bytes("/h", "text/plain", body(100)),
+        )
+        .await?;
+    let echo = resp.echo()?;
+
+    let mut vm = harness(&config)?;
+    let out = vm.run(&tether_wasm_host::Request::post("/h", &[], &[&body(100)]))?;
+    assert_eq!(echo.header("x-floor"), Some("1"));
+    assert_eq!(out.upstream_header("x-floor"), echo.header("x-floor"));
+    assert_eq!(out.upstream.map(|u| u.body.len()), Some(echo.body_bytes));
+    Ok(())
+}
+
+/// After `Continue` from the header callback the request headers are gone:
+/// a read and a replace from the body callback both answer `BadArgument` (2),
+/// and a body paused until end of stream arrives whole (`body_size` = total).
+#[tokio::test(flavor = "multi_thread")]
+async fn request_headers_are_gone_after_continue_and_paused_body_is_buffered() -> anyhow::Result<()>
+{
+    let config = serde_json::json!({"mode": "probe"});
+    let (envoy, _rank) = start_envoy(&config)?;
+    let size = 200_000;
+    let req = Request::post_bytes("/p", "text/plain", body(size)).chunked(16 * 1024);
+    let resp = HttpClient::new().send(envoy.listen_addr(), req).await?;
+    assert_eq!(
+        resp.status,
+        200,
+        "{}",
+        tether_e2e::envoy::tail(&envoy.log(), 20)
+    );
+
+    let mut vm = harness(&config)?;
+    let chunks = tether_wasm_host::Request::chunked(&body(size), 16 * 1024);
+    let out = vm.run(&tether_wasm_host::Request {
+        body_chunks: chunks,
+        ..tether_wasm_host::Request::post("/p", &[], &[])
+    })?;
+    let down = out
+        .downstream
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("harness gave no response: {out:?}"))?;
+    for name in [
+        "x-floor-get-status",
+        "x-floor-set-status",
+        "x-floor-body-size",
+    ] {
+        assert_eq!(
+            down.headers.get_str(name),
+            resp.header(name),
+            "{name}: harness vs Envoy"
+        );
+    }
+    assert_eq!(resp.header("x-floor-set-status"), Some("2"));
+    assert_eq!(
+        resp.header("x-floor-body-size"),
+        Some(size.to_string().as_str())
+    );
+    assert_eq!(
+        resp.echo()?.header("x-floor-probe"),
+        None,
+        "the replace did not reach the upstream"
+    );
+    assert_eq!(out.upstream_header("x-floor-probe"), None);
+    Ok(())
+}
+
+/// `Pause` from the header callback stops all iteration: the body callback
+/// never runs (it would answer `200 body delivered`) and the request hangs.
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_in_header_callback_stops_body_delivery() -> anyhow::Result<()> {
+    let config = serde_json::json!({"mode": "pause"});
+    let (envoy, _rank) = start_envoy(&config)?;
+    let client = HttpClient::new().timeout(Duration::from_secs(2));
+    let got = client
+        .send(
+            envoy.listen_addr(),
+            Request::post_bytes("/x", "text/plain", body(1000)),
+        )
+        .await;
+    assert!(
+        got.is_err(),
+        "Envoy answered although the filter paused: {:?}",
+        got.map(|r| (r.status, r.body))
+    );
+
+    let mut vm = harness(&config)?;
+    let out = vm.run(&tether_wasm_host::Request::post("/x", &[], &[&body(1000)]))?;
+    assert!(out.local_response.is_none() && out.upstream.is_none());
+    assert!(out.stalled.is_some());
+    Ok(())
+}

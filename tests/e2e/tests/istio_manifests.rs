@@ -1,0 +1,378 @@
+//! The Istio manifests in `envoy/istio/` are valid for the Kubernetes API server
+//! (Istio's CRD openAPIV3 schemas, unknown fields rejected) and agree with each
+//! other and with the filter contract in `docs/gateway.md`.
+
+#[path = "istio_manifests/structural.rs"]
+mod structural;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use structural::Violation;
+
+fn istio_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../envoy/istio")
+}
+
+fn schemas() -> Result<Value> {
+    let path = istio_dir().join("schema/istio-crd-openapi.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Every document of a (possibly multi-document) YAML text, as JSON values.
+fn parse_yaml(text: &str) -> Result<Vec<Value>> {
+    let mut docs = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc)?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+/// Every manifest shipped in `envoy/istio/*.yaml`, with its file name.
+fn shipped() -> Result<Vec<(String, Value)>> {
+    let mut out = Vec::new();
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(istio_dir())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    paths.sort();
+    for path in paths {
+        let text = std::fs::read_to_string(&path)?;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        for doc in parse_yaml(&text).with_context(|| format!("parsing {name}"))? {
+            out.push((name.clone(), doc));
+        }
+    }
+    Ok(out)
+}
+
+/// The API group each kind lives in.
+fn group_of(kind: &str) -> Option<&'static str> {
+    match kind {
+        "WasmPlugin" => Some("extensions.istio.io"),
+        "DestinationRule" | "EnvoyFilter" => Some("networking.istio.io"),
+        _ => None,
+    }
+}
+
+/// The part of `ObjectMeta` a manifest may set (server-filled fields excluded).
+fn object_meta_schema() -> Value {
+    let string_map = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    json!({
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 253,
+                     "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"},
+            "namespace": {"type": "string", "maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+            "labels": string_map,
+            "annotations": string_map,
+        }
+    })
+}
+
+/// Validates one Kubernetes object: envelope (`apiVersion`, `kind`, `metadata`)
+/// and the rest against the CRD schema of its kind and version.
+fn validate_manifest(doc: &Value, schemas: &Value) -> Vec<Violation> {
+    let bad = |path: &str, message: String| vec![Violation { path: path.to_owned(), message }];
+    let Some(obj) = doc.as_object() else {
+        return bad("<root>", "a manifest must be an object".into());
+    };
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let Some(group) = group_of(kind) else {
+        return bad(".kind", format!("unknown kind {kind:?}"));
+    };
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let Some(version) = api_version.strip_prefix(group).and_then(|v| v.strip_prefix('/')) else {
+        return bad(".apiVersion", format!("{api_version:?} is not in group {group}"));
+    };
+    let Some(schema) = schemas.get(kind).and_then(|k| k.get(version)) else {
+        return bad(".apiVersion", format!("{kind} has no version {version:?}"));
+    };
+    let mut violations = Vec::new();
+    match obj.get("metadata") {
+        Some(meta) => {
+            for mut v in structural::validate(meta, &object_meta_schema()) {
+                v.path = format!(".metadata{}", v.path.trim_start_matches("<root>"));
+                violations.push(v);
+            }
+        }
+        None => violations.push(Violation { path: ".metadata".into(), message: "missing".into() }),
+    }
+    let body: serde_json::Map<String, Value> = obj
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    violations.extend(structural::validate(&Value::Object(body), schema));
+    violations
+}
+
+fn assert_valid(doc: &Value, schemas: &Value) -> Result<()> {
+    let violations = validate_manifest(doc, schemas);
+    ensure!(violations.is_empty(), "violations: {}", render(&violations));
+    Ok(())
+}
+
+fn render(violations: &[Violation]) -> String {
+    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// Asserts that `doc` is rejected with a violation at `path` whose message contains `needle`.
+fn assert_rejected(doc: &Value, schemas: &Value, path: &str, needle: &str) -> Result<()> {
+    let violations = validate_manifest(doc, schemas);
+    ensure!(
+        violations.iter().any(|v| v.path == path && v.message.contains(needle)),
+        "expected a violation at {path} containing {needle:?}, got: [{}]",
+        render(&violations)
+    );
+    Ok(())
+}
+
+fn manifest(kind: &str) -> Result<Value> {
+    shipped()?
+        .into_iter()
+        .map(|(_, doc)| doc)
+        .find(|d| d["kind"] == kind)
+        .ok_or_else(|| anyhow!("no {kind} manifest in envoy/istio"))
+}
+
+/// Sets `value` at a `/`-separated pointer, creating nothing: the parent must exist.
+fn set(doc: &mut Value, pointer: &str, value: Value) -> Result<()> {
+    let (parent, key) = pointer.rsplit_once('/').context("pointer without /")?;
+    let target = doc.pointer_mut(parent).with_context(|| format!("no {parent}"))?;
+    match target {
+        Value::Object(map) => {
+            map.insert(key.to_owned(), value);
+        }
+        Value::Array(items) => {
+            let i: usize = key.parse()?;
+            *items.get_mut(i).context("index out of range")? = value;
+        }
+        _ => bail!("{parent} is not a container"),
+    }
+    Ok(())
+}
+
+#[test]
+fn every_shipped_manifest_is_valid_and_all_three_kinds_are_there() -> Result<()> {
+    let schemas = schemas()?;
+    let docs = shipped()?;
+    for (file, doc) in &docs {
+        assert_valid(doc, &schemas).with_context(|| format!("{file}"))?;
+    }
+    for kind in ["WasmPlugin", "DestinationRule", "EnvoyFilter"] {
+        ensure!(docs.iter().any(|(_, d)| d["kind"] == kind), "no {kind} in envoy/istio");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_misspelt_field_is_rejected_where_it_is() -> Result<()> {
+    let schemas = schemas()?;
+    let mut dr = manifest("DestinationRule")?;
+    let hash = dr
+        .pointer_mut("/spec/trafficPolicy/loadBalancer/consistentHash")
+        .and_then(Value::as_object_mut)
+        .context("consistentHash")?;
+    let header = hash.remove("httpHeaderName").context("httpHeaderName")?;
+    hash.insert("httpHeadrName".into(), header);
+    assert_rejected(&dr, &schemas, ".spec.trafficPolicy.loadBalancer.consistentHash.httpHeadrName", "unknown field")?;
+
+    let mut wp = manifest("WasmPlugin")?;
+    set(&mut wp, "/spec/pluginConfg", json!({"mode": "hash"}))?;
+    assert_rejected(&wp, &schemas, ".spec.pluginConfg", "unknown field")?;
+
+    let mut ef = manifest("EnvoyFilter")?;
+    set(&mut ef, "/spec/configPatches/0/match/listener/filterChain/filter/subFiltr", json!({"name": "x"}))?;
+    assert_rejected(
+        &ef,
+        &schemas,
+        ".spec.configPatches[0].match.listener.filterChain.filter.subFiltr",
+        "unknown field",
+    )
+}
+
+#[test]
+fn a_wrong_type_or_value_is_rejected() -> Result<()> {
+    let schemas = schemas()?;
+    let mut wp = manifest("WasmPlugin")?;
+    set(&mut wp, "/spec/priority", json!("high"))?;
+    assert_rejected(&wp, &schemas, ".spec.priority", "expected integer, found string")?;
+
+    let mut wp = manifest("WasmPlugin")?;
+    set(&mut wp, "/spec/phase", json!("BEFORE_ROUTER"))?;
+    assert_rejected(&wp, &schemas, ".spec.phase", "is not one of")?;
+
+    let mut wp = manifest("WasmPlugin")?;
+    set(&mut wp, "/spec/match/0/ports/0/number", json!(70000))?;
+    assert_rejected(&wp, &schemas, ".spec.match[0].ports[0].number", "above the maximum")?;
+
+    let mut dr = manifest("DestinationRule")?;
+    set(&mut dr, "/spec/trafficPolicy/loadBalancer/consistentHash/maglev", json!({"tableSize": "big"}))?;
+    assert_rejected(
+        &dr,
+        &schemas,
+        ".spec.trafficPolicy.loadBalancer.consistentHash.maglev.tableSize",
+        "expected integer",
+    )?;
+
+    let mut ef = manifest("EnvoyFilter")?;
+    set(&mut ef, "/spec/configPatches/0/patch/operation", json!("INSERT_SOMEWHERE"))?;
+    assert_rejected(&ef, &schemas, ".spec.configPatches[0].patch.operation", "is not one of")
+}
+
+#[test]
+fn mutually_exclusive_and_required_fields_are_enforced() -> Result<()> {
+    let schemas = schemas()?;
+    let mut dr = manifest("DestinationRule")?;
+    set(&mut dr, "/spec/trafficPolicy/loadBalancer/consistentHash/ringHash", json!({"minimumRingSize": 1024}))?;
+    assert_rejected(&dr, &schemas, ".spec.trafficPolicy.loadBalancer.consistentHash", "exactly one oneOf")?;
+
+    let mut dr = manifest("DestinationRule")?;
+    set(&mut dr, "/spec/trafficPolicy/loadBalancer/simple", json!("ROUND_ROBIN"))?;
+    assert_rejected(&dr, &schemas, ".spec.trafficPolicy.loadBalancer", "exactly one oneOf")?;
+
+    let mut wp = manifest("WasmPlugin")?;
+    wp["spec"].as_object_mut().context("spec")?.remove("url");
+    assert_rejected(&wp, &schemas, ".spec", "required field \"url\"")?;
+
+    let mut wp = manifest("WasmPlugin")?;
+    let port = wp.pointer("/spec/match/0/ports/0").cloned().context("a port")?;
+    wp.pointer_mut("/spec/match/0/ports").and_then(Value::as_array_mut).context("ports")?.push(port);
+    assert_rejected(&wp, &schemas, ".spec.match[0].ports[1]", "duplicate list entry")
+}
+
+#[test]
+fn the_envelope_is_checked_too() -> Result<()> {
+    let schemas = schemas()?;
+    let mut wp = manifest("WasmPlugin")?;
+    set(&mut wp, "/spce", json!({}))?;
+    assert_rejected(&wp, &schemas, ".spce", "unknown field")?;
+
+    let mut wp = manifest("WasmPlugin")?;
+    set(&mut wp, "/metadata/lables", json!({"a": "b"}))?;
+    assert_rejected(&wp, &schemas, ".metadata.lables", "unknown field")?;
+
+    let mut wp = manifest("WasmPlugin")?;
+    set(&mut wp, "/apiVersion", json!("networking.istio.io/v1alpha3"))?;
+    assert_rejected(&wp, &schemas, ".apiVersion", "not in group extensions.istio.io")?;
+
+    let mut dr = manifest("DestinationRule")?;
+    set(&mut dr, "/apiVersion", json!("networking.istio.io/v2"))?;
+    assert_rejected(&dr, &schemas, ".apiVersion", "no version")
+}
+
+#[test]
+fn open_fields_stay_open() -> Result<()> {
+    // pluginConfig and patch.value are x-kubernetes-preserve-unknown-fields: the API
+    // server keeps whatever is there, so the validator must not reject new keys.
+    let schemas = schemas()?;
+    let mut wp = manifest("WasmPlugin")?;
+    set(&mut wp, "/spec/pluginConfig/some_future_field", json!({"nested": [1, "two"]}))?;
+    assert_valid(&wp, &schemas)?;
+    let mut ef = manifest("EnvoyFilter")?;
+    set(&mut ef, "/spec/configPatches/0/patch/value/anything", json!(true))?;
+    assert_valid(&ef, &schemas)
+}
+
+/// The three manifests name the same filter, headers, limits and workloads.
+#[test]
+fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
+    let wp = manifest("WasmPlugin")?;
+    let dr = manifest("DestinationRule")?;
+    let ef = manifest("EnvoyFilter")?;
+
+    let config = &wp["spec"]["pluginConfig"];
+    ensure!(config["mode"] == "hash", "the Istio setup is hash mode (DestinationRule consistentHash)");
+    ensure!(
+        dr.pointer("/spec/trafficPolicy/loadBalancer/consistentHash/httpHeaderName")
+            == Some(&json!("x-tether-key")),
+        "DestinationRule must hash on x-tether-key"
+    );
+    let selector = wp.pointer("/spec/selector/matchLabels").context("WasmPlugin selector")?;
+    ensure!(
+        ef.pointer("/spec/workloadSelector/labels") == Some(selector),
+        "EnvoyFilter and WasmPlugin must select the same workloads"
+    );
+    ensure!(
+        wp.pointer("/spec/match/0/mode") == Some(&json!("CLIENT")),
+        "gateway listeners are CLIENT traffic in Istio"
+    );
+
+    let patches = ef["spec"]["configPatches"].as_array().context("configPatches")?;
+    let filter_patch = |name: &str| {
+        patches.iter().find(|p| p.pointer("/patch/value/name") == Some(&json!(name)))
+    };
+    // buffer right after the wasm filter Istio names `<namespace>.<name>`.
+    let wasm_name = format!(
+        "{}.{}",
+        wp["metadata"]["namespace"].as_str().context("namespace")?,
+        wp["metadata"]["name"].as_str().context("name")?
+    );
+    let buffer = filter_patch("envoy.filters.http.buffer").context("no buffer filter patch")?;
+    ensure!(buffer["patch"]["operation"] == "INSERT_AFTER");
+    ensure!(
+        buffer.pointer("/match/listener/filterChain/filter/subFilter/name") == Some(&json!(wasm_name)),
+        "the buffer filter must follow the wasm filter {wasm_name}"
+    );
+    let max_body = config["max_body_bytes"].as_u64().context("pluginConfig.max_body_bytes")?;
+    ensure!(
+        buffer.pointer("/patch/value/typed_config/max_request_bytes") == Some(&json!(max_body)),
+        "buffer max_request_bytes must equal the filter's max_body_bytes"
+    );
+    let listener = patches
+        .iter()
+        .find(|p| p["applyTo"] == "LISTENER")
+        .context("no listener buffer-limit patch")?;
+    ensure!(
+        listener.pointer("/patch/value/per_connection_buffer_limit_bytes") == Some(&json!(max_body)),
+        "the per-connection buffer limit must admit max_body_bytes"
+    );
+
+    // header_mutation right after buffer, copying wasm.tether.<h> into <h>.
+    let mutation = filter_patch("envoy.filters.http.header_mutation").context("no header_mutation patch")?;
+    ensure!(
+        mutation.pointer("/match/listener/filterChain/filter/subFilter/name")
+            == Some(&json!("envoy.filters.http.buffer"))
+            && mutation["patch"]["operation"] == "INSERT_AFTER",
+        "header_mutation must follow the buffer filter"
+    );
+    let copies = mutation
+        .pointer("/patch/value/typed_config/mutations/request_mutations")
+        .and_then(Value::as_array)
+        .context("request_mutations")?;
+    let mut copied = Vec::new();
+    for m in copies {
+        let key = m.pointer("/append/header/key").and_then(Value::as_str).context("header key")?;
+        let value = m.pointer("/append/header/value").and_then(Value::as_str).context("header value")?;
+        ensure!(
+            value == format!("%FILTER_STATE(wasm.tether.{key}:PLAIN)%"),
+            "{key} must be copied from filter state wasm.tether.{key}, not {value}"
+        );
+        ensure!(m["append"]["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD", "{key} must overwrite client values");
+        copied.push(key);
+    }
+    for needed in ["x-tether-key", "x-tether-key-source", "x-tether-prompt-end", "x-tether-turn-kind", "x-tether-retention-ms"] {
+        ensure!(copied.contains(&needed), "body path does not copy {needed}");
+    }
+    let session_header = config.pointer("/engine/session_header").and_then(Value::as_bool).unwrap_or(true);
+    ensure!(!session_header || copied.contains(&"x-session-id"), "engine.session_header needs x-session-id copied");
+
+    // The header path disables the buffer per route.
+    let route = patches
+        .iter()
+        .find(|p| p["applyTo"] == "HTTP_ROUTE")
+        .context("no per-route buffer patch")?;
+    ensure!(
+        route.pointer("/patch/value/typed_per_filter_config/envoy.filters.http.buffer/disabled")
+            == Some(&json!(true)),
+        "the header-path route must disable the buffer"
+    );
+    Ok(())
+}
