@@ -1,6 +1,16 @@
-# Test targets for the e2e area.
-.PHONY: test-e2e
-test-e2e:
-	@echo "test-e2e: nothing yet"
-demo:
-	@echo "demo: not yet"
+# End-to-end area: real Envoy + echo ranks + the tether filter (docs/e2e.md).
+# `test-e2e` runs every test of crate tether-e2e (tests/all: the e2e suite;
+# also the unit tests of the harness and the demo/bench binaries, and the
+# crate's other test files). Envoy and both filter modules are built/installed
+# first, so nothing is ever skipped; TETHER_ENVOY / TETHER_FILTER_WASM /
+# TETHER_FLOOR_WASM are exported by the Makefile.
+.PHONY: test-e2e demo
+
+test-e2e: wasm envoy-install
+	$(CARGO) test --quiet -p tether-e2e
+
+# A scripted planner / tool caller / verifier run through Envoy, turn by turn;
+# exits non-zero if any agent moved between ranks.
+demo: wasm envoy-install
+	$(CARGO) build --quiet -p tether-e2e --bin tether-demo --bin tether-echo-rank
+	$(CARGO) run --quiet -p tether-e2e --bin tether-demo

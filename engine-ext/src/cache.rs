@@ -20,10 +20,11 @@ use crate::hash::BlockHash;
 use crate::host::{HostKind, HostTier};
 use crate::marker::{RetentionKey, TurnMarker};
 use crate::payload::{MoveError, Mover, SlotId, StateSlot, split};
-use crate::pool::BlockPool;
+use crate::pool::{BlockPool, KvEvent};
 use crate::record::{DeviceRecord, HostRecord, RecordMeta};
 use crate::states::StatePool;
 use crate::value;
+use crate::victims::{Class, VictimIndex};
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -135,7 +136,12 @@ pub fn snapshot_boundaries(cfg: &PolicyConfig, n: usize) -> Vec<usize> {
     let mut bounds = vec![n];
     let every = cfg.checkpoint_every_tokens / cfg.block_size;
     if every > 0 {
-        bounds.extend((1..n.div_ceil(every)).rev().map(|k| k * every).filter(|&b| b < n));
+        bounds.extend(
+            (1..n.div_ceil(every))
+                .rev()
+                .map(|k| k * every)
+                .filter(|&b| b < n),
+        );
     }
     bounds
 }
@@ -147,6 +153,7 @@ pub struct RetentionCache {
     pool: BlockPool,
     states: StatePool,
     records: HashMap<RetentionKey, DeviceRecord>,
+    victims: VictimIndex,
     host: HostTier,
     running: HashMap<RequestId, Running>,
     stats: Stats,
@@ -161,6 +168,7 @@ impl RetentionCache {
             states: StatePool::new(cfg.device_state_slots),
             host: HostTier::new(cfg.host_bytes),
             records: HashMap::new(),
+            victims: VictimIndex::default(),
             running: HashMap::new(),
             stats: Stats::default(),
             cfg,
@@ -175,6 +183,16 @@ impl RetentionCache {
     /// Counters so far.
     pub fn stats(&self) -> Stats {
         self.stats
+    }
+
+    /// Starts recording KV events (blocks stored / removed on the device) for a KV-aware router.
+    pub fn record_events(&mut self) {
+        self.pool.record_events();
+    }
+
+    /// Takes the KV events recorded since the last call.
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        self.pool.drain_events()
     }
 
     /// The device block pool.
@@ -258,6 +276,7 @@ impl RetentionCache {
             run.slots.push(s);
             run.canonical[i] = Some(s);
         }
+        plan.device = run.slots.len();
         if let Some((b, true)) = plan.state {
             run.state_pin = self.states.pin(b).map(|_| b);
         }
@@ -292,9 +311,12 @@ impl RetentionCache {
                     self.stats.restore_misses += 1;
                     miss = Some(m);
                     plan.restore = 0;
-                    if matches!(plan.state, Some((_, false))) {
-                        plan.state = None;
+                    // A snapshot is valid only at its own boundary, which the failed
+                    // restore did not reach: resume from nothing rather than a wrong state.
+                    if let Some(b) = run.state_pin.take() {
+                        self.states.unpin(b);
                     }
+                    state = None;
                 }
             }
         }
@@ -402,7 +424,7 @@ impl RetentionCache {
                 .alloc_state(b, now, mover)
                 .ok_or_else(|| RestoreMiss::Copy("no state slot".into()))?;
             if let Err(e) = mover.scatter_states(&[s], bytes) {
-                self.states.unpin(b);
+                self.states.discard(b);
                 return Err(RestoreMiss::Copy(e.0));
             }
             run.state_pin = Some(b);
@@ -441,7 +463,8 @@ impl RetentionCache {
         for i in 0..run.hashes.len() {
             self.publish(&mut run, i);
         }
-        let out = match marker.filter(|m| m.prompt_end && self.cfg.retention) {
+        let full = run.canonical.iter().take_while(|c| c.is_some()).count();
+        let out = match marker.filter(|m| m.prompt_end && self.cfg.retention && full > 0) {
             Some(m) => self.retain(&run, m, now, mover),
             None => self.cache_snapshots(&run, now, mover),
         };
@@ -469,7 +492,7 @@ impl RetentionCache {
         for s in &chain {
             self.pool.retain(*s);
         }
-        if let Some(old) = self.records.remove(&m.key) {
+        if let Some(old) = self.take_record(&m.key) {
             self.drop_device_record(old);
             self.stats.superseded += 1;
         }
@@ -501,16 +524,13 @@ impl RetentionCache {
             observed_gap_ms: None,
         };
         let hashes = run.hashes[..n].to_vec();
-        self.records.insert(
-            m.key,
-            DeviceRecord {
-                meta,
-                chain,
-                hashes,
-                states,
-                interval_ms: interval,
-            },
-        );
+        self.insert_record(DeviceRecord {
+            meta,
+            chain,
+            hashes,
+            states,
+            interval_ms: interval,
+        });
         self.stats.retained += 1;
         out
     }
@@ -535,13 +555,25 @@ impl RetentionCache {
 
     /// A hit on `key`: refresh its retention on whichever tier holds it.
     fn refresh(&mut self, key: &RetentionKey, now: Millis) {
-        if let Some(r) = self.records.get_mut(key) {
+        if let Some(mut r) = self.take_record(key) {
             r.meta.refresh(now, r.interval_ms);
+            self.insert_record(r);
             self.stats.refreshed += 1;
-        } else if let Some(r) = self.host.record_mut(key) {
-            r.meta.refresh(now, r.interval_ms);
+        } else if self.host.refresh(key, &self.cfg, now) {
             self.stats.refreshed += 1;
         }
+    }
+
+    fn insert_record(&mut self, rec: DeviceRecord) {
+        self.victims.insert(&self.cfg, &rec.meta);
+        let replaced = self.records.insert(rec.meta.key, rec);
+        debug_assert!(replaced.is_none(), "insert_record over a live record");
+    }
+
+    fn take_record(&mut self, key: &RetentionKey) -> Option<DeviceRecord> {
+        let rec = self.records.remove(key)?;
+        self.victims.remove(key);
+        Some(rec)
     }
 
     /// Ends a request: drops its pins, tail first so chain tails are evicted before heads.
@@ -614,29 +646,18 @@ impl RetentionCache {
     /// Gives up one device retention: the earliest-expired one (dropped), else the
     /// least valuable live one (offloaded if the host tier takes it, else dropped).
     fn evict_record(&mut self, victim: Victim, now: Millis, mover: &mut dyn Mover) -> bool {
-        let cfg = &self.cfg;
-        let pick = self
-            .records
-            .values()
-            .filter(|r| match victim {
-                Victim::Block => true,
-                Victim::State => !r.states.is_empty(),
-            })
-            .map(|r| {
-                if r.meta.expired(now) {
-                    (0u8, r.meta.expires_ms as f64, r.meta.key)
-                } else {
-                    (1u8, r.meta.value(cfg, now), r.meta.key)
-                }
-            })
-            .min_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
-        let Some((class, _, key)) = pick else {
+        let records = &self.records;
+        let pick = self.victims.pick(now, None, |k| match victim {
+            Victim::Block => true,
+            Victim::State => records.get(k).is_some_and(|r| !r.states.is_empty()),
+        });
+        let Some((class, key)) = pick else {
             return false;
         };
-        let Some(rec) = self.records.remove(&key) else {
+        let Some(rec) = self.take_record(&key) else {
             return false;
         };
-        if class == 0 {
+        if class == Class::Expired {
             self.stats.expired_dropped += 1;
         } else if self.offload(&rec, now, mover).is_ok() {
             self.stats.offloaded += 1;
@@ -678,11 +699,8 @@ impl RetentionCache {
         };
         let need = missing_b.len() as u64 * self.cfg.block_bytes
             + missing_s.len() as u64 * self.cfg.state_bytes;
-        let v = rec.meta.value(&self.cfg, now);
-        if !self
-            .host
-            .make_room(&self.cfg, need, v, Some(rec.meta.key), now)
-        {
+        let v = rec.meta.priority(&self.cfg);
+        if !self.host.make_room(need, v, Some(rec.meta.key), now) {
             unpin_present(&mut self.host);
             return Err(MoveError("host tier full of more valuable state".into()));
         }
@@ -721,19 +739,28 @@ impl RetentionCache {
         for (h, p) in missing_s.iter().zip(sp) {
             self.host.put(HostKind::State, *h, p, self.cfg.state_bytes);
         }
-        self.host.insert_record(HostRecord {
-            meta: rec.meta.clone(),
-            hashes: rec.hashes.clone(),
-            states: state_hashes,
-            interval_ms: rec.interval_ms,
-        });
+        self.host.insert_record(
+            &self.cfg,
+            HostRecord {
+                meta: rec.meta.clone(),
+                hashes: rec.hashes.clone(),
+                states: state_hashes,
+                interval_ms: rec.interval_ms,
+            },
+        );
         Ok(())
     }
 
     /// Checks every accounting invariant across pool, states, records and host tier.
     pub fn check(&self) -> Result<(), String> {
         self.pool.check()?;
-        self.host.check()?;
+        self.host.check(&self.cfg)?;
+        if !self
+            .victims
+            .matches(&self.cfg, self.records.values().map(|r| &r.meta))
+        {
+            return Err("device victim index disagrees with records".into());
+        }
         let mut retains: HashMap<SlotId, u32> = HashMap::new();
         let mut refs: HashMap<SlotId, u32> = HashMap::new();
         let mut state_pins = 0u64;

@@ -47,6 +47,8 @@ pub struct PolicyConfig {
     pub handoff: KindPolicy,
     /// Prefill cost model: cost(t) = t + t² / `attention_knee_tokens` (token-equivalents).
     pub attention_knee_tokens: u64,
+    /// A retention's value decays by e every this many ms without a hit (same for all records).
+    pub idle_decay_ms: Millis,
 }
 
 impl Default for PolicyConfig {
@@ -75,6 +77,7 @@ impl Default for PolicyConfig {
                 expected_gap_ms: 60_000,
             },
             attention_knee_tokens: 32_768,
+            idle_decay_ms: 300_000,
         }
     }
 }
@@ -101,6 +104,9 @@ impl PolicyConfig {
         }
         if self.attention_knee_tokens == 0 {
             return Err(ConfigError::Zero("attention_knee_tokens"));
+        }
+        if self.idle_decay_ms == 0 {
+            return Err(ConfigError::Zero("idle_decay_ms"));
         }
         if (self.state_bytes == 0) != (self.device_state_slots == 0) {
             return Err(ConfigError::StateSlots);

@@ -12,6 +12,7 @@ use crate::marker::RetentionKey;
 use crate::payload::{ChecksumMismatch, Payload};
 use crate::pool::HashIndex;
 use crate::record::HostRecord;
+use crate::victims::VictimIndex;
 use std::collections::HashMap;
 
 #[derive(Debug)]
@@ -38,6 +39,7 @@ pub struct HostTier {
     blocks: HashIndex<Entry>,
     states: HashIndex<Entry>,
     records: HashMap<RetentionKey, HostRecord>,
+    victims: VictimIndex,
     evicted_records: u64,
 }
 
@@ -50,6 +52,7 @@ impl HostTier {
             blocks: HashIndex::default(),
             states: HashIndex::default(),
             records: HashMap::new(),
+            victims: VictimIndex::default(),
             evicted_records: 0,
         }
     }
@@ -84,9 +87,14 @@ impl HostTier {
         self.records.get(key)
     }
 
-    /// Mutable record of `key` (to refresh it on a hit).
-    pub fn record_mut(&mut self, key: &RetentionKey) -> Option<&mut HostRecord> {
-        self.records.get_mut(key)
+    /// A hit on `key`: refreshes its record's interval; false when there is none.
+    pub(crate) fn refresh(&mut self, key: &RetentionKey, cfg: &PolicyConfig, now: Millis) -> bool {
+        let Some(r) = self.records.get_mut(key) else {
+            return false;
+        };
+        r.meta.refresh(now, r.interval_ms);
+        self.victims.insert(cfg, &r.meta);
+        true
     }
 
     /// True when the payload is held.
@@ -165,53 +173,37 @@ impl HostTier {
     }
 
     /// Frees at least `need` bytes: expired records first (earliest expiry), then live
-    /// records worth less than `incoming_value` (least valuable first). Records in
-    /// `spare` are never chosen. Returns false, having evicted what it chose, when it
-    /// cannot make enough room.
+    /// records whose priority is below `incoming_priority` (least valuable first).
+    /// Records of `spare` are never chosen. Returns false, having evicted what it chose,
+    /// when it cannot make enough room.
     pub(crate) fn make_room(
         &mut self,
-        cfg: &PolicyConfig,
         need: u64,
-        incoming_value: f64,
+        incoming_priority: f64,
         spare: Option<RetentionKey>,
         now: Millis,
     ) -> bool {
         if need > self.capacity {
             return false;
         }
-        if self.capacity - self.used >= need {
-            return true;
-        }
-        // One scan ranks every candidate; victims are taken in that order until the room is there.
-        let mut victims: Vec<(u8, f64, RetentionKey)> = self
-            .records
-            .values()
-            .filter(|r| Some(r.meta.key) != spare)
-            .filter_map(|r| {
-                if r.meta.expired(now) {
-                    Some((0u8, r.meta.expires_ms as f64, r.meta.key))
-                } else {
-                    let v = r.meta.value(cfg, now);
-                    (v < incoming_value).then_some((1u8, v, r.meta.key))
-                }
-            })
-            .collect();
-        victims
-            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
-        for (_, _, key) in victims {
-            if self.capacity - self.used >= need {
-                break;
-            }
+        while self.capacity - self.used < need {
+            let Some((_, key)) = self
+                .victims
+                .pick(now, Some(incoming_priority), |k| Some(*k) != spare)
+            else {
+                return false;
+            };
             self.remove_record(&key);
             self.evicted_records += 1;
         }
-        self.capacity - self.used >= need
+        true
     }
 
     /// Inserts a record whose payload references are already taken, replacing (and
     /// releasing) any previous record of the same key.
-    pub(crate) fn insert_record(&mut self, rec: HostRecord) {
+    pub(crate) fn insert_record(&mut self, cfg: &PolicyConfig, rec: HostRecord) {
         let key = rec.meta.key;
+        self.victims.insert(cfg, &rec.meta);
         if let Some(old) = self.records.insert(key, rec) {
             self.unpin(HostKind::Block, &old.hashes);
             self.unpin(HostKind::State, &old.states);
@@ -221,6 +213,7 @@ impl HostTier {
     /// Removes a record and releases its payloads (supersede, expiry, eviction).
     pub fn remove_record(&mut self, key: &RetentionKey) -> Option<HostRecord> {
         let old = self.records.remove(key)?;
+        self.victims.remove(key);
         self.unpin(HostKind::Block, &old.hashes);
         self.unpin(HostKind::State, &old.states);
         Some(old)
@@ -271,7 +264,13 @@ impl HostTier {
     }
 
     /// Checks accounting: used = Σ payload bytes ≤ capacity; refs = record references.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self, cfg: &PolicyConfig) -> Result<(), String> {
+        if !self
+            .victims
+            .matches(cfg, self.records.values().map(|r| &r.meta))
+        {
+            return Err("host victim index disagrees with records".into());
+        }
         let sum: u64 = self
             .blocks
             .values()

@@ -23,9 +23,11 @@ pub mod sim;
 pub mod states;
 pub mod trace;
 pub mod value;
+mod victims;
 
 pub use cache::{Admission, CacheError, RequestId, RestoreMiss, Retained, RetentionCache, Stats};
 pub use config::{KindPolicy, Millis, PolicyConfig};
 pub use hash::{BlockHash, BlockHasher, RequestKeys};
 pub use marker::{MarkerError, RetentionKey, TurnKind, TurnMarker};
 pub use payload::{MetadataOnly, Mover, Payload, SlotId, StateSlot};
+pub use pool::KvEvent;

@@ -70,9 +70,28 @@ impl Slot {
     }
 }
 
+/// A change to the set of cached device blocks, in the shape of vLLM's KV events
+/// (`BlockStored` / `BlockRemoved`), for KV-aware routers that track rank contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    /// A block was published under `hash` (child of `parent`, `None` for a first block).
+    Stored {
+        /// The block.
+        hash: BlockHash,
+        /// Its parent block.
+        parent: Option<BlockHash>,
+    },
+    /// A cached block was evicted.
+    Removed {
+        /// The block.
+        hash: BlockHash,
+    },
+}
+
 /// The device block pool of one rank.
 #[derive(Debug)]
 pub struct BlockPool {
+    events: Option<Vec<KvEvent>>,
     slots: Vec<Slot>,
     index: HashIndex<u32>,
     empty: Vec<u32>,
@@ -87,6 +106,7 @@ impl BlockPool {
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.min(NIL as usize - 1);
         Self {
+            events: None,
             slots: vec![Slot::EMPTY; capacity],
             index: HashIndex::with_capacity_and_hasher(capacity, Default::default()),
             empty: (0..capacity as u32).rev().collect(),
@@ -95,6 +115,16 @@ impl BlockPool {
             lru_len: 0,
             evicted: 0,
         }
+    }
+
+    /// Starts recording [`KvEvent`]s (off by default: they cost memory until drained).
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// Takes the events recorded since the last call.
+    pub fn drain_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Number of slots.
@@ -174,6 +204,9 @@ impl BlockPool {
             self.unlink_child(s);
             let h = self.slots[s as usize].block_hash();
             self.index.remove(&h);
+            if let Some(ev) = &mut self.events {
+                ev.push(KvEvent::Removed { hash: h });
+            }
             self.slots[s as usize] = Slot::EMPTY;
             self.empty.push(s);
             freed += 1;
@@ -244,6 +277,10 @@ impl BlockPool {
         }
         let s = slot.0;
         self.index.insert(hash, s);
+        if let Some(ev) = &mut self.events {
+            let parent = parent.map(|p| self.slots[p.0 as usize].block_hash());
+            ev.push(KvEvent::Stored { hash, parent });
+        }
         let e = &mut self.slots[s as usize];
         e.hash = [hash.0 as u64, (hash.0 >> 64) as u64];
         e.cached = true;

@@ -46,6 +46,17 @@ impl RecordMeta {
         )
     }
 
+    /// Eviction priority (time-invariant; see [`value::priority`]).
+    pub fn priority(&self, cfg: &PolicyConfig) -> f64 {
+        value::priority(
+            cfg,
+            self.tokens,
+            self.bytes,
+            self.expected_gap_ms,
+            self.last_use_ms,
+        )
+    }
+
     /// A hit: push the expiry out by the kind's interval from now.
     pub fn refresh(&mut self, now: Millis, interval_ms: Millis) {
         if self.observed_gap_ms.is_none() {

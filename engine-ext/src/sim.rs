@@ -68,13 +68,20 @@ pub fn replay(turns: &[Turn], ranks: usize, cfg: &PolicyConfig) -> Result<SimRep
         let hashes = hasher.hash_prompt(&tokens, &keys);
         let matched = hashes.iter().take_while(|h| seen[r].contains(h)).count();
         let usable = if cfg.hybrid() {
-            (1..=matched).rev().find(|&j| snaps[r].contains(&hashes[j - 1])).unwrap_or(0)
+            (1..=matched)
+                .rev()
+                .find(|&j| snaps[r].contains(&hashes[j - 1]))
+                .unwrap_or(0)
         } else {
             matched
         };
         let reusable = usable as u64 * bs;
         seen[r].extend(hashes.iter().copied());
-        snaps[r].extend(snapshot_boundaries(cfg, hashes.len()).into_iter().map(|b| hashes[b - 1]));
+        snaps[r].extend(
+            snapshot_boundaries(cfg, hashes.len())
+                .into_iter()
+                .map(|b| hashes[b - 1]),
+        );
         let key = RetentionKey {
             tenant: HexId(0),
             session: HexId(u128::from(t.session)),

@@ -82,7 +82,14 @@ impl StatePool {
             return Some(s);
         }
         let slot = StateSlot(self.free.pop()?);
-        self.by_boundary.insert(boundary, Entry { slot, pins: 1, seq: 0 });
+        self.by_boundary.insert(
+            boundary,
+            Entry {
+                slot,
+                pins: 1,
+                seq: 0,
+            },
+        );
         Some(slot)
     }
 
@@ -95,6 +102,18 @@ impl StatePool {
                 self.clock += 1;
                 e.seq = self.clock;
                 self.lru.insert(self.clock, boundary);
+            }
+        }
+    }
+
+    /// Drops a pin on a snapshot whose bytes were never written (a failed restore):
+    /// at zero pins the slot is freed, not cached, so the garbage is never served.
+    pub fn discard(&mut self, boundary: BlockHash) {
+        if let Some(e) = self.by_boundary.get_mut(&boundary) {
+            e.pins = e.pins.saturating_sub(1);
+            if e.pins == 0 {
+                self.free.push(e.slot.0);
+                self.by_boundary.remove(&boundary);
             }
         }
     }

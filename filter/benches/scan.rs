@@ -11,11 +11,24 @@ use tether_filter::decide;
 use tether_filter::placement::Placement;
 use tether_filter::scan::{self, ReadLimits};
 
-/// A Claude-Code-like Anthropic body or an OpenAI Chat body of about `target` bytes:
-/// tools and system prompt, then tool-call turns with file-sized results.
+/// A Claude-Code-like Anthropic body or an OpenAI Chat body of about `target`
+/// bytes, keys in the official SDKs' order (role/type first, identity fields
+/// after the conversation): tools and system prompt, then tool-call turns with
+/// file-sized results full of escapes.
 fn body(api: Api, target: usize) -> Vec<u8> {
     let text = |n: usize, seed: usize| -> String {
-        let words = ["fn", "let", "match", "\"quoted\"", "path\\to", "x", "{", "}", "\n", "return"];
+        let words = [
+            "fn",
+            "let",
+            "match",
+            "\"quoted\"",
+            "path\\to",
+            "x",
+            "{",
+            "}",
+            "\n",
+            "return",
+        ];
         let mut s = String::with_capacity(n);
         let mut i = seed;
         while s.len() < n {
@@ -25,31 +38,61 @@ fn body(api: Api, target: usize) -> Vec<u8> {
         }
         s
     };
-    let mut msgs = Vec::new();
-    msgs.push(serde_json::json!({"role": "user", "content": text(2000, 1)}));
+    let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut msgs: Vec<String> = Vec::new();
+    match api {
+        Api::Messages => msgs.push(format!(
+            r#"{{"role":"user","content":[{{"type":"text","text":{}}}]}}"#,
+            q(&text(2000, 1))
+        )),
+        _ => {
+            msgs.push(format!(
+                r#"{{"role":"system","content":{}}}"#,
+                q(&text(3000, 9))
+            ));
+            msgs.push(format!(
+                r#"{{"role":"user","content":{}}}"#,
+                q(&text(2000, 1))
+            ));
+        }
+    }
     let mut i = 0;
     let mut size = 6000;
     while size < target {
-        let result = text(3000, i);
+        let result = q(&text(3000, i));
         size += result.len() + 300;
         match api {
             Api::Messages => {
-                msgs.push(serde_json::json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("t{i}"), "name": "Read", "input": {"path": "a.rs"}}]}));
-                msgs.push(serde_json::json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("t{i}"), "content": result}]}));
+                msgs.push(format!(r#"{{"role":"assistant","content":[{{"type":"tool_use","id":"t{i}","name":"Read","input":{{"path":"a.rs"}}}}]}}"#));
+                msgs.push(format!(r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":{result}}}]}}"#));
             }
             _ => {
-                msgs.push(serde_json::json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("t{i}"), "type": "function", "function": {"name": "Read", "arguments": "{}"}}]}));
-                msgs.push(serde_json::json!({"role": "tool", "tool_call_id": format!("t{i}"), "content": result}));
+                msgs.push(format!(r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"t{i}","type":"function","function":{{"name":"Read","arguments":"{{}}"}}}}]}}"#));
+                msgs.push(format!(
+                    r#"{{"role":"tool","tool_call_id":"t{i}","content":{result}}}"#
+                ));
             }
         }
         i += 1;
     }
-    let tools: Vec<serde_json::Value> = (0..8).map(|k| serde_json::json!({"name": format!("tool{k}"), "description": text(300, k), "input_schema": {"type": "object"}})).collect();
-    let v = match api {
-        Api::Messages => serde_json::json!({"max_tokens": 4096, "messages": msgs, "model": "m", "metadata": {"user_id": "user_abc_session_123"}, "system": text(3000, 9), "tools": tools}),
-        _ => serde_json::json!({"model": "m", "messages": msgs, "tools": tools, "metadata": {"session_id": "s-1"}, "user": "u"}),
+    let msgs = msgs.join(",");
+    let tools: Vec<String> = (0..8)
+        .map(|k| match api {
+            Api::Messages => format!(r#"{{"name":"tool{k}","description":{},"input_schema":{{"type":"object"}}}}"#, q(&text(300, k))),
+            _ => format!(r#"{{"type":"function","function":{{"name":"tool{k}","description":{},"parameters":{{"type":"object"}}}}}}"#, q(&text(300, k))),
+        })
+        .collect();
+    let tools = tools.join(",");
+    let out = match api {
+        Api::Messages => format!(
+            r#"{{"max_tokens":4096,"messages":[{msgs}],"model":"m","metadata":{{"user_id":"user_abc_session_123"}},"system":{},"tools":[{tools}]}}"#,
+            q(&text(3000, 9))
+        ),
+        _ => format!(
+            r#"{{"model":"m","messages":[{msgs}],"tools":[{tools}],"metadata":{{"session_id":"s-1"}},"user":"u"}}"#
+        ),
     };
-    serde_json::to_vec(&v).unwrap_or_default()
+    out.into_bytes()
 }
 
 /// Median seconds of `f` over `runs` runs.
@@ -69,7 +112,84 @@ fn main() {
     let cfg = Config::default();
     let placement = Placement::new(&cfg.endpoints);
     let headers = vec![(":path".to_owned(), b"/v1/messages".to_vec())];
-    println!("{:<10} {:>9} {:>10} {:>12} {:>12} {:>12} {:>10} {:>9}", "api", "bytes", "full GB/s", "full µs", "decide µs", "serde µs", "fetched", "serde/dec");
+    // `--profile-decide`: only the 400 KB decision, in a loop (for `perf record`).
+    if std::env::args().any(|a| a == "--profile-decide") {
+        let b = body(Api::Messages, 400_000);
+        for _ in 0..20_000 {
+            let mut fetch = |s: usize, l: usize| b.get(s..s + l).map(<[u8]>::to_vec);
+            black_box(decide::on_body(
+                &cfg,
+                &placement,
+                Api::Messages,
+                &headers,
+                b.len(),
+                None,
+                &mut fetch,
+            ));
+        }
+        return;
+    }
+    // `--phases`: where the 400 KB decision spends its time.
+    if std::env::args().any(|a| a == "--phases") {
+        for api in [Api::Messages, Api::Chat] {
+            let b = body(api, 400_000);
+            let mut fetch = |s: usize, l: usize| b.get(s..s + l).map(<[u8]>::to_vec);
+            let read = median(2000, || {
+                black_box(scan::read_doc(api, b.len(), ReadLimits::default(), &mut fetch).ok());
+            });
+            let Ok((view, doc, stats)) =
+                scan::read_doc(api, b.len(), ReadLimits::default(), &mut fetch)
+            else {
+                return;
+            };
+            if let Some(scan::Conv::Array { first, last, .. }) = &doc.conv {
+                let size =
+                    |v: &[tether_filter::json::Span]| v.iter().map(|s| s.len()).sum::<usize>();
+                println!(
+                    "{}: {stats:?}; first {} elems {} B, last {} elems {} B",
+                    api.name(),
+                    first.len(),
+                    size(first),
+                    last.len(),
+                    size(last)
+                );
+            }
+            let head = median(2000, || {
+                black_box(tether_filter::head::head_hash(api, &doc, &view));
+            });
+            let h = tether_filter::head::head_hash(api, &doc, &view);
+            let ident = median(2000, || {
+                let body = tether_filter::identity::BodyRef {
+                    doc: &doc,
+                    view: &view,
+                    head: h,
+                };
+                black_box(tether_filter::identity::resolve(&cfg, &headers, Some(body)));
+            });
+            let turn = median(2000, || {
+                black_box(tether_filter::turn::classify(
+                    api,
+                    &doc,
+                    &view,
+                    &cfg.subagent_tools,
+                    false,
+                ));
+            });
+            println!(
+                "{}: read_doc {:.1} µs, head {:.1} µs, identity {:.1} µs, turn {:.1} µs",
+                api.name(),
+                read * 1e6,
+                head * 1e6,
+                ident * 1e6,
+                turn * 1e6
+            );
+        }
+        return;
+    }
+    println!(
+        "{:<10} {:>9} {:>10} {:>12} {:>12} {:>12} {:>10} {:>9}",
+        "api", "bytes", "full GB/s", "full µs", "decide µs", "serde µs", "fetched", "serde/dec"
+    );
     for api in [Api::Messages, Api::Chat] {
         for target in [4_000usize, 400_000, 4_000_000] {
             let b = body(api, target);
@@ -84,7 +204,15 @@ fn main() {
                     fetched += l;
                     b.get(s..s + l).map(<[u8]>::to_vec)
                 };
-                black_box(decide::on_body(&cfg, &placement, api, &headers, b.len(), None, &mut fetch));
+                black_box(decide::on_body(
+                    &cfg,
+                    &placement,
+                    api,
+                    &headers,
+                    b.len(),
+                    None,
+                    &mut fetch,
+                ));
             });
             let serde = median(runs.min(50), || {
                 black_box(serde_json::from_slice::<serde_json::Value>(black_box(&b)).ok());

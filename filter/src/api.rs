@@ -52,7 +52,7 @@ impl Api {
     pub fn is_preamble(self, v: Value<'_>) -> bool {
         match self {
             Api::Chat | Api::Responses => v
-                .get_first("role")
+                .get("role")
                 .is_some_and(|r| r.str_is("system") || r.str_is("developer")),
             Api::Messages | Api::Completions => false,
         }
@@ -61,7 +61,7 @@ impl Api {
     /// Whether an array element looks like a conversation entry of this API
     /// (and not, say, a tool schema): used to recognise the conversation from its tail.
     pub fn looks_like_turn(self, v: Value<'_>) -> bool {
-        let role = v.get_first("role");
+        let role = v.get("role");
         let role_ok = |allowed: &[&str]| {
             role.and_then(|r| r.str())
                 .is_some_and(|r| allowed.contains(&r.as_ref()))
@@ -78,7 +78,7 @@ impl Api {
             Api::Messages => role_ok(&["user", "assistant"]),
             Api::Responses => {
                 role_ok(&["system", "developer", "user", "assistant"])
-                    || v.get_first("type").and_then(|t| t.str()).is_some_and(|t| {
+                    || v.get("type").and_then(|t| t.str()).is_some_and(|t| {
                         t == "message"
                             || t == "reasoning"
                             || t == "item_reference"
@@ -91,18 +91,33 @@ impl Api {
     }
 
     /// A tool result entry (its call, in an earlier assistant entry, names the tool).
+    /// Anthropic puts `tool_result` blocks first in a user message, so only the
+    /// first block is looked at, without walking the (often large) result.
     pub fn is_tool_result(self, v: Value<'_>) -> bool {
         match self {
-            Api::Chat => v.get_first("role").is_some_and(|r| r.str_is("tool") || r.str_is("function")),
-            Api::Responses => v.get_first("type").and_then(|t| t.str()).is_some_and(|t| t.ends_with("_call_output")),
+            Api::Chat => v
+                .get("role")
+                .is_some_and(|r| r.str_is("tool") || r.str_is("function")),
+            Api::Responses => v
+                .get("type")
+                .and_then(|t| t.str())
+                .is_some_and(|t| t.ends_with("_call_output")),
             Api::Messages => {
-                v.get_first("role").is_some_and(|r| r.str_is("user"))
-                    && v.get("content").is_some_and(|c| {
-                        c.elements().any(|b| b.get_first("type").is_some_and(|t| t.str_is("tool_result")))
-                    })
+                v.get("role").is_some_and(|r| r.str_is("user"))
+                    && v.get_head("content")
+                        .and_then(|c| c.first_element_head())
+                        .and_then(|b| b.get_near("type", 2))
+                        .is_some_and(|t| t.str_is("tool_result"))
             }
             Api::Completions => false,
         }
+    }
+
+    /// [`Api::looks_like_turn`] judged from the first two members only (where
+    /// SDKs put `role` / `type`): cheap on large non-turn elements such as tool schemas.
+    pub fn looks_like_turn_fast(self, v: Value<'_>) -> bool {
+        (v.get_near("role", 2).is_some() || v.get_near("type", 2).is_some())
+            && self.looks_like_turn(v)
     }
 
     /// From the end of a conversation, the first entry that is neither a tool
@@ -112,6 +127,8 @@ impl Api {
             return false;
         }
         !(self == Api::Responses
-            && v.get_first("type").and_then(|t| t.str()).is_some_and(|t| t.ends_with("_call")))
+            && v.get("type")
+                .and_then(|t| t.str())
+                .is_some_and(|t| t.ends_with("_call")))
     }
 }

@@ -83,6 +83,10 @@ pub struct Decision {
     pub bad_headers: u32,
     /// Decided in the header callback (no body read).
     pub header_path: bool,
+    /// Refuse the request with this local reply (status, body): salting is on
+    /// and the body could not be rewritten, so a client `cache_salt` could
+    /// otherwise reach the engine.
+    pub reject: Option<(u32, &'static str)>,
 }
 
 /// What the header callback does.
@@ -199,7 +203,7 @@ pub fn fallback(
             .unwrap_or_default(),
         reason,
     );
-    finish(
+    let mut d = finish(
         cfg,
         placement,
         api,
@@ -209,7 +213,22 @@ pub fn fallback(
         ReadStats::default(),
         0,
         false,
-    )
+    );
+    // Salting is on but this body is not rewritten: refuse it rather than let a
+    // client `cache_salt` through.
+    if cfg.cache_salt.is_some() {
+        d.reject = match reason {
+            Reason::NoBody | Reason::UnknownFormat => None,
+            Reason::TooLarge => Some((413, "tether: request body too large to salt\n")),
+            Reason::Compressed | Reason::NotJson => {
+                Some((415, "tether: request body must be uncompressed JSON\n"))
+            }
+            Reason::MalformedJson | Reason::Truncated | Reason::NoConversation => {
+                Some((400, "tether: request body is not a JSON object\n"))
+            }
+        };
+    }
+    d
 }
 
 /// The body-callback decision at end of stream; `fetch(start, len)` reads body bytes.
@@ -265,17 +284,20 @@ pub fn on_body(
             head,
         }),
     );
-    let id = match res {
-        Resolution::Known(id) => id,
+    let mut d = match res {
+        Resolution::Known(id) => {
+            let turn = turn::classify(api, &doc, &view, &cfg.subagent_tools, id.parent.is_some());
+            finish(cfg, placement, api, id, turn, None, stats, bad, false)
+        }
         Resolution::NeedBody | Resolution::Nothing => {
             let p = view.prefix(identity::FALLBACK_PREFIX).to_vec();
             let mut d = fallback(cfg, placement, api, headers, &p, Reason::NoConversation);
             d.stats = stats;
-            return d;
+            // The body is a JSON object: it is salted below like any other.
+            d.reject = None;
+            d
         }
     };
-    let turn = turn::classify(api, &doc, &view, &cfg.subagent_tools, id.parent.is_some());
-    let mut d = finish(cfg, placement, api, id, turn, None, stats, bad, false);
     if cfg.rewrites_body() {
         let owned = owned_fields(cfg, &d);
         d.edit = match rewrite::plan(&doc, &view, &owned) {
@@ -294,6 +316,9 @@ pub fn on_body(
                 })
             }
         };
+        if cfg.cache_salt.is_some() && d.edit.is_none() {
+            d.reject = Some((400, "tether: request body cannot be salted\n"));
+        }
     }
     d
 }
@@ -370,6 +395,7 @@ fn finish(
         stats,
         bad_headers,
         header_path,
+        reject: None,
     }
 }
 

@@ -97,9 +97,11 @@ impl RootContext for Root {
 
 enum State {
     Idle,
+    /// Waiting for the whole body; `size` = bytes buffered so far.
     ReadBody {
         api: crate::api::Api,
         reason: Option<Reason>,
+        size: usize,
     },
     Done,
 }
@@ -187,7 +189,7 @@ impl Http {
         }
     }
 
-    fn body_fallback(&mut self, api: crate::api::Api, reason: Reason) {
+    fn body_fallback(&mut self, api: crate::api::Api, reason: Reason) -> Action {
         let prefix = host::get_buffer(
             BufferType::HttpRequestBody,
             0,
@@ -196,14 +198,55 @@ impl Http {
         .unwrap_or_default();
         let s = Rc::clone(&self.shared);
         let d = decide::fallback(&s.cfg, &s.placement, api, &self.headers, &prefix, reason);
-        self.finish_body(d);
+        if self.finish_body(d) {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
     }
 
-    fn finish_body(&mut self, d: Decision) {
+    /// Hands a body-path decision to Envoy; false when the request was refused.
+    fn finish_body(&mut self, d: Decision) -> bool {
+        self.state = State::Done;
+        if let Some((status, text)) = d.reject {
+            self.shared.count("tether_rejected");
+            if host::send_local_response(status, "tether_body_not_salted", text).is_err() {
+                self.shared.count("tether_host_error");
+            }
+            self.decision = Some(d);
+            return false;
+        }
         self.emit_state(&d);
         self.note(&d);
         self.decision = Some(d);
-        self.state = State::Done;
+        true
+    }
+
+    /// The body decision once the whole body is buffered (end of stream or trailers).
+    fn decide_body(
+        &mut self,
+        api: crate::api::Api,
+        reason: Option<Reason>,
+        body_size: usize,
+    ) -> Action {
+        let s = Rc::clone(&self.shared);
+        let mut fetch = |start: usize, len: usize| {
+            host::get_buffer(BufferType::HttpRequestBody, start, len).ok()
+        };
+        let d = decide::on_body(
+            &s.cfg,
+            &s.placement,
+            api,
+            &self.headers,
+            body_size,
+            reason,
+            &mut fetch,
+        );
+        if self.finish_body(d) {
+            Action::Continue
+        } else {
+            Action::Pause
+        }
     }
 }
 
@@ -241,38 +284,40 @@ impl HttpContext for Http {
                 {
                     s.count("tether_host_error");
                 }
-                self.state = State::ReadBody { api, reason };
+                self.state = State::ReadBody {
+                    api,
+                    reason,
+                    size: 0,
+                };
             }
         }
         Action::Continue
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let State::ReadBody { api, reason } = self.state else {
+        let State::ReadBody { api, reason, .. } = self.state else {
             return Action::Continue;
         };
         if body_size > self.shared.cfg.max_body_bytes {
-            self.body_fallback(api, Reason::TooLarge);
-            return Action::Continue;
+            return self.body_fallback(api, Reason::TooLarge);
         }
         if !end_of_stream {
+            self.state = State::ReadBody {
+                api,
+                reason,
+                size: body_size,
+            };
             return Action::Pause;
         }
-        let s = Rc::clone(&self.shared);
-        let mut fetch = |start: usize, len: usize| {
-            host::get_buffer(BufferType::HttpRequestBody, start, len).ok()
+        self.decide_body(api, reason, body_size)
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        // Trailers end the stream without a body callback marked end of stream.
+        let State::ReadBody { api, reason, size } = self.state else {
+            return Action::Continue;
         };
-        let d = decide::on_body(
-            &s.cfg,
-            &s.placement,
-            api,
-            &self.headers,
-            body_size,
-            reason,
-            &mut fetch,
-        );
-        self.finish_body(d);
-        Action::Continue
+        self.decide_body(api, reason, size)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

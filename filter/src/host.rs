@@ -44,6 +44,16 @@ unsafe extern "C" {
         out: *mut *mut u8,
         out_size: *mut usize,
     ) -> u32;
+    fn proxy_send_local_response(
+        status: u32,
+        details: *const u8,
+        details_size: usize,
+        body: *const u8,
+        body_size: usize,
+        headers: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
     fn proxy_define_metric(t: MetricType, n: *const u8, nl: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
 }
@@ -165,6 +175,25 @@ pub fn set_envoy_filter_state(key: &str, value: &str) -> Result<(), HostStatus> 
     };
     drop(adopt(data, size));
     check(status)
+}
+
+/// Ends the request with a local reply (no upstream).
+pub fn send_local_response(status: u32, details: &str, body: &str) -> Result<(), HostStatus> {
+    // An empty serialized header map: zero pairs.
+    let headers = 0u32.to_le_bytes();
+    // SAFETY: the host only reads the byte ranges passed, all live for the call.
+    check(unsafe {
+        proxy_send_local_response(
+            status,
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            -1,
+        )
+    })
 }
 
 pub fn define_counter(name: &str) -> Result<u32, HostStatus> {

@@ -96,18 +96,24 @@ pub fn skip_ws_back(buf: &[u8], mut end: usize) -> usize {
 }
 
 /// `i` is at an opening quote; returns the index after the closing quote.
+///
+/// Searches for `"` only (one SIMD search per quote, not per escape: text full
+/// of `\n` costs nothing extra); a quote preceded by an odd run of backslashes
+/// is escaped. The run never crosses the opening quote, so this is exact.
 #[inline]
 pub fn skip_string(buf: &[u8], i: usize) -> Result<usize, Stop> {
     let mut j = i + 1;
     loop {
         let rest = buf.get(j..).ok_or(Stop::Incomplete)?;
-        let k = memchr::memchr2(b'"', b'\\', rest).ok_or(Stop::Incomplete)?;
-        let p = j + k;
-        if buf.get(p) == Some(&b'"') {
-            return Ok(p + 1);
+        let q = j + memchr::memchr(b'"', rest).ok_or(Stop::Incomplete)?;
+        let mut run = 0usize;
+        while q - run > i + 1 && buf.get(q - run - 1) == Some(&b'\\') {
+            run += 1;
         }
-        // A backslash: the next byte is escaped, whatever it is.
-        j = p + 2;
+        if run.is_multiple_of(2) {
+            return Ok(q + 1);
+        }
+        j = q + 1;
     }
 }
 
@@ -323,20 +329,62 @@ impl<'a> Value<'a> {
         }
     }
 
-    /// The last member named `key` of an object (JSON parsers keep the last duplicate).
+    /// The first member named `key` of an object (the walk stops there).
     pub fn get(&self, key: &str) -> Option<Value<'a>> {
-        let mut found = None;
-        for (k, v) in self.members() {
-            if key_eq(k, key) {
-                found = Some(v);
-            }
-        }
-        found
+        self.members().find(|(k, _)| key_eq(k, key)).map(|(_, v)| v)
     }
 
-    /// The first member named `key`; cheaper when the key is usually early (`role`, `type`).
-    pub fn get_first(&self, key: &str) -> Option<Value<'a>> {
-        self.members().find(|(k, _)| key_eq(k, key)).map(|(_, v)| v)
+    /// Like [`Value::get`], looking at the first `n` members only: a cheap
+    /// check for keys SDKs put first (`role`, `type`).
+    pub fn get_near(&self, key: &str, n: usize) -> Option<Value<'a>> {
+        self.members()
+            .take(n)
+            .find(|(k, _)| key_eq(k, key))
+            .map(|(_, v)| v)
+    }
+
+    /// The bytes from the start of member `key`'s value to the end of this
+    /// object, without skipping the value: for peeking at its leading bytes
+    /// (with [`Value::first_element_head`] / [`Value::get_near`]) cheaply.
+    pub fn get_head(&self, key: &str) -> Option<Value<'a>> {
+        let buf = self.0;
+        if !self.is_object() {
+            return None;
+        }
+        let mut i = 1;
+        loop {
+            i = skip_ws(buf, i);
+            if buf.get(i) == Some(&b',') {
+                i = skip_ws(buf, i + 1);
+            }
+            if buf.get(i) != Some(&b'"') {
+                return None;
+            }
+            let key_end = skip_string(buf, i).ok()?;
+            let k = buf.get(i + 1..key_end - 1)?;
+            let colon = skip_ws(buf, key_end);
+            if buf.get(colon) != Some(&b':') {
+                return None;
+            }
+            let vs = skip_ws(buf, colon + 1);
+            if key_eq(k, key) {
+                return buf.get(vs..).map(Value);
+            }
+            i = skip_value(buf, vs).ok()?;
+        }
+    }
+
+    /// The bytes from the first element of an array to the array's end: lets a
+    /// caller read the first element's leading members without skipping all of it.
+    pub fn first_element_head(&self) -> Option<Value<'a>> {
+        if !self.is_array() {
+            return None;
+        }
+        let i = skip_ws(self.0, 1);
+        match self.0.get(i) {
+            Some(b'{') => self.0.get(i..).map(Value),
+            _ => None,
+        }
     }
 
     /// A string value, unescaped (borrowed when it holds no escapes).

@@ -63,6 +63,10 @@ pub const FIXED: &[(&str, &str)] = &[
         "tether_body_rewritten",
         "body rewritten (cache_salt / session_id / routed_dp_rank)",
     ),
+    (
+        "tether_rejected",
+        "refused: salting is on and the body could not be rewritten",
+    ),
     ("tether_host_error", "a host call failed (value not set)"),
 ];
 

@@ -153,7 +153,12 @@ pub fn scan_head(buf: &[u8], conv_key: &str, enough: Enough<'_>) -> Result<HeadS
 
 /// Walks an array forward from `[` at `i`, recording complete elements; a
 /// non-array value is skipped whole.
-fn scan_array_head(buf: &[u8], i: usize, elems: &mut Vec<Span>, enough: Enough<'_>) -> Result<usize, Stop> {
+fn scan_array_head(
+    buf: &[u8],
+    i: usize,
+    elems: &mut Vec<Span>,
+    enough: Enough<'_>,
+) -> Result<usize, Stop> {
     if buf.get(i) != Some(&b'[') {
         return json::skip_value(buf, i);
     }
@@ -311,7 +316,12 @@ pub fn scan_tail(buf: &[u8], base: usize, enough: Enough<'_>) -> Result<TailScan
 
 /// Walks an array backward from just after its `]`, recording complete
 /// elements (last first); returns the index of its `[`.
-fn scan_array_tail(buf: &[u8], end: usize, elems: &mut Vec<Span>, enough: Enough<'_>) -> Result<usize, Stop> {
+fn scan_array_tail(
+    buf: &[u8],
+    end: usize,
+    elems: &mut Vec<Span>,
+    enough: Enough<'_>,
+) -> Result<usize, Stop> {
     let mut j = json::skip_ws_back(buf, end - 1);
     if j > 0 && buf.get(j - 1) == Some(&b'[') {
         return Ok(j - 1);
@@ -491,7 +501,11 @@ pub fn read_doc(
             tail = fetch_exact(fetch, tail_base, tail_len, &mut stats)?;
         }
         let hs = scan_head(&head, conv_key, Some(&|v| !api.is_preamble(v)))?;
-        let ts = scan_tail(&tail, tail_base, Some(&|v| api.ends_turn_run(v)))?;
+        let ts = scan_tail(
+            &tail,
+            tail_base,
+            Some(&|v| api.looks_like_turn_fast(v) && api.ends_turn_run(v)),
+        )?;
         let view = View {
             head,
             tail,
@@ -519,8 +533,14 @@ pub fn read_doc(
             } => {
                 // The last entry must look like a turn; when tool results end the
                 // conversation, the assistant entry that called them must be in view too.
-                !elems.last().and_then(|s| view.value(*s)).is_some_and(|v| api.looks_like_turn(v))
-                    || !elems.first().and_then(|s| view.value(*s)).is_some_and(|v| api.ends_turn_run(v))
+                !elems
+                    .last()
+                    .and_then(|s| view.value(*s))
+                    .is_some_and(|v| api.looks_like_turn(v))
+                    || !elems
+                        .first()
+                        .and_then(|s| view.value(*s))
+                        .is_some_and(|v| api.ends_turn_run(v))
             }
             TailEnd::InValue {
                 is_array: false, ..

@@ -49,8 +49,21 @@ pub fn object(members: &[(&str, Value)], order: &[&str]) -> Vec<u8> {
 pub fn order_of(api: Api, order: Order) -> Vec<&'static str> {
     let v: &[&str] = match (api, order) {
         (Api::Chat, Order::Sdk) => &["model", "messages", "stream", "tools", "metadata", "user"],
-        (Api::Responses, Order::Sdk) => &["model", "input", "instructions", "prompt_cache_key", "tools"],
-        (Api::Messages, Order::Sdk) => &["max_tokens", "messages", "model", "metadata", "system", "tools"],
+        (Api::Responses, Order::Sdk) => &[
+            "model",
+            "input",
+            "instructions",
+            "prompt_cache_key",
+            "tools",
+        ],
+        (Api::Messages, Order::Sdk) => &[
+            "max_tokens",
+            "messages",
+            "model",
+            "metadata",
+            "system",
+            "tools",
+        ],
         (Api::Completions, Order::Sdk) => &["model", "prompt", "user"],
         (_, Order::IdsFirst) => &[
             "session_id",
@@ -105,7 +118,11 @@ pub enum Step {
     /// Assistant answer, then a user reply.
     User(String),
     /// Assistant calls `tool` (id), then its result.
-    Tool { id: String, tool: String, result: String },
+    Tool {
+        id: String,
+        tool: String,
+        result: String,
+    },
     /// Assistant calls several tools at once, then all results.
     Parallel(Vec<(String, String)>),
 }
@@ -198,8 +215,15 @@ impl Convo {
             Api::Messages => {
                 // Claude Code style: cache_control sits on the newest user message only.
                 let n = self.turns.len();
-                let cc = |i: usize| if i == n { json!({"type": "ephemeral"}) } else { Value::Null };
-                let mut first = json!({"role": "user", "content": [{"type": "text", "text": self.first_user}]});
+                let cc = |i: usize| {
+                    if i == n {
+                        json!({"type": "ephemeral"})
+                    } else {
+                        Value::Null
+                    }
+                };
+                let mut first =
+                    json!({"role": "user", "content": [{"type": "text", "text": self.first_user}]});
                 if n == 0 {
                     first["content"][0]["cache_control"] = cc(0);
                 }
@@ -208,7 +232,8 @@ impl Convo {
                     match s {
                         Step::User(t) => {
                             m.push(json!({"role": "assistant", "content": [{"type": "text", "text": "ok"}]}));
-                            let mut u = json!({"role": "user", "content": [{"type": "text", "text": t}]});
+                            let mut u =
+                                json!({"role": "user", "content": [{"type": "text", "text": t}]});
                             if i + 1 == n {
                                 u["content"][0]["cache_control"] = cc(n);
                             }
@@ -227,7 +252,9 @@ impl Convo {
                     }
                 }
             }
-            Api::Completions => return Value::String(format!("{}\n{}", self.system, self.first_user)),
+            Api::Completions => {
+                return Value::String(format!("{}\n{}", self.system, self.first_user));
+            }
         }
         Value::Array(m)
     }
@@ -278,7 +305,10 @@ impl<'a> SliceFetch<'a> {
 
 /// Headers as the host gives them.
 pub fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+        .collect()
 }
 
 pub const ALL_APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];

@@ -57,7 +57,7 @@ fn string_of(v: Option<Value<'_>>) -> Option<String> {
 }
 
 fn entry(api: Api, v: Value<'_>) -> Entry {
-    let role = string_of(v.get_first("role"));
+    let role = string_of(v.get("role"));
     match api {
         Api::Chat => match role.as_deref() {
             Some("system" | "developer") => Entry::System,
@@ -67,7 +67,7 @@ fn entry(api: Api, v: Value<'_>) -> Entry {
             }
             Some("assistant") => {
                 let calls = v
-                    .get("tool_calls")
+                    .get_head("tool_calls")
                     .map(|tc| {
                         tc.elements()
                             .filter_map(|c| {
@@ -84,16 +84,19 @@ fn entry(api: Api, v: Value<'_>) -> Entry {
             _ => Entry::Other,
         },
         Api::Messages => {
-            let content = v.get("content");
+            // `get_head` + the lazy element walk read each block once (stopping at `]`).
+            let content = v.get_head("content");
             let blocks = || content.into_iter().flat_map(|c| c.elements());
             match role.as_deref() {
                 Some("user") => {
-                    let ids: Vec<String> = blocks()
-                        .filter(|b| b.get_first("type").is_some_and(|t| t.str_is("tool_result")))
-                        .filter_map(|b| string_of(b.get("tool_use_id")))
-                        .collect();
-                    let has_result = blocks()
-                        .any(|b| b.get_first("type").is_some_and(|t| t.str_is("tool_result")));
+                    let mut ids = Vec::new();
+                    let mut has_result = false;
+                    for b in blocks() {
+                        if b.get("type").is_some_and(|t| t.str_is("tool_result")) {
+                            has_result = true;
+                            ids.extend(string_of(b.get("tool_use_id")));
+                        }
+                    }
                     if has_result {
                         Entry::ToolResult(ids)
                     } else {
@@ -102,7 +105,7 @@ fn entry(api: Api, v: Value<'_>) -> Entry {
                 }
                 Some("assistant") => Entry::Assistant(
                     blocks()
-                        .filter(|b| b.get_first("type").is_some_and(|t| t.str_is("tool_use")))
+                        .filter(|b| b.get("type").is_some_and(|t| t.str_is("tool_use")))
                         .filter_map(|b| Some((string_of(b.get("id"))?, string_of(b.get("name"))?)))
                         .collect(),
                 ),
@@ -110,7 +113,7 @@ fn entry(api: Api, v: Value<'_>) -> Entry {
             }
         }
         Api::Responses => {
-            let ty = string_of(v.get_first("type"));
+            let ty = string_of(v.get("type"));
             match (ty.as_deref(), role.as_deref()) {
                 (Some(t), _) if t.ends_with("_call_output") => {
                     Entry::ToolResult(string_of(v.get("call_id")).into_iter().collect())
@@ -181,7 +184,9 @@ pub fn classify(
         .filter_map(|s| Some((*s, entry(api, view.value(*s)?))))
         .collect();
     // The first turn-taking entry from the start: when the prompt ends with it, this is the first turn.
-    let opening = first.iter().find(|s| view.value(**s).is_some_and(|v| !api.is_preamble(v)));
+    let opening = first
+        .iter()
+        .find(|s| view.value(**s).is_some_and(|v| !api.is_preamble(v)));
     let count = all.then(|| count_turns(api, last.iter().filter_map(|s| view.value(*s))));
     let (last_span, last_entry) = entries.last()?;
     let (kind, prompt_end) = match last_entry {
@@ -257,9 +262,14 @@ fn count_turns<'a>(api: Api, entries: impl Iterator<Item = Value<'a>>) -> u32 {
 
 /// Assistant messages, reasoning and tool calls (cheap: `role` / `type` only).
 fn is_assistant_side(api: Api, v: Value<'_>) -> bool {
-    if v.get_first("role").is_some_and(|r| r.str_is("assistant")) {
+    if v.get("role").is_some_and(|r| r.str_is("assistant")) {
         return true;
     }
     api == Api::Responses
-        && v.get_first("type").and_then(|t| t.str()).is_some_and(|t| t == "reasoning" || t.ends_with("_call"))
+        && v.get("type")
+            .and_then(|t| t.str())
+            .is_some_and(|t| t == "reasoning" || t.ends_with("_call"))
 }
+
+#[cfg(test)]
+mod tests;

@@ -64,6 +64,9 @@ impl Mover for VecMover {
             .collect())
     }
     fn scatter_states(&mut self, slots: &[StateSlot], data: &[u8]) -> Result<(), MoveError> {
+        if self.fail_scatter {
+            return Err(MoveError("injected".into()));
+        }
         for (s, c) in slots.iter().zip(data.chunks_exact(BB)) {
             self.states[s.0 as usize] = c.to_vec();
         }
@@ -504,10 +507,24 @@ fn a_prompt_bigger_than_the_pool_is_refused_cleanly() {
     assert_eq!(c.pool().empty_slots(), 4);
 }
 
+/// Case count: `PROPTEST_CASES` when set (for long soak runs), else `default`.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 #[derive(Debug, Clone)]
 enum Op {
-    /// Admit a new request for session `s`, turn grows its prompt by `grow` blocks.
-    Start { s: u8, grow: u8, kind: u8 },
+    /// Admit a new request for session `s`, turn grows its prompt by `grow` blocks;
+    /// with `fail`, the copy into device memory fails (a partial restore).
+    Start {
+        s: u8,
+        grow: u8,
+        kind: u8,
+        fail: bool,
+    },
     /// Finish (with a prompt-end marker or not) and release the oldest running request.
     Finish { prompt_end: bool },
     /// Advance the clock.
@@ -518,7 +535,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..6, 0u8..4, 0u8..4).prop_map(|(s, grow, kind)| Op::Start { s, grow, kind }),
+        4 => (0u8..6, 0u8..4, 0u8..4, proptest::bool::weighted(0.15))
+            .prop_map(|(s, grow, kind, fail)| Op::Start { s, grow, kind, fail }),
         4 => any::<bool>().prop_map(|prompt_end| Op::Finish { prompt_end }),
         2 => (0u32..200_000).prop_map(Op::Tick),
         1 => any::<u8>().prop_map(Op::Corrupt),
@@ -526,7 +544,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(96), ..ProptestConfig::default() })]
     /// Under random traffic: every invariant holds after every step (capacities,
     /// pins, no orphaned prefix), and every block reported cached holds its exact bytes.
     #[test]
@@ -546,7 +564,8 @@ proptest! {
         let (mut now, mut next) = (0u64, 0u64);
         for o in ops {
             match o {
-                Op::Start { s, grow, kind } => {
+                Op::Start { s, grow, kind, fail } => {
+                    m.fail_scatter = fail;
                     lens[s as usize] = (lens[s as usize] + grow as usize).min(device);
                     let hashes = chain(u32::from(s), lens[s as usize]);
                     next += 1;
@@ -602,7 +621,10 @@ proptest! {
 #[test]
 fn snapshot_boundaries_put_the_prompt_end_first_then_latest_checkpoints() {
     let mut conf = cfg(8, 0);
-    assert!(snapshot_boundaries(&conf, 10).is_empty(), "attention-only models take no snapshots");
+    assert!(
+        snapshot_boundaries(&conf, 10).is_empty(),
+        "attention-only models take no snapshots"
+    );
     conf.state_bytes = 1;
     conf.device_state_slots = 1;
     assert_eq!(snapshot_boundaries(&conf, 10), vec![10]);
@@ -623,15 +645,75 @@ fn hybrid_without_retention_caches_snapshots_unpinned_and_evicts_them_before_ret
     turn(&mut c, &mut m, 1, &chain(1, 4), None, 0);
     assert_eq!(c.states().unpinned(), 1);
     let a = turn(&mut c, &mut m, 2, &chain(1, 4), None, 1);
-    assert_eq!(a.cached_blocks, 4, "plain prefix caching reuses the cached snapshot");
+    assert_eq!(
+        a.cached_blocks, 4,
+        "plain prefix caching reuses the cached snapshot"
+    );
     // With retention: session 1 retained, session 2's snapshot cached unpinned; a third
     // prompt end takes the unpinned slot, not the retained one.
     conf.retention = true;
     let mut c = RetentionCache::try_new(conf).expect("cfg");
-    turn(&mut c, &mut m, 1, &chain(1, 4), Some(marker(1, TurnKind::User)), 0);
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 4),
+        Some(marker(1, TurnKind::User)),
+        0,
+    );
     turn(&mut c, &mut m, 2, &chain(2, 4), None, 1);
-    turn(&mut c, &mut m, 3, &chain(3, 4), Some(marker(3, TurnKind::User)), 2);
+    turn(
+        &mut c,
+        &mut m,
+        3,
+        &chain(3, 4),
+        Some(marker(3, TurnKind::User)),
+        2,
+    );
     assert_eq!(c.stats().offloaded + c.stats().dropped, 0);
     assert!(c.states().get(chain(2, 4)[3]).is_none());
-    assert_eq!(turn(&mut c, &mut m, 4, &chain(1, 4), None, 3).cached_blocks, 4);
+    assert_eq!(
+        turn(&mut c, &mut m, 4, &chain(1, 4), None, 3).cached_blocks,
+        4
+    );
+}
+
+#[test]
+fn a_hit_refreshes_a_retention_held_on_the_host() {
+    let mut c = RetentionCache::try_new(cfg(8, 16)).expect("cfg");
+    let mut m = VecMover::new(8, 0);
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 5),
+        Some(marker(1, TurnKind::User)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 6),
+        Some(marker(2, TurnKind::Tool)),
+        5,
+    );
+    let before = c
+        .host()
+        .record(&key(1))
+        .map(|r| r.meta.expires_ms)
+        .expect("offloaded");
+    // A request of session 1 without a prompt end (say, a retried call) hits and refreshes.
+    let hit = TurnMarker {
+        prompt_end: false,
+        ..marker(1, TurnKind::User)
+    };
+    turn(&mut c, &mut m, 3, &chain(1, 5), Some(hit), 100_000);
+    let r = c.host().record(&key(1)).expect("still on host");
+    assert_eq!(
+        r.meta.expires_ms,
+        before.max(100_000 + c.config().user.interval_ms)
+    );
+    assert_eq!(r.meta.observed_gap_ms, Some(100_000));
+    assert_eq!(c.stats().refreshed, 1);
 }

@@ -77,3 +77,34 @@ fn duplicate_hashes_stay_uncached_and_free_on_release() {
     assert_eq!(p.get(h(0)), Some(a[0]));
     p.check().expect("invariants");
 }
+
+#[test]
+fn events_report_stores_and_cascaded_removals_only_when_recording() {
+    let mut p = BlockPool::new(4);
+    let a = chain(&mut p, 0, 1, None);
+    assert!(p.drain_events().is_empty(), "not recording by default");
+    p.record_events();
+    let b = chain(&mut p, 1, 2, Some(a[0]));
+    assert_eq!(
+        p.drain_events(),
+        vec![
+            KvEvent::Stored {
+                hash: h(1),
+                parent: Some(h(0))
+            },
+            KvEvent::Stored {
+                hash: h(2),
+                parent: Some(h(1))
+            },
+        ]
+    );
+    for s in b.iter().rev().chain(&a) {
+        p.release(*s);
+    }
+    // The head goes last in the queue but its subtree went first; evict everything.
+    while p.evict_lru() > 0 {}
+    let removed: Vec<KvEvent> = p.drain_events();
+    assert_eq!(removed.len(), 3);
+    assert!(removed.contains(&KvEvent::Removed { hash: h(0) }));
+    assert!(p.drain_events().is_empty());
+}

@@ -13,7 +13,15 @@ fn defaults_match_the_contract() {
     assert_eq!(c.session_sources.len(), DEFAULT_SESSION_SOURCES.len());
     assert_eq!(c.subagent_sources.len(), DEFAULT_SUBAGENT_SOURCES.len());
     assert_eq!(c.parent_sources.len(), DEFAULT_PARENT_SOURCES.len());
-    assert_eq!(c.retention_ms, Retention { first: 300_000, user: 300_000, tool: 60_000, handoff: 120_000 });
+    assert_eq!(
+        c.retention_ms,
+        Retention {
+            first: 300_000,
+            user: 300_000,
+            tool: 60_000,
+            handoff: 120_000
+        }
+    );
     assert!(c.engine.session_header && !c.engine.body_session_id && !c.engine.routed_dp_rank);
     assert_eq!(c.max_body_bytes, 16 * 1024 * 1024);
     assert!(c.session_sources.last().is_some_and(|s| s.with_head));
@@ -32,7 +40,10 @@ fn a_full_configuration_parses() {
     assert_eq!(c.endpoints[0].weight, 2.0);
     assert_eq!(c.endpoints[1].address, "[::1]:9000");
     assert_eq!(c.endpoints[1].dp_size, 1);
-    assert_eq!(c.session_sources[1].origin, Origin::Body(vec!["meta".into(), "run".into()]));
+    assert_eq!(
+        c.session_sources[1].origin,
+        Origin::Body(vec!["meta".into(), "run".into()])
+    );
     assert_eq!(c.retention_ms.tool, 5);
     assert_eq!(c.retention_ms.user, 300_000);
     assert!(c.rewrites_body());
@@ -46,24 +57,60 @@ fn errors_name_the_field() {
         (r#"{"mode":3}"#, "mode"),
         (r#"{"mode":"pick"}"#, "endpoints"),
         (r#"{"mode":"pick","endpoints":[]}"#, "endpoints"),
-        (r#"{"endpoints":[{"address":"host:80"}]}"#, "endpoints[0].address"),
-        (r#"{"endpoints":[{"address":"1.2.3.4"}]}"#, "endpoints[0].address"),
-        (r#"{"endpoints":[{"address":"1.2.3.4:80","weight":0}]}"#, "endpoints[0].weight"),
-        (r#"{"endpoints":[{"address":"1.2.3.4:80","weight":-1}]}"#, "endpoints[0].weight"),
-        (r#"{"endpoints":[{"address":"1.2.3.4:80","weight":"x"}]}"#, "endpoints[0].weight"),
-        (r#"{"endpoints":[{"address":"1.2.3.4:80","dp_size":0}]}"#, "endpoints[0].dp_size"),
-        (r#"{"endpoints":[{"address":"1.2.3.4:80","zone":"a"}]}"#, "endpoints[0].zone"),
+        (
+            r#"{"endpoints":[{"address":"host:80"}]}"#,
+            "endpoints[0].address",
+        ),
+        (
+            r#"{"endpoints":[{"address":"1.2.3.4"}]}"#,
+            "endpoints[0].address",
+        ),
+        (
+            r#"{"endpoints":[{"address":"1.2.3.4:80","weight":0}]}"#,
+            "endpoints[0].weight",
+        ),
+        (
+            r#"{"endpoints":[{"address":"1.2.3.4:80","weight":-1}]}"#,
+            "endpoints[0].weight",
+        ),
+        (
+            r#"{"endpoints":[{"address":"1.2.3.4:80","weight":"x"}]}"#,
+            "endpoints[0].weight",
+        ),
+        (
+            r#"{"endpoints":[{"address":"1.2.3.4:80","dp_size":0}]}"#,
+            "endpoints[0].dp_size",
+        ),
+        (
+            r#"{"endpoints":[{"address":"1.2.3.4:80","zone":"a"}]}"#,
+            "endpoints[0].zone",
+        ),
         (r#"{"session_sources":["cookie:x"]}"#, "session_sources[0]"),
-        (r#"{"session_sources":["header:X-Upper"]}"#, "session_sources[0]"),
-        (r#"{"subagent_sources":["body:a..b"]}"#, "subagent_sources[0]"),
-        (r#"{"parent_sources":["header:x-tether-key"]}"#, "parent_sources[0]"),
+        (
+            r#"{"session_sources":["header:X-Upper"]}"#,
+            "session_sources[0]",
+        ),
+        (
+            r#"{"subagent_sources":["body:a..b"]}"#,
+            "subagent_sources[0]",
+        ),
+        (
+            r#"{"parent_sources":["header:x-tether-key"]}"#,
+            "parent_sources[0]",
+        ),
         (r#"{"tenant_header":""}"#, "tenant_header"),
         (r#"{"cache_salt":{"secret":""}}"#, "cache_salt.secret"),
         (r#"{"cache_salt":{"key":"x"}}"#, "cache_salt.key"),
         (r#"{"retention_ms":{"tool":-1}}"#, "retention_ms.tool"),
         (r#"{"retention_ms":{"idle":1}}"#, "retention_ms.idle"),
-        (r#"{"engine":{"session_header":"yes"}}"#, "engine.session_header"),
-        (r#"{"engine":{"routed_dp_rank":true}}"#, "engine.routed_dp_rank"),
+        (
+            r#"{"engine":{"session_header":"yes"}}"#,
+            "engine.session_header",
+        ),
+        (
+            r#"{"engine":{"routed_dp_rank":true}}"#,
+            "engine.routed_dp_rank",
+        ),
         (r#"{"max_body_bytes":0}"#, "max_body_bytes"),
         (r#"{"fallbacks":-2}"#, "fallbacks"),
         (r#"[1]"#, "(configuration)"),

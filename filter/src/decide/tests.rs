@@ -20,14 +20,19 @@ fn path_of(api: Api) -> &'static str {
 /// Runs header + body callbacks like the glue; returns the decision.
 fn decide(cfg: &Config, api: Api, hdrs: &[(&str, &str)], body: &[u8]) -> Decision {
     let placement = Placement::new(&cfg.endpoints);
-    let mut h = headers(&[(":path", path_of(api)), ("content-type", "application/json")]);
+    let mut h = headers(&[
+        (":path", path_of(api)),
+        ("content-type", "application/json"),
+    ]);
     h.extend(headers(hdrs));
     match on_headers(cfg, &placement, &h, body.is_empty()) {
         HeaderOutcome::Untouched => panic!("untouched"),
         HeaderOutcome::Decided(d) => *d,
         HeaderOutcome::ReadBody { api, reason } => {
             let mut f = SliceFetch::new(body);
-            on_body(cfg, &placement, api, &h, body.len(), reason, &mut |s, l| f.fetch(s, l))
+            on_body(cfg, &placement, api, &h, body.len(), reason, &mut |s, l| {
+                f.fetch(s, l)
+            })
         }
     }
 }
@@ -42,11 +47,23 @@ fn every_session_source_kind_is_found_in_every_format_and_order() {
     let base = Convo::new("You are a coder.", "Fix the bug in main.rs");
     let cases: Vec<(&str, J)> = vec![
         ("body:session_id", json!({"session_id": "s-1"})),
-        ("body:vllm_xargs.agentic_context.session_id", json!({"vllm_xargs": {"agentic_context": {"session_id": "s-1"}}})),
-        ("body:nvext.agent_context.session_id", json!({"nvext": {"agent_context": {"session_id": "s-1"}}})),
+        (
+            "body:vllm_xargs.agentic_context.session_id",
+            json!({"vllm_xargs": {"agentic_context": {"session_id": "s-1"}}}),
+        ),
+        (
+            "body:nvext.agent_context.session_id",
+            json!({"nvext": {"agent_context": {"session_id": "s-1"}}}),
+        ),
         ("body:prompt_cache_key", json!({"prompt_cache_key": "s-1"})),
-        ("body:metadata.session_id", json!({"metadata": {"session_id": "s-1"}})),
-        ("body:metadata.user_id", json!({"metadata": {"user_id": "user_x_session_s-1"}})),
+        (
+            "body:metadata.session_id",
+            json!({"metadata": {"session_id": "s-1"}}),
+        ),
+        (
+            "body:metadata.user_id",
+            json!({"metadata": {"user_id": "user_x_session_s-1"}}),
+        ),
         ("body:user+head", json!({"user": "alice"})),
     ];
     for api in ALL_APIS {
@@ -61,9 +78,16 @@ fn every_session_source_kind_is_found_in_every_format_and_order() {
                 assert_eq!(d.source, *label, "{api:?} {order:?}");
                 assert!(!d.header_path);
                 // The same run one turn later keeps its key.
-                let later = convo.clone().with(Step::User("and the tests".into())).body(api, order);
+                let later = convo
+                    .clone()
+                    .with(Step::User("and the tests".into()))
+                    .body(api, order);
                 if api != Api::Completions {
-                    assert_eq!(key(&decide(&c, api, &[], &later)), key(&d), "{api:?} {order:?} {label}");
+                    assert_eq!(
+                        key(&decide(&c, api, &[], &later)),
+                        key(&d),
+                        "{api:?} {order:?} {label}"
+                    );
                 }
             }
             let d = decide(&c, api, &[], &base.body(api, order));
@@ -76,15 +100,29 @@ fn every_session_source_kind_is_found_in_every_format_and_order() {
 fn header_sources_decide_in_the_header_callback() {
     let c = cfg("");
     let placement = Placement::new(&c.endpoints);
-    for name in ["x-session-id", "x-claude-code-session-id", "session-id", "x-session-affinity", "x-dynamo-session-id"] {
+    for name in [
+        "x-session-id",
+        "x-claude-code-session-id",
+        "session-id",
+        "x-session-affinity",
+        "x-dynamo-session-id",
+    ] {
         let h = headers(&[(":path", "/v1/messages"), (name, "run-7")]);
-        let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else { panic!("{name}: not decided") };
+        let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+            panic!("{name}: not decided")
+        };
         assert_eq!(d.source, format!("header:{name}"));
         assert!(d.header_path && d.turn.is_none());
     }
     // Order matters: x-session-id wins over session-id.
-    let h = headers(&[(":path", "/v1/messages"), ("session-id", "b"), ("x-session-id", "a")]);
-    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else { panic!() };
+    let h = headers(&[
+        (":path", "/v1/messages"),
+        ("session-id", "b"),
+        ("x-session-id", "a"),
+    ]);
+    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+        panic!()
+    };
     assert_eq!(d.source, "header:x-session-id");
 }
 
@@ -92,11 +130,38 @@ fn header_sources_decide_in_the_header_callback() {
 fn key_ignores_client_address_and_user_but_not_subagent() {
     let c = cfg("");
     let body = Convo::new("s", "task").body(Api::Chat, Order::Sdk);
-    let a = decide(&c, Api::Chat, &[("x-session-id", "r"), ("x-forwarded-for", "1.2.3.4")], &body);
-    let b = decide(&c, Api::Chat, &[("x-session-id", "r"), ("x-forwarded-for", "5.6.7.8"), ("user-agent", "other")], &body);
+    let a = decide(
+        &c,
+        Api::Chat,
+        &[("x-session-id", "r"), ("x-forwarded-for", "1.2.3.4")],
+        &body,
+    );
+    let b = decide(
+        &c,
+        Api::Chat,
+        &[
+            ("x-session-id", "r"),
+            ("x-forwarded-for", "5.6.7.8"),
+            ("user-agent", "other"),
+        ],
+        &body,
+    );
     assert_eq!(key(&a), key(&b));
-    let s1 = decide(&c, Api::Chat, &[("x-session-id", "r"), ("x-claude-code-agent-id", "planner")], &body);
-    let s2 = decide(&c, Api::Chat, &[("x-session-id", "r"), ("x-claude-code-agent-id", "verifier")], &body);
+    let s1 = decide(
+        &c,
+        Api::Chat,
+        &[("x-session-id", "r"), ("x-claude-code-agent-id", "planner")],
+        &body,
+    );
+    let s2 = decide(
+        &c,
+        Api::Chat,
+        &[
+            ("x-session-id", "r"),
+            ("x-claude-code-agent-id", "verifier"),
+        ],
+        &body,
+    );
     assert_ne!(key(&s1), key(&a));
     assert_ne!(key(&s1), key(&s2));
     assert_eq!(a.identity.subagent_hash(), 0);
@@ -108,12 +173,16 @@ fn subagents_sharing_a_body_session_field_get_their_own_keys() {
     let c = cfg("");
     for api in [Api::Chat, Api::Responses, Api::Messages] {
         let main = Convo::new("main agent", "build it").extra("prompt_cache_key", json!("run"));
-        let sub = Convo::new("explorer subagent", "find files").extra("prompt_cache_key", json!("run"));
+        let sub =
+            Convo::new("explorer subagent", "find files").extra("prompt_cache_key", json!("run"));
         let km = key(&decide(&c, api, &[], &main.body(api, Order::Sdk)));
         let ks = key(&decide(&c, api, &[], &sub.body(api, Order::Sdk)));
         assert_ne!(km, ks, "{api:?}");
         // An explicit agent id also separates them and needs no head.
-        let a = main.clone().extra("vllm_xargs", json!({"agentic_context": {"session_id": "run", "agent_id": "a1"}}));
+        let a = main.clone().extra(
+            "vllm_xargs",
+            json!({"agentic_context": {"session_id": "run", "agent_id": "a1"}}),
+        );
         let d = decide(&c, api, &[], &a.body(api, Order::Sdk));
         assert_eq!(d.source, "body:vllm_xargs.agentic_context.session_id");
         assert_ne!(d.identity.subagent_hash(), 0);
@@ -124,8 +193,18 @@ fn subagents_sharing_a_body_session_field_get_their_own_keys() {
 fn tenant_is_part_of_every_key() {
     let c = cfg(r#"{"tenant_header":"x-auth-tenant"}"#);
     let body = Convo::new("s", "t").body(Api::Chat, Order::Sdk);
-    let a = decide(&c, Api::Chat, &[("x-session-id", "r"), ("x-auth-tenant", "acme")], &body);
-    let b = decide(&c, Api::Chat, &[("x-session-id", "r"), ("x-auth-tenant", "globex")], &body);
+    let a = decide(
+        &c,
+        Api::Chat,
+        &[("x-session-id", "r"), ("x-auth-tenant", "acme")],
+        &body,
+    );
+    let b = decide(
+        &c,
+        Api::Chat,
+        &[("x-session-id", "r"), ("x-auth-tenant", "globex")],
+        &body,
+    );
     assert_ne!(key(&a), key(&b));
     assert_ne!(a.identity.tenant_hash(), b.identity.tenant_hash());
 }
@@ -135,16 +214,30 @@ fn bad_identity_headers_are_skipped_and_counted() {
     let c = cfg("");
     let placement = Placement::new(&c.endpoints);
     let long = "x".repeat(2000);
-    for bad in [vec![("x-session-id", "")], vec![("x-session-id", long.as_str())], vec![("x-session-id", "a"), ("x-session-id", "b")]] {
-        let mut h = headers(&[(":path", "/v1/chat/completions"), ("x-claude-code-session-id", "good")]);
+    for bad in [
+        vec![("x-session-id", "")],
+        vec![("x-session-id", long.as_str())],
+        vec![("x-session-id", "a"), ("x-session-id", "b")],
+    ] {
+        let mut h = headers(&[
+            (":path", "/v1/chat/completions"),
+            ("x-claude-code-session-id", "good"),
+        ]);
         h.extend(headers(&bad));
-        let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else { panic!() };
+        let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+            panic!()
+        };
         assert_eq!(d.source, "header:x-claude-code-session-id");
         assert_eq!(d.bad_headers, 1);
     }
-    let mut h = headers(&[(":path", "/v1/chat/completions"), ("x-claude-code-session-id", "good")]);
+    let mut h = headers(&[
+        (":path", "/v1/chat/completions"),
+        ("x-claude-code-session-id", "good"),
+    ]);
     h.push(("x-session-id".into(), vec![0xff, 0xfe]));
-    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else { panic!() };
+    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+        panic!()
+    };
     assert_eq!(d.bad_headers, 1);
 }
 
@@ -160,34 +253,70 @@ fn fallbacks_have_reasons_and_stable_keys() {
             HeaderOutcome::Decided(d) => *d,
             HeaderOutcome::ReadBody { api, reason } => {
                 let mut f = SliceFetch::new(body);
-                on_body(&c, &placement, api, &hh, body.len(), reason, &mut |s, l| f.fetch(s, l))
+                on_body(&c, &placement, api, &hh, body.len(), reason, &mut |s, l| {
+                    f.fetch(s, l)
+                })
             }
             HeaderOutcome::Untouched => panic!(),
         }
     };
-    assert_eq!(run(&[("content-type", "text/plain")], &body).source, "fallback:not_json");
-    assert_eq!(run(&[("content-encoding", "gzip")], &body).source, "fallback:compressed");
-    assert_eq!(run(&[], b"{\"messages\": [}").source, "fallback:malformed_json");
-    assert_eq!(run(&[], &body[..body.len() - 3]).source, "fallback:truncated");
+    assert_eq!(
+        run(&[("content-type", "text/plain")], &body).source,
+        "fallback:not_json"
+    );
+    assert_eq!(
+        run(&[("content-encoding", "gzip")], &body).source,
+        "fallback:compressed"
+    );
+    assert_eq!(
+        run(&[], b"{\"messages\": [}").source,
+        "fallback:malformed_json"
+    );
+    assert_eq!(
+        run(&[], &body[..body.len() - 3]).source,
+        "fallback:truncated"
+    );
     assert_eq!(run(&[], b"").source, "fallback:no_body");
-    assert_eq!(run(&[], b"{\"model\":\"m\"}").source, "fallback:no_conversation");
+    assert_eq!(
+        run(&[], b"{\"model\":\"m\"}").source,
+        "fallback:no_conversation"
+    );
     let big = Convo::new("s", &"y".repeat(200_000)).body(Api::Chat, Order::Sdk);
     assert_eq!(run(&[], &big).source, "fallback:too_large");
     // The fallback key depends on the body head, so later turns of a run keep it.
     let t1 = Convo::new("s", &"p".repeat(5000));
     let t2 = t1.clone().with(Step::User("more".into()));
-    let (b1, b2) = (t1.body(Api::Chat, Order::Sdk), t2.body(Api::Chat, Order::Sdk));
-    assert_ne!(key(&run(&[("content-encoding", "br")], &b1)), key(&run(&[("content-encoding", "br")], b"{}")));
-    let (d1, d2) = (run(&[("content-encoding", "br")], &b1), run(&[("content-encoding", "br")], &b2));
+    let (b1, b2) = (
+        t1.body(Api::Chat, Order::Sdk),
+        t2.body(Api::Chat, Order::Sdk),
+    );
+    assert_ne!(
+        key(&run(&[("content-encoding", "br")], &b1)),
+        key(&run(&[("content-encoding", "br")], b"{}"))
+    );
+    let (d1, d2) = (
+        run(&[("content-encoding", "br")], &b1),
+        run(&[("content-encoding", "br")], &b2),
+    );
     assert_eq!(key(&d1), key(&d2));
     // Unknown paths are not routed at all.
     let h = headers(&[(":path", "/v2/other"), ("x-session-id", "a")]);
-    assert_eq!(on_headers(&c, &placement, &h, false), HeaderOutcome::Untouched);
+    assert_eq!(
+        on_headers(&c, &placement, &h, false),
+        HeaderOutcome::Untouched
+    );
 }
 
 #[test]
 fn client_internal_headers_are_recognised() {
-    for h in ["x-tether-key", "X-Tether-Turn", "x-tether-anything", "x-data-parallel-rank", "x-gateway-destination-endpoint", "x-prefiller-host-port"] {
+    for h in [
+        "x-tether-key",
+        "X-Tether-Turn",
+        "x-tether-anything",
+        "x-data-parallel-rank",
+        "x-gateway-destination-endpoint",
+        "x-prefiller-host-port",
+    ] {
         assert!(is_internal_header(h), "{h}");
     }
     for h in ["x-session-id", "content-type", "x-tetherkey"] {
@@ -197,31 +326,63 @@ fn client_internal_headers_are_recognised() {
 
 #[test]
 fn salting_rewrites_the_body_and_drops_client_salts() {
-    let c = cfg(r#"{"cache_salt":{"secret":"k"},"tenant_header":"x-t","mode":"pick","endpoints":[{"address":"10.0.0.1:8000","dp_size":4}],"engine":{"routed_dp_rank":true,"body_session_id":true}}"#);
+    let c = cfg(
+        r#"{"cache_salt":{"secret":"k"},"tenant_header":"x-t","mode":"pick","endpoints":[{"address":"10.0.0.1:8000","dp_size":4}],"engine":{"routed_dp_rank":true,"body_session_id":true}}"#,
+    );
     let mut long = Convo::new("s", "t");
     for i in 0..300 {
         long = long.with(Step::User(format!("{i} {}", "z".repeat(300))));
     }
     for (label, body) in [
         ("none", Convo::new("s", "t").body(Api::Chat, Order::Sdk)),
-        ("head", Convo::new("s", "t").extra("cache_salt", json!("evil")).body(Api::Chat, Order::IdsFirst)),
-        ("tail", long.clone().extra("cache_salt", json!("evil")).extra("routed_dp_rank", json!(3)).body(Api::Chat, Order::Sdk)),
-        ("escaped", br#"{"cache\u005fsalt":"evil","messages":[{"role":"user","content":"hi"}]}"#.to_vec()),
-        ("empty-conv-first", br#"{"messages":[{"role":"user","content":"hi"}],"cache_salt":"evil"}"#.to_vec()),
+        (
+            "head",
+            Convo::new("s", "t")
+                .extra("cache_salt", json!("evil"))
+                .body(Api::Chat, Order::IdsFirst),
+        ),
+        (
+            "tail",
+            long.clone()
+                .extra("cache_salt", json!("evil"))
+                .extra("routed_dp_rank", json!(3))
+                .body(Api::Chat, Order::Sdk),
+        ),
+        (
+            "escaped",
+            br#"{"cache\u005fsalt":"evil","messages":[{"role":"user","content":"hi"}]}"#.to_vec(),
+        ),
+        (
+            "empty-conv-first",
+            br#"{"messages":[{"role":"user","content":"hi"}],"cache_salt":"evil"}"#.to_vec(),
+        ),
     ] {
         let d = decide(&c, Api::Chat, &[("x-t", "acme")], &body);
         let edit = d.edit.clone().unwrap_or_else(|| panic!("{label}: no edit"));
         let out = rewrite::apply(&body, &edit);
-        let v: J = serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{label}: {e}: {}", String::from_utf8_lossy(&out)));
+        let v: J = serde_json::from_slice(&out)
+            .unwrap_or_else(|e| panic!("{label}: {e}: {}", String::from_utf8_lossy(&out)));
         assert_eq!(v["cache_salt"], json!(cache_salt(b"k", b"acme")), "{label}");
         assert_eq!(v["session_id"], json!(identity::hex16(key(&d))), "{label}");
-        assert_eq!(v["routed_dp_rank"], json!(d.pick.as_ref().unwrap().rank), "{label}");
-        assert_eq!(memchr::memmem::find_iter(&out, b"evil").count(), 0, "{label}");
+        assert_eq!(
+            v["routed_dp_rank"],
+            json!(d.pick.as_ref().unwrap().rank),
+            "{label}"
+        );
+        assert_eq!(
+            memchr::memmem::find_iter(&out, b"evil").count(),
+            0,
+            "{label}"
+        );
         // Everything else is preserved.
         let orig: J = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["messages"], orig["messages"], "{label}");
         if label == "none" {
-            assert!(edit.len < 10, "prefix-only edit expected, replaced {}", edit.len);
+            assert!(
+                edit.len < 10,
+                "prefix-only edit expected, replaced {}",
+                edit.len
+            );
         }
     }
     assert_ne!(cache_salt(b"k", b"acme"), cache_salt(b"k", b"globex"));
@@ -233,9 +394,15 @@ fn salting_forces_the_body_path() {
     let c = cfg(r#"{"cache_salt":{"secret":"k"}}"#);
     let placement = Placement::new(&c.endpoints);
     let h = headers(&[(":path", "/v1/chat/completions"), ("x-session-id", "a")]);
-    assert!(matches!(on_headers(&c, &placement, &h, false), HeaderOutcome::ReadBody { .. }));
+    assert!(matches!(
+        on_headers(&c, &placement, &h, false),
+        HeaderOutcome::ReadBody { .. }
+    ));
     let c = cfg(r#"{"header_fast_path":false}"#);
-    assert!(matches!(on_headers(&c, &placement, &h, false), HeaderOutcome::ReadBody { .. }));
+    assert!(matches!(
+        on_headers(&c, &placement, &h, false),
+        HeaderOutcome::ReadBody { .. }
+    ));
 }
 
 #[test]
@@ -244,24 +411,36 @@ fn big_bodies_are_decided_from_their_ends() {
     let placement = Placement::new(&c.endpoints);
     let mut convo = Convo::new("sys", "task").extra("metadata", json!({"user_id": "u_session_1"}));
     for i in 0..1000 {
-        convo = convo.with(Step::Tool { id: format!("c{i}"), tool: "Read".into(), result: "r".repeat(4000) });
+        convo = convo.with(Step::Tool {
+            id: format!("c{i}"),
+            tool: "Read".into(),
+            result: "r".repeat(4000),
+        });
     }
     for api in [Api::Chat, Api::Responses, Api::Messages] {
         let body = convo.body(api, Order::Sdk);
         assert!(body.len() > 4_000_000);
         let h = headers(&[(":path", path_of(api))]);
         let mut f = SliceFetch::new(&body);
-        let d = on_body(&c, &placement, api, &h, body.len(), None, &mut |s, l| f.fetch(s, l));
+        let d = on_body(&c, &placement, api, &h, body.len(), None, &mut |s, l| {
+            f.fetch(s, l)
+        });
         assert_eq!(d.source, "body:metadata.user_id", "{api:?}");
-        assert_eq!(d.turn.map(|t| t.kind), Some(turn::TurnKind::Tool), "{api:?}");
+        assert_eq!(
+            d.turn.map(|t| t.kind),
+            Some(turn::TurnKind::Tool),
+            "{api:?}"
+        );
         assert_eq!(d.turn.and_then(|t| t.count), None, "{api:?}");
         assert!(f.fetched < 64 * 1024, "{api:?}: fetched {}", f.fetched);
         // The same run, small enough to be walked whole, gets the same key and an exact count.
-        let small = Convo::new("sys", "task").extra("metadata", json!({"user_id": "u_session_1"})).with(Step::Tool {
-            id: "c0".into(),
-            tool: "Read".into(),
-            result: "r".into(),
-        });
+        let small = Convo::new("sys", "task")
+            .extra("metadata", json!({"user_id": "u_session_1"}))
+            .with(Step::Tool {
+                id: "c0".into(),
+                tool: "Read".into(),
+                result: "r".into(),
+            });
         let ds = decide(&c, api, &[], &small.body(api, Order::Sdk));
         assert_eq!(key(&ds), key(&d), "{api:?}");
         assert_eq!(ds.turn.and_then(|t| t.count), Some(2), "{api:?}");

@@ -2,7 +2,10 @@ use super::*;
 
 #[test]
 fn unescape_handles_every_escape() {
-    assert_eq!(unescape(br#"a\"b\\c\/d\b\f\n\r\t"#).as_deref(), Some("a\"b\\c/d\u{8}\u{c}\n\r\t"));
+    assert_eq!(
+        unescape(br#"a\"b\\c\/d\b\f\n\r\t"#).as_deref(),
+        Some("a\"b\\c/d\u{8}\u{c}\n\r\t")
+    );
     assert_eq!(unescape(br"\u00e9\ud83d\ude00").as_deref(), Some("é😀"));
     assert_eq!(unescape(br"\ud83d").as_deref(), None, "lone surrogate");
     assert_eq!(unescape(br"\u+123").as_deref(), None);
@@ -32,14 +35,36 @@ fn mismatched_brackets_and_deep_nesting_are_malformed() {
     let ok = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
     assert_eq!(skip_value(ok.as_bytes(), 0), Ok(ok.len()));
     assert_eq!(skip_value(b"[1,2", 0), Err(Stop::Incomplete));
-    assert_eq!(skip_value(b"12", 0), Err(Stop::Incomplete), "a number may continue");
+    assert_eq!(
+        skip_value(b"12", 0),
+        Err(Stop::Incomplete),
+        "a number may continue"
+    );
 }
 
 #[test]
 fn lazy_walks() {
     let v = Value(br#"{"a":1,"b":{"c":[1,"x",{"d":null}]},"a":2}"#);
-    assert_eq!(v.get("a").map(|x| x.bytes()), Some(&b"2"[..]), "last duplicate wins");
-    assert_eq!(v.get_first("a").map(|x| x.bytes()), Some(&b"1"[..]));
+    assert_eq!(
+        v.get("a").map(|x| x.bytes()),
+        Some(&b"1"[..]),
+        "first match"
+    );
+    assert!(v.get_near("b", 1).is_none());
+    assert!(v.get_near("b", 2).is_some());
+    let head = v.get_head("b").unwrap();
+    assert!(head.bytes().starts_with(b"{\"c\":[1,") && head.bytes().ends_with(b"\"a\":2}"));
+    let arr = Value(br#"{"content":[{"type":"tool_result","content":"big"},{"type":"text"}]}"#);
+    let first = arr
+        .get_head("content")
+        .and_then(|c| c.first_element_head())
+        .unwrap();
+    assert!(
+        first
+            .get_near("type", 1)
+            .is_some_and(|t| t.str_is("tool_result"))
+    );
+    assert!(Value(b"[1]").first_element_head().is_none());
     let c = v.get("b").and_then(|b| b.get("c")).unwrap();
     assert_eq!(c.elements().count(), 3);
     assert!(c.elements().nth(1).unwrap().str_is("x"));

@@ -1,7 +1,13 @@
 use super::*;
 
 fn eps(n: usize) -> Vec<Endpoint> {
-    (0..n).map(|i| Endpoint { address: format!("10.0.0.{}:8000", i + 1), weight: 1.0, dp_size: 4 }).collect()
+    (0..n)
+        .map(|i| Endpoint {
+            address: format!("10.0.0.{}:8000", i + 1),
+            weight: 1.0,
+            dp_size: 4,
+        })
+        .collect()
 }
 
 fn keys(n: u64) -> impl Iterator<Item = u64> {
@@ -50,7 +56,11 @@ fn removing_an_endpoint_moves_only_its_sessions() {
     let all = eps(n_eps);
     let before = Placement::new(&all);
     let removed = all[3].address.clone();
-    let rest: Vec<Endpoint> = all.iter().filter(|e| e.address != removed).cloned().collect();
+    let rest: Vec<Endpoint> = all
+        .iter()
+        .filter(|e| e.address != removed)
+        .cloned()
+        .collect();
     let after = Placement::new(&rest);
     let n = 20_000u64;
     let mut moved = 0u64;

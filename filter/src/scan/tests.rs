@@ -15,21 +15,26 @@ fn arb_json() -> impl Strategy<Value = J> {
     leaf.prop_recursive(5, 64, 8, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..8).prop_map(J::Array),
-            prop::collection::vec(("[a-z_\"\\\\]{0,8}", inner), 0..8).prop_map(|kv| J::Object(kv.into_iter().collect())),
+            prop::collection::vec(("[a-z_\"\\\\]{0,8}", inner), 0..8)
+                .prop_map(|kv| J::Object(kv.into_iter().collect())),
         ]
     })
 }
 
 fn arb_object() -> impl Strategy<Value = Map<String, J>> {
-    prop::collection::vec(("[a-z_]{1,10}", arb_json()), 0..10).prop_map(|kv| kv.into_iter().collect())
+    prop::collection::vec(("[a-z_]{1,10}", arb_json()), 0..10)
+        .prop_map(|kv| kv.into_iter().collect())
 }
 
 fn members_of(doc: &Doc, view: &View) -> Vec<(String, J)> {
     doc.members
         .iter()
         .map(|m| {
-            let k = json::unescape(view.bytes(m.key).unwrap_or_default()).unwrap_or_default().into_owned();
-            let v: J = serde_json::from_slice(view.bytes(m.value).unwrap_or_default()).unwrap_or(J::from("<bad>"));
+            let k = json::unescape(view.bytes(m.key).unwrap_or_default())
+                .unwrap_or_default()
+                .into_owned();
+            let v: J = serde_json::from_slice(view.bytes(m.value).unwrap_or_default())
+                .unwrap_or(J::from("<bad>"));
             (k, v)
         })
         .collect()
@@ -131,18 +136,36 @@ fn long_conversations_read_only_the_ends() {
     }
     for api in ALL_APIS {
         for order in ALL_ORDERS {
-            let body = c.clone().extra("prompt_cache_key", json!("pck")).body(api, order);
+            let body = c
+                .clone()
+                .extra("prompt_cache_key", json!("pck"))
+                .body(api, order);
             if api == Api::Completions {
                 continue;
             }
             assert!(body.len() > 400_000, "{api:?}: {}", body.len());
             let mut f = SliceFetch::new(&body);
             let (view, doc, stats) =
-                read_doc(api, body.len(), ReadLimits::default(), &mut |s, l| f.fetch(s, l)).unwrap();
-            assert!(f.fetched < 70_000, "{api:?} {order:?} fetched {} of {}", f.fetched, body.len());
+                read_doc(api, body.len(), ReadLimits::default(), &mut |s, l| {
+                    f.fetch(s, l)
+                })
+                .unwrap();
+            assert!(
+                f.fetched < 70_000,
+                "{api:?} {order:?} fetched {} of {}",
+                f.fetched,
+                body.len()
+            );
             assert!(!stats.full);
-            assert!(doc.member(&view, "prompt_cache_key").is_some_and(|v| v.str_is("pck")), "{api:?} {order:?}");
-            assert!(doc.member(&view, "model").is_some_and(|v| v.str_is("m")), "{api:?} {order:?}");
+            assert!(
+                doc.member(&view, "prompt_cache_key")
+                    .is_some_and(|v| v.str_is("pck")),
+                "{api:?} {order:?}"
+            );
+            assert!(
+                doc.member(&view, "model").is_some_and(|v| v.str_is("m")),
+                "{api:?} {order:?}"
+            );
         }
     }
 }
@@ -151,14 +174,25 @@ fn long_conversations_read_only_the_ends() {
 fn a_big_value_after_the_conversation_grows_the_tail() {
     // tools (a big array that is not a conversation) after messages: the tail grows past it.
     let tools: Vec<J> = (0..500).map(|i| json!({"type": "function", "function": {"name": format!("t{i}"), "description": "d".repeat(100)}})).collect();
-    let msgs: Vec<J> = (0..500).map(|i| json!({"role": "user", "content": format!("m{i} {}", "y".repeat(500))})).collect();
-    let body = testkit_object(&[("messages", J::Array(msgs)), ("tools", J::Array(tools)), ("user", json!("u"))]);
+    let msgs: Vec<J> = (0..500)
+        .map(|i| json!({"role": "user", "content": format!("m{i} {}", "y".repeat(500))}))
+        .collect();
+    let body = testkit_object(&[
+        ("messages", J::Array(msgs)),
+        ("tools", J::Array(tools)),
+        ("user", json!("u")),
+    ]);
     let mut f = SliceFetch::new(&body);
-    let (view, doc, stats) = read_doc(Api::Chat, body.len(), ReadLimits::default(), &mut |s, l| f.fetch(s, l)).unwrap();
+    let (view, doc, stats) = read_doc(Api::Chat, body.len(), ReadLimits::default(), &mut |s, l| {
+        f.fetch(s, l)
+    })
+    .unwrap();
     assert!(stats.regrows >= 1);
     assert!(doc.member(&view, "tools").is_some());
     assert!(doc.member(&view, "user").is_some_and(|v| v.str_is("u")));
-    let Some(Conv::Array { last, .. }) = &doc.conv else { panic!() };
+    let Some(Conv::Array { last, .. }) = &doc.conv else {
+        panic!()
+    };
     let v: J = serde_json::from_slice(view.bytes(*last.last().unwrap()).unwrap()).unwrap();
     assert!(v["content"].as_str().unwrap().starts_with("m499 "));
 }
@@ -172,14 +206,28 @@ fn testkit_object(m: &[(&str, J)]) -> Vec<u8> {
 fn escaped_keys_are_recognised() {
     let body = br#"{"cache\u005fsalt":"x","messages":[]}"#;
     let doc = scan_full(body, Api::Chat).unwrap();
-    let view = View { head: body.to_vec(), tail: Vec::new(), tail_base: body.len(), size: body.len() };
-    assert!(doc.member(&view, "cache_salt").is_some_and(|v| v.str_is("x")));
+    let view = View {
+        head: body.to_vec(),
+        tail: Vec::new(),
+        tail_base: body.len(),
+        size: body.len(),
+    };
+    assert!(
+        doc.member(&view, "cache_salt")
+            .is_some_and(|v| v.str_is("x"))
+    );
 }
 
 #[test]
 fn trailing_garbage_is_malformed() {
-    assert_eq!(scan_full(br#"{"a":1} x"#, Api::Chat), Err(ScanError::Malformed));
+    assert_eq!(
+        scan_full(br#"{"a":1} x"#, Api::Chat),
+        Err(ScanError::Malformed)
+    );
     assert_eq!(scan_full(br#"[1]"#, Api::Chat), Err(ScanError::Malformed));
-    assert_eq!(scan_full(br#"{"a":tru}"#, Api::Chat), Err(ScanError::Malformed));
+    assert_eq!(
+        scan_full(br#"{"a":tru}"#, Api::Chat),
+        Err(ScanError::Malformed)
+    );
     assert!(scan_full(b"{\"a\":1}\n", Api::Chat).is_ok());
 }

@@ -50,7 +50,12 @@ pub struct Conversation {
 impl Conversation {
     /// A conversation opened by `first_user`, with these tool names.
     pub fn new(api: Api, system: &str, tools: &[&str], first_user: &str) -> Self {
-        let mut c = Self { api, system: system.to_owned(), tools: tools.iter().map(|t| (*t).to_owned()).collect(), items: Vec::new() };
+        let mut c = Self {
+            api,
+            system: system.to_owned(),
+            tools: tools.iter().map(|t| (*t).to_owned()).collect(),
+            items: Vec::new(),
+        };
         c.user(first_user);
         c
     }
@@ -76,9 +81,13 @@ impl Conversation {
     /// An assistant text reply.
     pub fn assistant(&mut self, text: &str) {
         let item = match self.api {
-            Api::Messages => json!({"role": "assistant", "content": [{"type": "text", "text": text}]}),
+            Api::Messages => {
+                json!({"role": "assistant", "content": [{"type": "text", "text": text}]})
+            }
             Api::Chat => json!({"role": "assistant", "content": text}),
-            Api::Responses => json!({"role": "assistant", "content": [{"type": "output_text", "text": text}]}),
+            Api::Responses => {
+                json!({"role": "assistant", "content": [{"type": "output_text", "text": text}]})
+            }
         };
         self.items.push(item);
     }
@@ -96,11 +105,14 @@ impl Conversation {
             Api::Chat => {
                 self.items.push(json!({"role": "assistant", "content": null, "tool_calls": [
                     {"id": call_id, "type": "function", "function": {"name": tool, "arguments": args.to_string()}}]}));
-                self.items.push(json!({"role": "tool", "tool_call_id": call_id, "content": result}));
+                self.items
+                    .push(json!({"role": "tool", "tool_call_id": call_id, "content": result}));
             }
             Api::Responses => {
                 self.items.push(json!({"type": "function_call", "call_id": call_id, "name": tool, "arguments": args.to_string()}));
-                self.items.push(json!({"type": "function_call_output", "call_id": call_id, "output": result}));
+                self.items.push(
+                    json!({"type": "function_call_output", "call_id": call_id, "output": result}),
+                );
             }
         }
     }
@@ -125,13 +137,21 @@ impl Conversation {
     pub fn body(&self, identity: &[(&str, Value)]) -> String {
         let items = Value::Array(self.items.clone());
         let mut fields: Vec<(&str, Value)> = match self.api {
-            Api::Messages => vec![("max_tokens", json!(1024)), ("messages", items), ("model", json!("claude-sonnet-4-5"))],
+            Api::Messages => vec![
+                ("max_tokens", json!(1024)),
+                ("messages", items),
+                ("model", json!("claude-sonnet-4-5")),
+            ],
             Api::Chat => {
                 let mut msgs = vec![json!({"role": "system", "content": self.system})];
                 msgs.extend(self.items.iter().cloned());
                 vec![("model", json!("gpt-5")), ("messages", Value::Array(msgs))]
             }
-            Api::Responses => vec![("model", json!("gpt-5")), ("input", items), ("instructions", json!(self.system))],
+            Api::Responses => vec![
+                ("model", json!("gpt-5")),
+                ("input", items),
+                ("instructions", json!(self.system)),
+            ],
         };
         if self.api == Api::Messages {
             fields.push(("system", json!(self.system)));
@@ -170,13 +190,24 @@ mod tests {
         let body = c.body(&[("metadata", json!({"user_id": "u"}))]);
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["messages"].as_array().unwrap().len(), 3);
-        let (m, s, md) = (body.find("\"messages\"").unwrap(), body.find("\"system\"").unwrap(), body.find("\"metadata\"").unwrap());
-        assert!(m < s && s < md, "SDK order: messages, system, metadata: {body}");
+        let (m, s, md) = (
+            body.find("\"messages\"").unwrap(),
+            body.find("\"system\"").unwrap(),
+            body.find("\"metadata\"").unwrap(),
+        );
+        assert!(
+            m < s && s < md,
+            "SDK order: messages, system, metadata: {body}"
+        );
     }
 
     #[test]
     fn each_api_shapes_tool_rounds_its_own_way() {
-        for (api, marker) in [(Api::Messages, "tool_result"), (Api::Chat, "\"role\":\"tool\""), (Api::Responses, "function_call_output")] {
+        for (api, marker) in [
+            (Api::Messages, "tool_result"),
+            (Api::Chat, "\"role\":\"tool\""),
+            (Api::Responses, "function_call_output"),
+        ] {
             let mut c = Conversation::new(api, "s", &["grep"], "q");
             c.tool_round("c1", "grep", json!({}), "r");
             let body = c.body(&[]);

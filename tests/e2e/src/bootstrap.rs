@@ -13,8 +13,12 @@ pub const HASH: &str = include_str!("../../../envoy/hash.yaml");
 pub const VLLM_DP: &str = include_str!("../../../envoy/vllm-dp.yaml");
 
 /// Every bootstrap with its file name, for validation.
-pub const ALL: [(&str, &str); 4] =
-    [("demo.yaml", DEMO), ("original-dst.yaml", ORIGINAL_DST), ("hash.yaml", HASH), ("vllm-dp.yaml", VLLM_DP)];
+pub const ALL: [(&str, &str); 4] = [
+    ("demo.yaml", DEMO),
+    ("original-dst.yaml", ORIGINAL_DST),
+    ("hash.yaml", HASH),
+    ("vllm-dp.yaml", VLLM_DP),
+];
 
 /// Template variables `RANK_0`, `RANK_1`, … = each rank's `ip:port` split as
 /// `RANK_<i>_IP` / `RANK_<i>_PORT` (Envoy wants address and port apart).

@@ -49,7 +49,8 @@ impl Request {
 
     /// Adds a header (repeatable).
     pub fn header(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
-        self.headers.push((name.to_owned(), value.as_ref().to_vec()));
+        self.headers
+            .push((name.to_owned(), value.as_ref().to_vec()));
         self
     }
 
@@ -60,7 +61,10 @@ impl Request {
             Body::Chunked(c) => c.concat().into(),
         };
         let size = size.max(1);
-        let chunks = (0..all.len()).step_by(size).map(|i| all.slice(i..(i + size).min(all.len()))).collect();
+        let chunks = (0..all.len())
+            .step_by(size)
+            .map(|i| all.slice(i..(i + size).min(all.len())))
+            .collect();
         self.body = Body::Chunked(chunks);
         self
     }
@@ -77,14 +81,21 @@ pub struct Response {
 impl Response {
     /// The first value of a header.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The body as JSON.
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, HarnessError> {
         serde_json::from_slice(&self.body).map_err(|e| HarnessError::Protocol {
             what: "response body".into(),
-            why: format!("{e}; status {}, body {:?}", self.status, String::from_utf8_lossy(&self.body[..self.body.len().min(300)])),
+            why: format!(
+                "{e}; status {}, body {:?}",
+                self.status,
+                String::from_utf8_lossy(&self.body[..self.body.len().min(300)])
+            ),
         })
     }
 
@@ -104,7 +115,10 @@ pub struct HttpClient {
 
 impl Default for HttpClient {
     fn default() -> Self {
-        Self { local_ip: None, timeout: Duration::from_secs(30) }
+        Self {
+            local_ip: None,
+            timeout: Duration::from_secs(30),
+        }
     }
 }
 
@@ -127,15 +141,26 @@ impl HttpClient {
 
     /// Opens a keep-alive connection for several requests.
     pub async fn connect(&self, addr: SocketAddr) -> Result<Connection, HarnessError> {
-        let err = |why: String| HarnessError::Http { addr: addr.to_string(), why };
+        let err = |why: String| HarnessError::Http {
+            addr: addr.to_string(),
+            why,
+        };
         let fut = async {
-            let sock = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.map_err(|e| err(e.to_string()))?;
+            let sock = if addr.is_ipv4() {
+                TcpSocket::new_v4()
+            } else {
+                TcpSocket::new_v6()
+            }
+            .map_err(|e| err(e.to_string()))?;
             if let Some(ip) = self.local_ip {
-                sock.bind(SocketAddr::new(ip, 0)).map_err(|e| err(format!("binding {ip}: {e}")))?;
+                sock.bind(SocketAddr::new(ip, 0))
+                    .map_err(|e| err(format!("binding {ip}: {e}")))?;
             }
             let stream = sock.connect(addr).await.map_err(|e| err(e.to_string()))?;
             let _ = stream.set_nodelay(true);
-            let (send, conn) = http1::handshake(TokioIo::new(stream)).await.map_err(|e| err(e.to_string()))?;
+            let (send, conn) = http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| err(e.to_string()))?;
             tokio::spawn(async move {
                 // The connection ends when the peer closes it; nothing to report.
                 let _ = conn.await;
@@ -144,8 +169,15 @@ impl HttpClient {
         };
         let send = tokio::time::timeout(self.timeout, fut)
             .await
-            .map_err(|_| HarnessError::Timeout { addr: addr.to_string(), secs: self.timeout.as_secs() })??;
-        Ok(Connection { addr, send, timeout: self.timeout })
+            .map_err(|_| HarnessError::Timeout {
+                addr: addr.to_string(),
+                secs: self.timeout.as_secs(),
+            })??;
+        Ok(Connection {
+            addr,
+            send,
+            timeout: self.timeout,
+        })
     }
 
     /// Sends one request on a fresh connection.
@@ -161,7 +193,9 @@ impl HttpClient {
         headers: &[(&str, &str)],
         body: &serde_json::Value,
     ) -> Result<Response, HarnessError> {
-        let req = headers.iter().fold(Request::post_json(path, body), |r, (k, v)| r.header(k, v));
+        let req = headers
+            .iter()
+            .fold(Request::post_json(path, body), |r, (k, v)| r.header(k, v));
         self.send(addr, req).await
     }
 }
@@ -180,40 +214,73 @@ impl Connection {
     /// Sends one request and reads the whole response.
     pub async fn send(&mut self, req: Request) -> Result<Response, HarnessError> {
         let addr = self.addr.to_string();
-        let err = |why: String| HarnessError::Http { addr: addr.clone(), why };
+        let err = |why: String| HarnessError::Http {
+            addr: addr.clone(),
+            why,
+        };
         let body: BoxBody = match req.body {
             Body::Full(b) => Full::new(b).boxed(),
             Body::Chunked(chunks) => {
-                let frames = chunks.into_iter().map(|c| Ok::<_, std::convert::Infallible>(Frame::data(c)));
+                let frames = chunks
+                    .into_iter()
+                    .map(|c| Ok::<_, std::convert::Infallible>(Frame::data(c)));
                 IterBody(frames).boxed()
             }
         };
-        let mut builder = hyper::Request::builder().method(req.method.as_str()).uri(req.path.as_str());
-        let has_host = req.headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host"));
+        let mut builder = hyper::Request::builder()
+            .method(req.method.as_str())
+            .uri(req.path.as_str());
+        let has_host = req
+            .headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("host"));
         if !has_host {
             builder = builder.header("host", self.addr.to_string());
         }
         for (k, v) in &req.headers {
-            let name = hyper::header::HeaderName::from_bytes(k.as_bytes()).map_err(|e| err(format!("header {k}: {e}")))?;
-            let value = hyper::header::HeaderValue::from_bytes(v).map_err(|e| err(format!("header {k} value: {e}")))?;
+            let name = hyper::header::HeaderName::from_bytes(k.as_bytes())
+                .map_err(|e| err(format!("header {k}: {e}")))?;
+            let value = hyper::header::HeaderValue::from_bytes(v)
+                .map_err(|e| err(format!("header {k} value: {e}")))?;
             builder = builder.header(name, value);
         }
         let request = builder.body(body).map_err(|e| err(e.to_string()))?;
         let fut = async {
             self.send.ready().await.map_err(|e| err(e.to_string()))?;
-            let resp = self.send.send_request(request).await.map_err(|e| err(e.to_string()))?;
+            let resp = self
+                .send
+                .send_request(request)
+                .await
+                .map_err(|e| err(e.to_string()))?;
             let status = resp.status().as_u16();
             let headers = resp
                 .headers()
                 .iter()
-                .map(|(k, v)| (k.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                .map(|(k, v)| {
+                    (
+                        k.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
                 .collect();
-            let body = resp.into_body().collect().await.map_err(|e| err(e.to_string()))?.to_bytes();
-            Ok::<_, HarnessError>(Response { status, headers, body })
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| err(e.to_string()))?
+                .to_bytes();
+            Ok::<_, HarnessError>(Response {
+                status,
+                headers,
+                body,
+            })
         };
         tokio::time::timeout(self.timeout, fut)
             .await
-            .map_err(|_| HarnessError::Timeout { addr: self.addr.to_string(), secs: self.timeout.as_secs() })?
+            .map_err(|_| HarnessError::Timeout {
+                addr: self.addr.to_string(),
+                secs: self.timeout.as_secs(),
+            })?
     }
 }
 

@@ -50,32 +50,61 @@ pub async fn serve(listener: TcpListener, name: String) -> std::io::Result<()> {
         tokio::spawn(async move {
             let svc = service_fn(move |req| answer(req, Arc::clone(&name), port));
             // A client that goes away mid-request is not the rank's problem.
-            let _ = http1::Builder::new().max_buf_size(1 << 20).serve_connection(TokioIo::new(stream), svc).await;
+            let _ = http1::Builder::new()
+                .max_buf_size(1 << 20)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
         });
     }
 }
 
-async fn answer(req: Request<Incoming>, name: Arc<String>, port: u16) -> Result<Response<Full<Bytes>>, hyper::Error> {
+async fn answer(
+    req: Request<Incoming>,
+    name: Arc<String>,
+    port: u16,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
     let mut headers: BTreeMap<String, String> = BTreeMap::new();
     for (k, v) in req.headers() {
         let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
-        headers.entry(k.as_str().to_owned()).and_modify(|e| {
-            e.push_str(", ");
-            e.push_str(&v)
-        }).or_insert(v);
+        headers
+            .entry(k.as_str().to_owned())
+            .and_modify(|e| {
+                e.push_str(", ");
+                e.push_str(&v)
+            })
+            .or_insert(v);
     }
     // Lets tests hold a request in flight (bounded-load hashing needs that).
-    let delay = headers.get(DELAY_HEADER).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0).min(10_000);
+    let delay = headers
+        .get(DELAY_HEADER)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(10_000);
     let method = req.method().to_string();
     let path = req.uri().path().to_owned();
     let body = req.into_body().collect().await?.to_bytes();
     if delay > 0 {
         tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
     }
-    let text = if body.len() <= ECHO_BODY_LIMIT { std::str::from_utf8(&body).ok().map(str::to_owned) } else { None };
-    let reply = EchoReply { rank: name.to_string(), port, method, path, headers, body_bytes: body.len(), body: text };
+    let text = if body.len() <= ECHO_BODY_LIMIT {
+        std::str::from_utf8(&body).ok().map(str::to_owned)
+    } else {
+        None
+    };
+    let reply = EchoReply {
+        rank: name.to_string(),
+        port,
+        method,
+        path,
+        headers,
+        body_bytes: body.len(),
+        body: text,
+    };
     let json = serde_json::to_vec(&reply).unwrap_or_default();
     let mut resp = Response::new(Full::new(Bytes::from(json)));
-    resp.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     Ok(resp)
 }

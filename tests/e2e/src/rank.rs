@@ -21,12 +21,20 @@ impl EchoRank {
     /// Starts `tether-echo-rank --name <name>` on 127.0.0.1 (binary located by
     /// [`paths::echo_rank_bin`]).
     pub fn start(name: &str) -> Result<Self, HarnessError> {
-        Self::start_with(&paths::echo_rank_bin(), name, "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()))
+        Self::start_with(
+            &paths::echo_rank_bin(),
+            name,
+            "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+        )
     }
 
     /// Starts the given echo-rank binary listening on `listen` (port 0 = ephemeral).
     pub fn start_with(bin: &Path, name: &str, listen: SocketAddr) -> Result<Self, HarnessError> {
-        let bin = paths::require("tether-echo-rank", bin.to_path_buf(), "run `cargo build -p tether-e2e --bins`")?;
+        let bin = paths::require(
+            "tether-echo-rank",
+            bin.to_path_buf(),
+            "run `cargo build -p tether-e2e --bins`",
+        )?;
         let mut child = Command::new(&bin)
             .arg("--name")
             .arg(name)
@@ -36,7 +44,10 @@ impl EchoRank {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|source| HarnessError::Spawn { what: format!("echo rank {name}"), source })?;
+            .map_err(|source| HarnessError::Spawn {
+                what: format!("echo rank {name}"),
+                source,
+            })?;
         let stdout = child.stdout.take().ok_or_else(|| HarnessError::Protocol {
             what: format!("echo rank {name}"),
             why: "no stdout pipe".into(),
@@ -53,15 +64,30 @@ impl EchoRank {
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(HarnessError::NotReady { what: format!("echo rank {name}"), secs: 10, log: String::new() });
+                return Err(HarnessError::NotReady {
+                    what: format!("echo rank {name}"),
+                    secs: 10,
+                    log: String::new(),
+                });
             }
         };
-        let addr = line.trim().strip_prefix("READY ").and_then(|a| a.parse().ok());
+        let addr = line
+            .trim()
+            .strip_prefix("READY ")
+            .and_then(|a| a.parse().ok());
         match addr {
-            Some(addr) => Ok(Self { name: name.to_owned(), addr, child }),
+            Some(addr) => Ok(Self {
+                name: name.to_owned(),
+                addr,
+                child,
+            }),
             None => {
                 let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
-                Err(HarnessError::ExitedEarly { what: format!("echo rank {name}"), status, log: line })
+                Err(HarnessError::ExitedEarly {
+                    what: format!("echo rank {name}"),
+                    status,
+                    log: line,
+                })
             }
         }
     }

@@ -37,7 +37,11 @@ pub fn render(text: &str, vars: &BTreeMap<String, String>) -> Result<String, Har
         rest = &after[end + 1..];
     }
     out.push_str(rest);
-    if missing.is_empty() { Ok(out) } else { Err(HarnessError::Unresolved(missing)) }
+    if missing.is_empty() {
+        Ok(out)
+    } else {
+        Err(HarnessError::Unresolved(missing))
+    }
 }
 
 /// Quotes `s` as a YAML double-quoted scalar. A JSON string literal is one
@@ -52,12 +56,19 @@ mod tests {
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn substitutes_values_and_defaults() {
-        let out = render("a ${X} b ${Y:-7} c ${Z:-9}", &vars(&[("X", "1"), ("Z", "3")])).unwrap();
+        let out = render(
+            "a ${X} b ${Y:-7} c ${Z:-9}",
+            &vars(&[("X", "1"), ("Z", "3")]),
+        )
+        .unwrap();
         assert_eq!(out, "a 1 b 7 c 3");
     }
 

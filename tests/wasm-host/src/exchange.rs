@@ -128,6 +128,9 @@ pub struct Outcome {
     pub filter_state: Vec<FilterStateEntry>,
     pub foreign_calls: Vec<ForeignCall>,
     pub route_cache_clears: u32,
+    /// Properties the filter set on this stream, keyed as Envoy's filter
+    /// state: `wasm.` + path segments joined by `.` (values lossily decoded).
+    pub properties_set: BTreeMap<String, String>,
     pub http_calls: Vec<HttpCall>,
     pub callbacks: Vec<CallbackRecord>,
     pub logs: Vec<LogRecord>,
@@ -142,6 +145,17 @@ impl Outcome {
     /// A request header as it went upstream.
     pub fn upstream_header(&self, name: &str) -> Option<&str> {
         self.upstream.as_ref()?.headers.get_str(name)
+    }
+
+    /// A filter-state value set during the exchange, by `set_envoy_filter_state`
+    /// (key as given) or by `set_property` (key `wasm.<path>`); the last wins.
+    pub fn filter_state_value(&self, key: &str) -> Option<&str> {
+        self.filter_state
+            .iter()
+            .rev()
+            .find(|e| e.path == key)
+            .map(|e| e.value.as_str())
+            .or_else(|| self.properties_set.get(key).map(String::as_str))
     }
 }
 
@@ -188,6 +202,16 @@ impl FilterVm {
             stop => stop,
         };
         let stream = self.finish_stream(ctx)?;
+        out.properties_set = stream
+            .set_properties
+            .iter()
+            .map(|(k, v)| {
+                (
+                    format!("wasm.{}", k.join(".")),
+                    String::from_utf8_lossy(v).into_owned(),
+                )
+            })
+            .collect();
         match stop {
             Some(Stop::Local) => {
                 let local = stream.local_response.clone();
@@ -560,13 +584,13 @@ impl RequestDescription {
             ("destination", self.destination_address),
         ] {
             if let Some(addr) = addr {
-                if let Some((_, port)) = addr.rsplit_once(':') {
-                    if let Ok(port) = port.parse::<i64>() {
-                        properties.insert(
-                            vec![prefix.into(), "port".into()],
-                            port.to_le_bytes().to_vec(),
-                        );
-                    }
+                if let Some((_, port)) = addr.rsplit_once(':')
+                    && let Ok(port) = port.parse::<i64>()
+                {
+                    properties.insert(
+                        vec![prefix.into(), "port".into()],
+                        port.to_le_bytes().to_vec(),
+                    );
                 }
                 properties.insert(vec![prefix.into(), "address".into()], addr.into_bytes());
             }
@@ -606,6 +630,6 @@ pub fn ser_headers<S: Serializer>(map: &HeaderMap, s: S) -> Result<S::Ok, S::Err
 }
 
 /// Bytes as text (lossily decoded).
-pub fn ser_bytes<S: Serializer>(bytes: &Vec<u8>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&String::from_utf8_lossy(bytes))
+pub fn ser_bytes<S: Serializer, B: AsRef<[u8]>>(bytes: &B, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&String::from_utf8_lossy(bytes.as_ref()))
 }

@@ -26,7 +26,7 @@ pub struct FilterStateEntry {
 /// factory cannot build → `BadArgument`, undecodable bytes → `BadArgument`.
 pub fn decode_and_check(args: &[u8], accepted: &[String]) -> Result<FilterStateEntry, Status> {
     let entry = decode(args).ok_or(Status::BadArgument)?;
-    if !accepted.iter().any(|k| *k == entry.path) {
+    if !accepted.contains(&entry.path) {
         return Err(Status::NotFound);
     }
     if entry.path == DEFAULT_ACCEPTED_KEYS[0] && entry.value.parse::<SocketAddr>().is_err() {

@@ -117,8 +117,11 @@ impl HeaderMap {
     }
 }
 
+/// A raw (name, value) pair as it is on the wire.
+pub type Pair = (Vec<u8>, Vec<u8>);
+
 /// Decodes serialized pairs without interpreting names.
-pub fn decode_pairs(bytes: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, PairsError> {
+pub fn decode_pairs(bytes: &[u8]) -> Result<Vec<Pair>, PairsError> {
     if bytes.is_empty() {
         return Ok(Vec::new());
     }

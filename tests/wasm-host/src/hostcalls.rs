@@ -17,6 +17,10 @@ use wasmtime::Linker;
 type Def = wasmtime::Result<()>;
 
 /// Registers every `env.proxy_*` import; returns the names it defined.
+#[allow(
+    clippy::redundant_closure_call,
+    reason = "the closure gives `?` a scope inside `wrap!`"
+)]
 pub(crate) fn define(linker: &mut Linker<HostState>, defined: &mut HashSet<String>) -> Def {
     macro_rules! wrap {
         ($name:literal, |$c:ident $(, $a:ident : $t:ty)*| $body:expr) => {{
@@ -84,8 +88,18 @@ pub(crate) fn define(linker: &mut Linker<HostState>, defined: &mut HashSet<Strin
             let kind = BufferType::from_raw(kind).ok_or(Status::BadArgument)?;
             let bytes = read(&mut c, ptr, len)?;
             let buf = buffer_mut(c.data_mut(), kind)?;
-            let start = (start as u32 as usize).min(buf.len());
-            let end = start.saturating_add(size as u32 as usize).min(buf.len());
+            // Envoy's rule: start 0 drains `size` bytes then prepends; a start
+            // at or past the end appends; anything in between is refused.
+            let start = start as u32 as usize;
+            if start != 0 && start < buf.len() {
+                return Err(Status::BadArgument.into());
+            }
+            let start = start.min(buf.len());
+            let end = if start == 0 {
+                (size as u32 as usize).min(buf.len())
+            } else {
+                start
+            };
             buf.splice(start..end, bytes);
             Ok(())
         }
@@ -162,7 +176,14 @@ pub(crate) fn define(linker: &mut Linker<HostState>, defined: &mut HashSet<Strin
         |c, pp: i32, pl: i32, vp: i32, vl: i32| {
             let path = properties::parse_path(&read(&mut c, pp, pl)?);
             let value = read(&mut c, vp, vl)?;
-            c.data_mut().set_properties.insert(path, value);
+            // Envoy keeps these in the stream's filter state (as `wasm.<path>`),
+            // so they live and die with the request; from the root context they
+            // are VM-wide.
+            let s = c.data_mut();
+            match s.stream() {
+                Some(stream) => stream.set_properties.insert(path, value),
+                None => s.set_properties.insert(path, value),
+            };
             Ok(())
         }
     );

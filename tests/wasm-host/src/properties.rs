@@ -16,10 +16,13 @@ pub fn parse_path(raw: &[u8]) -> Vec<String> {
 
 /// Resolves a property for the current context.
 pub fn lookup(state: &HostState, path: &[String]) -> Option<Vec<u8>> {
-    if let Some(v) = state.set_properties.get(path) {
+    let stream = state.streams.get(&state.current_context);
+    if let Some(v) = stream
+        .and_then(|s| s.set_properties.get(path))
+        .or_else(|| state.set_properties.get(path))
+    {
         return Some(v.clone());
     }
-    let stream = state.streams.get(&state.current_context);
     if let Some(v) = stream.and_then(|s| s.properties.get(path)) {
         return Some(v.clone());
     }

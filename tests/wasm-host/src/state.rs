@@ -140,6 +140,9 @@ pub struct StreamState {
     pub response_body_access: Access,
     pub response_trailers: HeaderMap,
     pub response_trailers_access: Access,
+    /// Properties the guest wrote on this stream (`proxy_set_property`);
+    /// Envoy stores them as filter state `wasm.<path joined by '.'>`.
+    pub set_properties: BTreeMap<Vec<String>, Vec<u8>>,
     /// Per-request properties (source address, metadata, ...).
     pub properties: BTreeMap<Vec<String>, Vec<u8>>,
     /// `proxy_continue_stream` asked for, applied after the callback returns.
@@ -195,7 +198,7 @@ pub struct HostState {
     pub foreign_calls: Vec<ForeignCall>,
     pub filter_state: Vec<FilterStateEntry>,
     pub route_cache_clears: u32,
-    /// Properties written by the guest (`proxy_set_property`).
+    /// Properties written by the guest from the root context (`proxy_set_property`).
     pub set_properties: BTreeMap<Vec<String>, Vec<u8>>,
     pub deferred: VecDeque<Deferred>,
     pub done_called: bool,

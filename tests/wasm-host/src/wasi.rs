@@ -25,6 +25,10 @@ fn errno(r: HostResult) -> i32 {
     }
 }
 
+#[allow(
+    clippy::redundant_closure_call,
+    reason = "the closure gives `?` a scope"
+)]
 pub(crate) fn define(
     linker: &mut Linker<HostState>,
     defined: &mut HashSet<String>,

@@ -83,17 +83,26 @@ impl Run {
         match a {
             Agent::Planner => {
                 let user_id = format!("user_8d1e_account__session_{SESSION}");
-                let body = self.planner.body(&[("metadata", json!({"user_id": user_id}))]);
+                let body = self
+                    .planner
+                    .body(&[("metadata", json!({"user_id": user_id}))]);
                 Request::post_bytes(Api::Messages.path(), "application/json", body)
                     .header("x-claude-code-session-id", SESSION)
                     .header("anthropic-version", "2023-06-01")
             }
-            Agent::ToolCaller => Request::post_bytes(Api::Chat.path(), "application/json", self.tool_caller.body(&[]))
-                .header("x-claude-code-session-id", SESSION)
-                .header("x-claude-code-agent-id", TOOL_CALLER_ID)
-                .header("x-claude-code-parent-agent-id", "main"),
+            Agent::ToolCaller => Request::post_bytes(
+                Api::Chat.path(),
+                "application/json",
+                self.tool_caller.body(&[]),
+            )
+            .header("x-claude-code-session-id", SESSION)
+            .header("x-claude-code-agent-id", TOOL_CALLER_ID)
+            .header("x-claude-code-parent-agent-id", "main"),
             Agent::Verifier => {
-                let body = self.verifier.body(&[("prompt_cache_key", json!(SESSION)), ("store", json!(false))]);
+                let body = self.verifier.body(&[
+                    ("prompt_cache_key", json!(SESSION)),
+                    ("store", json!(false)),
+                ]);
                 Request::post_bytes(Api::Responses.path(), "application/json", body)
             }
         }
@@ -112,9 +121,17 @@ impl Run {
 
     async fn exchange(&mut self, a: Agent, req: Request, note: &'static str) -> Result<()> {
         let api = self.conv(a).api();
-        let resp = HttpClient::new().bind(self.ip).send(self.envoy.listen_addr(), req).await?;
+        let resp = HttpClient::new()
+            .bind(self.ip)
+            .send(self.envoy.listen_addr(), req)
+            .await?;
         if resp.status != 200 {
-            bail!("{} turn answered {}: {}", a.label(), resp.status, String::from_utf8_lossy(&resp.body));
+            bail!(
+                "{} turn answered {}: {}",
+                a.label(),
+                resp.status,
+                String::from_utf8_lossy(&resp.body)
+            );
         }
         let echo = resp.echo()?;
         let h = |n: &str| echo.header(n).unwrap_or("-").to_owned();
@@ -161,7 +178,10 @@ async fn main() -> Result<()> {
         .plugin_config(&config)
         .start(bootstrap::DEMO)
         .context("starting Envoy with envoy/demo.yaml")?;
-    println!("tether demo: Envoy {} (pick mode) in front of", envoy.listen_addr());
+    println!(
+        "tether demo: Envoy {} (pick mode) in front of",
+        envoy.listen_addr()
+    );
     for (r, e) in ranks.iter().zip(&endpoints) {
         println!("  {} at {} (dp_size {})", r.name(), r.addr(), e["dp_size"]);
     }
@@ -187,61 +207,153 @@ async fn main() -> Result<()> {
     );
     let ip1: IpAddr = [127, 0, 0, 1].into();
     let ip2: IpAddr = [127, 0, 0, 2].into();
-    let mut run = Run { envoy, ip: ip1, rows: Vec::new(), last: None, planner, tool_caller, verifier };
+    let mut run = Run {
+        envoy,
+        ip: ip1,
+        rows: Vec::new(),
+        last: None,
+        planner,
+        tool_caller,
+        verifier,
+    };
     use Agent::*;
 
     run.send(Planner, "task from the user").await?;
-    run.planner.tool_round("toolu_01", "Grep", json!({"arg": "test_refund_race"}), "tests/payments/test_refund.py:88");
+    run.planner.tool_round(
+        "toolu_01",
+        "Grep",
+        json!({"arg": "test_refund_race"}),
+        "tests/payments/test_refund.py:88",
+    );
     run.send(Planner, "tool result").await?;
-    run.planner.tool_round("toolu_02", "Read", json!({"arg": "tests/payments/test_refund.py"}), "def test_refund_race(): ...");
+    run.planner.tool_round(
+        "toolu_02",
+        "Read",
+        json!({"arg": "tests/payments/test_refund.py"}),
+        "def test_refund_race(): ...",
+    );
     run.send(Planner, "tool result").await?;
     run.send(ToolCaller, "subagent starts").await?;
-    run.tool_caller.tool_round("call_01", "bash", json!({"arg": "pytest -k refund_race -x --count 50"}), "3 failed, 47 passed");
+    run.tool_caller.tool_round(
+        "call_01",
+        "bash",
+        json!({"arg": "pytest -k refund_race -x --count 50"}),
+        "3 failed, 47 passed",
+    );
     run.send(ToolCaller, "tool result").await?;
-    run.tool_caller.tool_round("call_02", "edit_file", json!({"arg": "lock around ledger write"}), "patched");
+    run.tool_caller.tool_round(
+        "call_02",
+        "edit_file",
+        json!({"arg": "lock around ledger write"}),
+        "patched",
+    );
     run.send(ToolCaller, "tool result").await?;
     run.retry().await?;
-    run.tool_caller.tool_round("call_03", "bash", json!({"arg": "pytest -k refund_race --count 50"}), "50 passed");
+    run.tool_caller.tool_round(
+        "call_03",
+        "bash",
+        json!({"arg": "pytest -k refund_race --count 50"}),
+        "50 passed",
+    );
     run.send(ToolCaller, "tool result").await?;
-    run.tool_caller.assistant("Patched the ledger write with a row lock; 50/50 passes.");
-    run.planner.tool_round("toolu_03", "Task", json!({"arg": "reproduce and patch"}), "Patched the ledger write; 50/50 passes.");
+    run.tool_caller
+        .assistant("Patched the ledger write with a row lock; 50/50 passes.");
+    run.planner.tool_round(
+        "toolu_03",
+        "Task",
+        json!({"arg": "reproduce and patch"}),
+        "Patched the ledger write; 50/50 passes.",
+    );
     run.send(Planner, "subagent handoff back").await?;
-    run.planner.assistant("The tool caller patched it. I will have it verified.");
-    run.planner.user("Also make sure nothing else in payments broke.");
+    run.planner
+        .assistant("The tool caller patched it. I will have it verified.");
+    run.planner
+        .user("Also make sure nothing else in payments broke.");
     run.send(Planner, "user reply").await?;
     run.ip = ip2;
-    run.send(Verifier, "subagent starts, client IP changed").await?;
-    run.verifier.tool_round("fc_01", "bash", json!({"arg": "pytest tests/payments --count 20"}), "1 failed: test_partial_refund");
+    run.send(Verifier, "subagent starts, client IP changed")
+        .await?;
+    run.verifier.tool_round(
+        "fc_01",
+        "bash",
+        json!({"arg": "pytest tests/payments --count 20"}),
+        "1 failed: test_partial_refund",
+    );
     run.send(Verifier, "tool result").await?;
-    run.verifier.tool_round("fc_02", "bash", json!({"arg": "pytest tests/payments/test_partial_refund.py -x"}), "passed");
+    run.verifier.tool_round(
+        "fc_02",
+        "bash",
+        json!({"arg": "pytest tests/payments/test_partial_refund.py -x"}),
+        "passed",
+    );
     run.send(Verifier, "tool result").await?;
     run.retry().await?;
-    run.verifier.tool_round("fc_03", "bash", json!({"arg": "pytest tests/payments --count 20"}), "all passed");
+    run.verifier.tool_round(
+        "fc_03",
+        "bash",
+        json!({"arg": "pytest tests/payments --count 20"}),
+        "all passed",
+    );
     run.send(Verifier, "tool result").await?;
-    run.verifier.assistant("Suite green 20 times; the partial refund failure was a flaky fixture.");
-    run.planner.tool_round("toolu_04", "Task", json!({"arg": "verify"}), "Suite green 20/20.");
+    run.verifier
+        .assistant("Suite green 20 times; the partial refund failure was a flaky fixture.");
+    run.planner.tool_round(
+        "toolu_04",
+        "Task",
+        json!({"arg": "verify"}),
+        "Suite green 20/20.",
+    );
     run.send(Planner, "subagent handoff back").await?;
-    run.planner.tool_round("toolu_05", "Task", json!({"arg": "fix the fixture too"}), "pending");
-    run.tool_caller.user("Now make the partial refund fixture deterministic.");
+    run.planner.tool_round(
+        "toolu_05",
+        "Task",
+        json!({"arg": "fix the fixture too"}),
+        "pending",
+    );
+    run.tool_caller
+        .user("Now make the partial refund fixture deterministic.");
     run.send(ToolCaller, "subagent resumes").await?;
-    run.tool_caller.tool_round("call_04", "edit_file", json!({"arg": "seed the fixture clock"}), "patched");
+    run.tool_caller.tool_round(
+        "call_04",
+        "edit_file",
+        json!({"arg": "seed the fixture clock"}),
+        "patched",
+    );
     run.send(ToolCaller, "tool result").await?;
-    run.tool_caller.tool_round("call_05", "bash", json!({"arg": "pytest tests/payments --count 20"}), "all passed");
+    run.tool_caller.tool_round(
+        "call_05",
+        "bash",
+        json!({"arg": "pytest tests/payments --count 20"}),
+        "all passed",
+    );
     run.send(ToolCaller, "tool result").await?;
     run.verifier.user("Re-check after the fixture change.");
     run.send(Verifier, "subagent resumes").await?;
-    run.verifier.tool_round("fc_04", "bash", json!({"arg": "pytest tests/payments --count 20"}), "all passed");
+    run.verifier.tool_round(
+        "fc_04",
+        "bash",
+        json!({"arg": "pytest tests/payments --count 20"}),
+        "all passed",
+    );
     run.send(Verifier, "tool result").await?;
     run.planner.assistant("Both fixes are in and verified.");
     run.planner.user("Great, open a PR.");
     run.send(Planner, "user reply").await?;
-    run.planner.tool_round("toolu_06", "Read", json!({"arg": "CONTRIBUTING.md"}), "PR template ...");
+    run.planner.tool_round(
+        "toolu_06",
+        "Read",
+        json!({"arg": "CONTRIBUTING.md"}),
+        "PR template ...",
+    );
     run.send(Planner, "tool result").await?;
 
     print_table(&run.rows);
     let ok = print_summary(&run.rows);
     if args.envoy_log {
-        println!("\nEnvoy log tail:\n{}", tether_e2e::envoy::tail(&run.envoy.log(), 3000));
+        println!(
+            "\nEnvoy log tail:\n{}",
+            tether_e2e::envoy::tail(&run.envoy.log(), 3000)
+        );
     }
     if !ok {
         bail!("an agent moved between ranks");
@@ -298,7 +410,17 @@ fn print_summary(rows: &[Row]) -> bool {
             if stayed { "yes" } else { "NO" }
         );
     }
-    let distinct_keys: std::collections::BTreeSet<&str> = by_agent.values().flat_map(|(_, k)| k.iter().copied()).collect();
-    println!("  each agent has its own key: {}", if distinct_keys.len() == by_agent.len() { "yes" } else { "no" });
+    let distinct_keys: std::collections::BTreeSet<&str> = by_agent
+        .values()
+        .flat_map(|(_, k)| k.iter().copied())
+        .collect();
+    println!(
+        "  each agent has its own key: {}",
+        if distinct_keys.len() == by_agent.len() {
+            "yes"
+        } else {
+            "no"
+        }
+    );
     ok
 }

@@ -22,7 +22,9 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
     if let Some(f) = &args.ready_file {
         std::fs::write(f, addr.to_string()).with_context(|| format!("writing {}", f.display()))?;
@@ -31,5 +33,7 @@ async fn main() -> anyhow::Result<()> {
     writeln!(out, "READY {addr}")?;
     out.flush()?;
     drop(out);
-    tether_e2e::echo::serve(listener, args.name).await.context("serving")
+    tether_e2e::echo::serve(listener, args.name)
+        .await
+        .context("serving")
 }

@@ -11,10 +11,14 @@ fn every_bootstrap_validates() {
     let filter = need(paths::require_filter_wasm());
     // The files on disk are the ones embedded in the harness.
     for (name, text) in bootstrap::ALL {
-        let on_disk = std::fs::read_to_string(paths::envoy_dir().join(name)).expect("bootstrap file");
+        let on_disk =
+            std::fs::read_to_string(paths::envoy_dir().join(name)).expect("bootstrap file");
         assert_eq!(on_disk, text, "{name}");
-        let cfg = json!({"mode": "pick", "endpoints": [{"address": "127.0.0.1:10000", "dp_size": 2}]});
-        let mut b = Envoy::builder().var("FILTER_WASM", filter.display().to_string()).plugin_config(&cfg);
+        let cfg =
+            json!({"mode": "pick", "endpoints": [{"address": "127.0.0.1:10000", "dp_size": 2}]});
+        let mut b = Envoy::builder()
+            .var("FILTER_WASM", filter.display().to_string())
+            .plugin_config(&cfg);
         for i in 0..4 {
             b = b.var(format!("RANK_{i}_PORT"), (10000 + i).to_string());
         }
@@ -28,10 +32,15 @@ fn every_bootstrap_validates() {
 fn validate_rejects_a_broken_bootstrap() {
     need(paths::require_envoy());
     let broken = bootstrap::HASH.replace("hash_balance_factor", "hash_balance_factr");
-    let b = Envoy::builder().plugin_config(&json!({"mode": "hash"})).var("RANK_0_PORT", "1").var("RANK_1_PORT", "2");
+    let b = Envoy::builder()
+        .plugin_config(&json!({"mode": "hash"}))
+        .var("RANK_0_PORT", "1")
+        .var("RANK_1_PORT", "2");
     let b = b.var("RANK_2_PORT", "3").var("RANK_3_PORT", "4");
     match b.validate(&broken) {
-        Err(HarnessError::Invalid { log, .. }) => assert!(log.contains("hash_balance_factr"), "{log}"),
+        Err(HarnessError::Invalid { log, .. }) => {
+            assert!(log.contains("hash_balance_factr"), "{log}")
+        }
         other => panic!("expected rejection, got {other:?}"),
     }
 }
@@ -39,7 +48,10 @@ fn validate_rejects_a_broken_bootstrap() {
 /// Starts Envoy with a bad tether configuration; returns the log.
 fn refused(cfg: serde_json::Value) -> String {
     need_envoy_and_filter();
-    let r = Envoy::builder().plugin_config(&cfg).var("RANK_0_PORT", "10000").start(bootstrap::VLLM_DP);
+    let r = Envoy::builder()
+        .plugin_config(&cfg)
+        .var("RANK_0_PORT", "10000")
+        .start(bootstrap::VLLM_DP);
     match r {
         Err(HarnessError::ExitedEarly { log, .. }) => log,
         Err(e) => panic!("expected Envoy to exit, got {e}"),
@@ -51,9 +63,18 @@ fn refused(cfg: serde_json::Value) -> String {
 fn bad_plugin_configuration_refuses_to_start_naming_the_field() {
     let cases = [
         (json!({"mode": "pick", "endpoints": []}), "endpoints"),
-        (json!({"mode": "hash", "sesion_sources": []}), "sesion_sources"),
-        (json!({"mode": "pick", "endpoints": [{"address": "not-an-address"}]}), "address"),
-        (json!({"mode": "pick", "endpoints": [{"address": "127.0.0.1:1", "weight": 0}]}), "weight"),
+        (
+            json!({"mode": "hash", "sesion_sources": []}),
+            "sesion_sources",
+        ),
+        (
+            json!({"mode": "pick", "endpoints": [{"address": "not-an-address"}]}),
+            "address",
+        ),
+        (
+            json!({"mode": "pick", "endpoints": [{"address": "127.0.0.1:1", "weight": 0}]}),
+            "weight",
+        ),
         (json!({"mode": "sideways"}), "mode"),
     ];
     for (cfg, field) in cases {
@@ -62,6 +83,9 @@ fn bad_plugin_configuration_refuses_to_start_naming_the_field() {
             .lines()
             .find(|l| l.contains("tether: invalid configuration"))
             .unwrap_or_else(|| panic!("{cfg}: no `tether: invalid configuration` line in:\n{log}"));
-        assert!(line.contains(field), "{cfg}: line does not name `{field}`: {line}");
+        assert!(
+            line.contains(field),
+            "{cfg}: line does not name `{field}`: {line}"
+        );
     }
 }

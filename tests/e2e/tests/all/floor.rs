@@ -15,7 +15,12 @@ async fn floor_header_mode_reaches_a_rank_with_its_header() {
         .start(bootstrap::DEMO)
         .expect("envoy starts");
     let resp = HttpClient::new()
-        .post_json(envoy.listen_addr(), "/v1/chat/completions", &[], &json!({"messages": []}))
+        .post_json(
+            envoy.listen_addr(),
+            "/v1/chat/completions",
+            &[],
+            &json!({"messages": []}),
+        )
         .await
         .expect("answered");
     assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
@@ -37,7 +42,13 @@ async fn floor_body_mode_routes_through_original_dst_filter_state() {
     let client = HttpClient::new();
     for i in 0..5 {
         let body = json!({"i": i, "pad": "x".repeat(1000 * i)});
-        let resp = client.send(envoy.listen_addr(), Request::post_json("/v1/responses", &body)).await.expect("answered");
+        let resp = client
+            .send(
+                envoy.listen_addr(),
+                Request::post_json("/v1/responses", &body),
+            )
+            .await
+            .expect("answered");
         assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
         assert_eq!(resp.echo().expect("echo").rank, target.name());
     }

@@ -9,4 +9,3 @@ mod pick;
 mod removal;
 mod support;
 mod topology;
-mod debug_tmp;

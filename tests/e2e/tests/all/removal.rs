@@ -12,9 +12,15 @@ const SESSIONS: usize = 200;
 async fn placements(f: &Fleet) -> BTreeMap<usize, String> {
     let conv = Conversation::new(Api::Chat, "sys", &[], "hi");
     let mut out = BTreeMap::new();
-    let mut conn = HttpClient::new().connect(f.envoy.listen_addr()).await.expect("connect");
+    let mut conn = HttpClient::new()
+        .connect(f.envoy.listen_addr())
+        .await
+        .expect("connect");
     for s in 0..SESSIONS {
-        let resp = conn.send(header_turn(&conv, &format!("removal-{s}"), None)).await.expect("answered");
+        let resp = conn
+            .send(header_turn(&conv, &format!("removal-{s}"), None))
+            .await
+            .expect("answered");
         out.insert(s, echo_of(resp).rank);
     }
     out
@@ -46,7 +52,10 @@ async fn removing_an_endpoint_moves_only_its_sessions() {
     let mut moved = 0;
     for s in 0..SESSIONS {
         let (b, a) = (&before[&s], &after[&s]);
-        assert_ne!(a, &removed, "session {s} still sent to the removed endpoint");
+        assert_ne!(
+            a, &removed,
+            "session {s} still sent to the removed endpoint"
+        );
         if b != &removed {
             assert_eq!(a, b, "session {s} moved from {b} to {a} though {b} stayed");
         }

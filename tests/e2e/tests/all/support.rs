@@ -4,7 +4,10 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 use tether_e2e::agent::Conversation;
 use tether_e2e::prometheus::Metrics;
-use tether_e2e::{EchoRank, EchoReply, Envoy, EnvoyBuilder, HarnessError, HttpClient, Request, Response, bootstrap, paths};
+use tether_e2e::{
+    EchoRank, EchoReply, Envoy, EnvoyBuilder, HarnessError, HttpClient, Request, Response,
+    bootstrap, paths,
+};
 
 /// Fails loudly (under `CI=true` and otherwise: `make test-e2e` installs
 /// everything, so a missing artifact is a broken setup, never a reason to skip).
@@ -14,7 +17,10 @@ pub fn need(r: Result<PathBuf, HarnessError>) -> PathBuf {
         Ok(p) => p,
         Err(e) => {
             let ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
-            panic!("end-to-end prerequisite missing{}: {e}", if ci { " (CI=true)" } else { "" })
+            panic!(
+                "end-to-end prerequisite missing{}: {e}",
+                if ci { " (CI=true)" } else { "" }
+            )
         }
     }
 }
@@ -41,15 +47,21 @@ pub fn ranks(n: usize) -> Vec<EchoRank> {
     (0..n)
         .map(|i| {
             let name = format!("rank-{}", (b'a' + i as u8) as char);
-            EchoRank::start_with(&echo_bin(), &name, "127.0.0.1:0".parse().expect("literal address"))
-                .unwrap_or_else(|e| panic!("starting {name}: {e}"))
+            EchoRank::start_with(
+                &echo_bin(),
+                &name,
+                "127.0.0.1:0".parse().expect("literal address"),
+            )
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"))
         })
         .collect()
 }
 
 /// A builder with `RANK_<i>_IP/PORT` set for these ranks.
 pub fn builder_for(ranks: &[EchoRank]) -> EnvoyBuilder {
-    bootstrap::rank_vars(ranks).into_iter().fold(tether_e2e::Envoy::builder(), |b, (k, v)| b.var(k, v))
+    bootstrap::rank_vars(ranks)
+        .into_iter()
+        .fold(tether_e2e::Envoy::builder(), |b, (k, v)| b.var(k, v))
 }
 
 /// Pick-mode endpoints for these ranks (`dp_size` per rank).
@@ -81,7 +93,13 @@ pub struct Fleet {
 impl Fleet {
     /// `n` ranks, pick mode (`dp` sizes per rank, default 1), `extra` merged
     /// into the plugin configuration, on `bootstrap` with `vars`.
-    pub fn pick(bootstrap: &str, n: usize, dp: &[u32], extra: Value, vars: &[(&str, &str)]) -> Fleet {
+    pub fn pick(
+        bootstrap: &str,
+        n: usize,
+        dp: &[u32],
+        extra: Value,
+        vars: &[(&str, &str)],
+    ) -> Fleet {
         need_envoy_and_filter();
         let ranks = ranks(n);
         let mut cfg = json!({"mode": "pick", "endpoints": endpoints(&ranks, dp)});
@@ -99,15 +117,33 @@ impl Fleet {
     }
 
     /// Starts Envoy for these ranks with this plugin configuration.
-    pub fn start(ranks: Vec<EchoRank>, bootstrap: &str, cfg: &Value, vars: &[(&str, &str)]) -> Fleet {
-        let builder = vars.iter().fold(builder_for(&ranks).plugin_config(cfg), |b, (k, v)| b.var(*k, *v));
-        let envoy = builder.start(bootstrap).unwrap_or_else(|e| panic!("envoy starts with {cfg}: {e}"));
-        Fleet { ranks, envoy, client: HttpClient::new() }
+    pub fn start(
+        ranks: Vec<EchoRank>,
+        bootstrap: &str,
+        cfg: &Value,
+        vars: &[(&str, &str)],
+    ) -> Fleet {
+        let builder = vars
+            .iter()
+            .fold(builder_for(&ranks).plugin_config(cfg), |b, (k, v)| {
+                b.var(*k, *v)
+            });
+        let envoy = builder
+            .start(bootstrap)
+            .unwrap_or_else(|e| panic!("envoy starts with {cfg}: {e}"));
+        Fleet {
+            ranks,
+            envoy,
+            client: HttpClient::new(),
+        }
     }
 
     /// Sends and returns the raw response (any status).
     pub async fn raw(&self, req: Request) -> Response {
-        self.client.send(self.envoy.listen_addr(), req).await.unwrap_or_else(|e| panic!("no answer: {e}"))
+        self.client
+            .send(self.envoy.listen_addr(), req)
+            .await
+            .unwrap_or_else(|e| panic!("no answer: {e}"))
     }
 
     /// Sends, asserts 200 from a rank, returns what the rank saw.
@@ -117,20 +153,31 @@ impl Fleet {
 
     /// The rank with this name.
     pub fn rank(&self, name: &str) -> &EchoRank {
-        self.ranks.iter().find(|r| r.name() == name).unwrap_or_else(|| panic!("no rank {name}"))
+        self.ranks
+            .iter()
+            .find(|r| r.name() == name)
+            .unwrap_or_else(|| panic!("no rank {name}"))
     }
 
     /// Scrapes `/stats/prometheus`.
     pub fn metrics(&self) -> Metrics {
-        self.envoy.prometheus().unwrap_or_else(|e| panic!("scraping /stats/prometheus: {e}"))
+        self.envoy
+            .prometheus()
+            .unwrap_or_else(|e| panic!("scraping /stats/prometheus: {e}"))
     }
 }
 
 /// Asserts a 200 from a rank and decodes its echo.
 #[track_caller]
 pub fn echo_of(resp: Response) -> EchoReply {
-    assert_eq!(resp.status, 200, "status; body: {}", String::from_utf8_lossy(&resp.body[..resp.body.len().min(500)]));
-    resp.echo().unwrap_or_else(|e| panic!("not an echo reply: {e}"))
+    assert_eq!(
+        resp.status,
+        200,
+        "status; body: {}",
+        String::from_utf8_lossy(&resp.body[..resp.body.len().min(500)])
+    );
+    resp.echo()
+        .unwrap_or_else(|e| panic!("not an echo reply: {e}"))
 }
 
 /// Shallow merge of object `extra` into `base`.

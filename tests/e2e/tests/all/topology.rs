@@ -5,23 +5,60 @@ use crate::support::*;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use tether_e2e::agent::{Api, Conversation};
+use tether_e2e::bootstrap;
 use tether_e2e::echo::DELAY_HEADER;
-use tether_e2e::{Request, bootstrap};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn original_dst_cluster_follows_the_pick_on_both_paths() {
-    let f = Fleet::pick(bootstrap::ORIGINAL_DST, 3, &[], json!({"fallbacks": 0}), &[]);
+    let f = Fleet::pick(
+        bootstrap::ORIGINAL_DST,
+        3,
+        &[],
+        json!({"fallbacks": 0}),
+        &[],
+    );
     let mut used = BTreeSet::new();
     for s in 0..12 {
         let conv = Conversation::new(Api::Chat, "sys", &[], &format!("task {s}"));
-        for req in [header_turn(&conv, &format!("od-{s}"), None), body_turn(&conv, &[("session_id", json!(format!("od-{s}")))])] {
+        for req in [
+            header_turn(&conv, &format!("od-{s}"), None),
+            body_turn(&conv, &[("session_id", json!(format!("od-{s}")))]),
+        ] {
             let e = f.echo(req).await;
-            let dst = e.header("x-gateway-destination-endpoint").unwrap_or_default().to_owned();
-            assert_eq!(dst, f.rank(&e.rank).addr().to_string(), "upstream is the picked ip:port");
+            let dst = e
+                .header("x-gateway-destination-endpoint")
+                .unwrap_or_default()
+                .to_owned();
+            assert_eq!(
+                dst,
+                f.rank(&e.rank).addr().to_string(),
+                "upstream is the picked ip:port"
+            );
             used.insert(e.rank.clone());
         }
     }
     assert!(used.len() >= 2, "picks spread: {used:?}");
+
+    // Filter state alone: with the header source switched off, only
+    // envoy.network.transport_socket.original_dst_address can name the upstream
+    // (body path only; the header path has no filter state to offer).
+    let state_only = bootstrap::ORIGINAL_DST
+        .replace("use_http_header: true", "use_http_header: false")
+        .replace("http_header_name: x-gateway-destination-endpoint", "");
+    assert_ne!(state_only, bootstrap::ORIGINAL_DST);
+    let Fleet { ranks, envoy, .. } = f;
+    drop(envoy);
+    let cfg = json!({"mode": "pick", "fallbacks": 0, "endpoints": endpoints(&ranks, &[])});
+    let f = Fleet::start(ranks, &state_only, &cfg, &[]);
+    let mut used = BTreeSet::new();
+    for s in 0..12 {
+        let conv = Conversation::new(Api::Responses, "sys", &[], &format!("task {s}"));
+        let e = f.echo(body_turn(&conv, &[("prompt_cache_key", json!(format!("fs-{s}")))])).await;
+        let dst = e.header("x-gateway-destination-endpoint").unwrap_or_default().to_owned();
+        assert_eq!(dst, f.rank(&e.rank).addr().to_string(), "filter state picked the upstream");
+        used.insert(e.rank.clone());
+    }
+    assert!(used.len() >= 2, "filter-state picks spread: {used:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,39 +74,79 @@ async fn hash_mode_maglev_sticks_spreads_and_bounds_load() {
             let req = if s % 2 == 0 {
                 header_turn(&conv, &format!("h-{s}"), None)
             } else {
-                body_turn(&conv, &[("metadata", json!({"user_id": format!("user_session_{s}")}))])
+                body_turn(
+                    &conv,
+                    &[("metadata", json!({"user_id": format!("user_session_{s}")}))],
+                )
             };
             let e = f.echo(req).await;
-            assert!(e.header("x-tether-key").is_some(), "hash mode emits the key");
-            assert!(e.header("x-gateway-destination-endpoint").is_none(), "hash mode does not pick");
-            by_session.entry(format!("s{s}")).or_default().insert(e.rank);
+            assert!(
+                e.header("x-tether-key").is_some(),
+                "hash mode emits the key"
+            );
+            assert!(
+                e.header("x-gateway-destination-endpoint").is_none(),
+                "hash mode does not pick"
+            );
+            by_session
+                .entry(format!("s{s}"))
+                .or_default()
+                .insert(e.rank);
         }
     }
     for (s, ranks) in &by_session {
         assert_eq!(ranks.len(), 1, "{s} moved: {ranks:?}");
     }
     let used: BTreeSet<&String> = by_session.values().flatten().collect();
-    assert!(used.len() >= 3, "30 sessions over 4 ranks use ≥ 3: {used:?}");
+    assert!(
+        used.len() >= 3,
+        "30 sessions over 4 ranks use ≥ 3: {used:?}"
+    );
 
-    // Bounded load: 16 requests of ONE key in flight at once. Plain consistent
-    // hashing would put all on one rank; hash_balance_factor spreads them.
+    let spread = hot_key_spread(&f).await;
+    println!("one hot key, 16 in flight, hash_balance_factor 150: {spread:?}");
+    assert!(
+        spread.len() >= 2,
+        "bounded load spread a hot key: {spread:?}"
+    );
+
+    // Side by side: the same bootstrap without hash_balance_factor keeps the hot key on one rank.
+    let unbounded = bootstrap::HASH.replace(
+        "            consistent_hashing_lb_config:\n              hash_balance_factor: ${HASH_BALANCE_FACTOR:-150}\n",
+        "",
+    );
+    assert_ne!(unbounded, bootstrap::HASH);
+    let Fleet { ranks, envoy, .. } = f;
+    drop(envoy);
+    let plain = Fleet::start(ranks, &unbounded, &json!({"mode": "hash"}), &[]);
+    let spread = hot_key_spread(&plain).await;
+    println!("one hot key, 16 in flight, no bound: {spread:?}");
+    assert_eq!(
+        spread.len(),
+        1,
+        "plain MAGLEV keeps one key on one rank: {spread:?}"
+    );
+}
+
+/// Sends 16 requests of ONE key, each held 800 ms by the rank, started 25 ms
+/// apart (so the earlier ones are active upstream when the later ones are
+/// placed); returns how many landed on each rank.
+async fn hot_key_spread(f: &Fleet) -> BTreeMap<String, usize> {
     let conv = Conversation::new(Api::Chat, "sys", &[], "hot");
-    let reqs: Vec<Request> = (0..16).map(|_| header_turn(&conv, "hot-session", None).header(DELAY_HEADER, "700")).collect();
     let addr = f.envoy.listen_addr();
-    let handles: Vec<_> = reqs
-        .into_iter()
-        .map(|r| {
-            let client = f.client.clone();
-            tokio::spawn(async move { client.send(addr, r).await })
-        })
-        .collect();
-    let mut hot = Vec::new();
-    for h in handles {
-        hot.push(echo_of(h.await.expect("task").expect("answered")).rank);
+    let mut handles = Vec::new();
+    for _ in 0..16 {
+        let req = header_turn(&conv, "hot-session", None).header(DELAY_HEADER, "800");
+        let client = f.client.clone();
+        handles.push(tokio::spawn(async move { client.send(addr, req).await }));
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    let distinct: BTreeSet<&String> = hot.iter().collect();
-    println!("one hot key, 16 in flight: {hot:?}");
-    assert!(distinct.len() >= 2, "bounded load spread a hot key: {distinct:?}");
+    let mut out = BTreeMap::new();
+    for h in handles {
+        *out.entry(echo_of(h.await.expect("task").expect("answered")).rank)
+            .or_insert(0) += 1;
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,14 +160,21 @@ async fn vllm_data_parallel_rank_is_sticky_and_spread() {
             if t > 0 {
                 conv.tool_round(&format!("c{t}"), "bash", json!({}), "ok");
             }
-            let req = header_turn(&conv, &format!("dp-{s}"), None).header("X-data-parallel-rank", "3");
+            let req =
+                header_turn(&conv, &format!("dp-{s}"), None).header("X-data-parallel-rank", "3");
             let e = f.echo(req).await;
-            let dp: u32 = e.header("x-data-parallel-rank").and_then(|d| d.parse().ok()).expect("x-data-parallel-rank set");
+            let dp: u32 = e
+                .header("x-data-parallel-rank")
+                .and_then(|d| d.parse().ok())
+                .expect("x-data-parallel-rank set");
             assert!(dp < 4);
             seen.insert(dp);
         }
         assert_eq!(seen.len(), 1, "dp-{s} moved between DP ranks: {seen:?}");
         dp_used.extend(seen);
     }
-    assert!(dp_used.len() >= 3, "24 sessions over 4 DP ranks: {dp_used:?}");
+    assert!(
+        dp_used.len() >= 3,
+        "24 sessions over 4 DP ranks: {dp_used:?}"
+    );
 }

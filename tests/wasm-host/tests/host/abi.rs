@@ -81,8 +81,10 @@ fn local_response_ends_the_request() {
 #[test]
 fn scripted_http_call_response_resumes_the_paused_request() {
     let mut vm = abi_plugin().start(HostOptions::default()).unwrap();
-    let mut resp = HttpCallResponse::default();
-    resp.body = b"allowed".to_vec();
+    let resp = HttpCallResponse {
+        body: b"allowed".to_vec(),
+        ..HttpCallResponse::default()
+    };
     vm.script_http_response("auth", resp);
     let out = vm.run(&req("x-call")).unwrap();
     assert_eq!(out.http_calls.len(), 1);
@@ -279,4 +281,48 @@ fn a_module_without_the_abi_export_is_refused() {
     let err = tether_wasm_host::Plugin::new(b"(module (memory (export \"memory\") 1))", false)
         .unwrap_err();
     assert!(matches!(err, HostError::NotProxyWasm(_)), "{err}");
+}
+
+#[test]
+fn set_buffer_follows_envoy_prepend_replace_append_rules() {
+    let mut vm = abi_plugin().start(HostOptions::default()).unwrap();
+    let ctx = vm.create_http_context().unwrap();
+    let mut set = |vm: &mut tether_wasm_host::FilterVm, start: i32, size: i32| {
+        let stream = vm.state_mut().streams.get_mut(&ctx).unwrap();
+        stream.request_body = b"abcdef".to_vec();
+        stream.request_body_access = tether_wasm_host::state::Access::ReadWrite;
+        let status = vm
+            .invoke::<(i32, i32), i32>("t_set_body", ctx, (start, size))
+            .unwrap()
+            .unwrap();
+        (
+            status,
+            String::from_utf8(vm.state().streams[&ctx].request_body.clone()).unwrap(),
+        )
+    };
+    assert_eq!(
+        set(&mut vm, 0, 0),
+        (0, "val1abcdef".into()),
+        "start 0, size 0: prepend"
+    );
+    assert_eq!(
+        set(&mut vm, 0, 2),
+        (0, "val1cdef".into()),
+        "start 0: drain size, prepend"
+    );
+    assert_eq!(
+        set(&mut vm, 0, 99),
+        (0, "val1".into()),
+        "start 0, size ≥ len: replace"
+    );
+    assert_eq!(
+        set(&mut vm, 6, 0),
+        (0, "abcdefval1".into()),
+        "start at end: append"
+    );
+    assert_eq!(
+        set(&mut vm, 3, 1),
+        (Status::BadArgument.code(), "abcdef".into()),
+        "middle: refused"
+    );
 }

@@ -7,6 +7,7 @@
 (module
   (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
   (import "env" "proxy_get_buffer_bytes" (func $get_buf (param i32 i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_set_buffer_bytes" (func $set_buf (param i32 i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_get_header_map_value" (func $get_hdr (param i32 i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_set_shared_data" (func $set_sd (param i32 i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_get_shared_data" (func $get_sd (param i32 i32 i32 i32 i32) (result i32)))
@@ -119,6 +120,8 @@
   (func (export "t_unknown_import") (result i32) (call $unknown (i32.const 0)))
   (func (export "t_property") (result i32)
     (call $prop (i32.const 400) (i32.const 14) (i32.const 48) (i32.const 52)))
+  (func (export "t_set_body") (param $start i32) (param $size i32) (result i32)
+    (call $set_buf (i32.const 0) (local.get $start) (local.get $size) (i32.const 204) (i32.const 4)))
   (func (export "t_oob") (result i32)
     (call $log (i32.const 2) (i32.const 0x7fff0000) (i32.const 100)))
 )

@@ -4,3 +4,4 @@ mod abi;
 mod cli;
 mod common;
 mod floor;
+mod tether;

@@ -1,0 +1,47 @@
+//! Fuzzes everything in the filter that reads request bytes: the head/tail
+//! scanner at random read limits, the whole body decision (identity, head
+//! hash, turn, rewrite), and checks the invariants that matter: no panic, and
+//! a body rewrite of valid JSON stays valid JSON without a client `cache_salt`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
+use tether_filter::api::Api;
+use tether_filter::config::Config;
+use tether_filter::decide;
+use tether_filter::placement::Placement;
+use tether_filter::rewrite;
+use tether_filter::scan::{self, ReadLimits};
+
+static SETUP: OnceLock<(Config, Placement)> = OnceLock::new();
+
+const APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&knobs, body)) = data.split_first() else { return };
+    let api = APIS[usize::from(knobs & 3)];
+    let head = 1 + usize::from(knobs >> 2) * 7;
+    let tail = 1 + usize::from(knobs >> 4) * 5;
+    let mut fetch = |s: usize, l: usize| body.get(s..s.checked_add(l)?).map(<[u8]>::to_vec);
+    let whole = scan::scan_full(body, api);
+    let ends = scan::read_doc(api, body.len(), ReadLimits { full_max: 0, head, tail }, &mut fetch);
+    // The head/tail read never accepts a body the whole scan rejects as cut short.
+    if whole == Err(scan::ScanError::Truncated) {
+        assert!(ends.is_err(), "truncated body accepted from its ends");
+    }
+    let (cfg, placement) = SETUP.get_or_init(|| {
+        let cfg = Config::parse(br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:80","dp_size":4},{"address":"10.0.0.2:80"}],
+            "cache_salt":{"secret":"k"},"engine":{"body_session_id":true,"routed_dp_rank":true},"turn_count_max_bytes":64}"#)
+        .expect("fuzz config");
+        let placement = Placement::new(&cfg.endpoints);
+        (cfg, placement)
+    });
+    let headers = vec![(":path".to_owned(), b"/v1/chat/completions".to_vec())];
+    let d = decide::on_body(cfg, placement, api, &headers, body.len(), None, &mut fetch);
+    if let (Some(edit), Ok(_)) = (&d.edit, serde_json::from_slice::<serde_json::Value>(body)) {
+        let out = rewrite::apply(body, edit);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("rewrite broke valid JSON");
+        assert_eq!(v["cache_salt"], serde_json::json!(decide::cache_salt(b"k", b"")), "client cache_salt survived");
+    }
+    let _ = Config::parse(body);
+});

@@ -1,0 +1,652 @@
+//! The tether filter (`filter/`, contract in docs/gateway.md) in the harness:
+//! multi-turn agent conversations with subagents, the body path, pick mode,
+//! bad inputs and configuration errors — fast and in-process.
+
+use crate::common::options;
+use serde_json::{Value, json};
+use std::sync::OnceLock;
+use tether_wasm_host::{Action, FilterVm, HostError, Outcome, Plugin, Request};
+
+fn plugin() -> &'static Plugin {
+    static P: OnceLock<Plugin> = OnceLock::new();
+    P.get_or_init(|| {
+        let path = tether_wasm_host::module_path("TETHER_FILTER_WASM", "tether_filter.wasm")
+            .unwrap_or_else(|e| panic!("{e}"));
+        Plugin::from_file(path).expect("tether filter compiles")
+    })
+}
+
+fn vm(config: Value) -> FilterVm {
+    plugin()
+        .start(options(&config.to_string()))
+        .unwrap_or_else(|e| panic!("{config}: {e}"))
+}
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn send(vm: &mut FilterVm, path: &str, headers: &[(&str, &str)], body: &Value) -> Outcome {
+    let bytes = body.to_string().into_bytes();
+    let req = Request {
+        body_chunks: Request::chunked(&bytes, 4096),
+        ..Request::post(
+            path,
+            &[&[("content-type", "application/json")], headers].concat(),
+            &[],
+        )
+    };
+    let out = vm.run(&req).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.stalled, None, "{out:#?}");
+    out
+}
+
+fn is_hex16(v: Option<&str>) -> bool {
+    v.is_some_and(|v| {
+        v.len() == 16
+            && v.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    })
+}
+
+/// A chat conversation: system, first user turn, then alternating
+/// assistant-with-tool-call / tool-result turns, `turns` of them.
+fn chat(system: &str, first: &str, tool_turns: usize) -> Value {
+    let mut messages = vec![
+        json!({"role":"system","content":system}),
+        json!({"role":"user","content":first}),
+    ];
+    for i in 0..tool_turns {
+        messages.push(json!({"role":"assistant","content":null,"tool_calls":[{"id":format!("c{i}"),"type":"function","function":{"name":"read_file","arguments":"{}"}}]}));
+        messages.push(json!({"role":"tool","tool_call_id":format!("c{i}"),"content":format!("file contents {i}")}));
+    }
+    json!({"model":"m","messages":messages})
+}
+
+fn body_callbacks(out: &Outcome) -> Vec<(bool, Action)> {
+    out.callbacks
+        .iter()
+        .filter(|c| c.callback == "proxy_on_request_body")
+        .map(|c| (c.end_of_stream, c.action))
+        .collect()
+}
+
+mod header_path {
+    use super::*;
+
+    #[test]
+    fn session_header_decides_without_buffering_and_keys_are_stable() {
+        let mut vm = vm(json!({}));
+        let mut keys = Vec::new();
+        for turns in 0..4 {
+            let out = send(
+                &mut vm,
+                CHAT,
+                &[("x-session-id", "run-1")],
+                &chat("sys", "fix the bug", turns),
+            );
+            assert!(is_hex16(out.upstream_header("x-tether-key")), "{out:#?}");
+            assert_eq!(
+                out.upstream_header("x-tether-key-source"),
+                Some("header:x-session-id")
+            );
+            assert!(
+                body_callbacks(&out)
+                    .iter()
+                    .all(|(_, a)| *a == Action::Continue),
+                "header path never pauses the body"
+            );
+            assert!(out.filter_state.is_empty() && out.properties_set.is_empty());
+            keys.push(out.upstream_header("x-tether-key").unwrap().to_owned());
+        }
+        assert!(
+            keys.windows(2).all(|w| w[0] == w[1]),
+            "every turn of a run keeps its key: {keys:?}"
+        );
+        let other = send(
+            &mut vm,
+            CHAT,
+            &[("x-session-id", "run-2")],
+            &chat("sys", "fix the bug", 0),
+        );
+        assert_ne!(
+            other.upstream_header("x-tether-key"),
+            Some(keys[0].as_str())
+        );
+        assert_eq!(vm.state().metric("tether_requests_header_path"), Some(5));
+    }
+
+    #[test]
+    fn turn_markers_follow_the_conversation() {
+        let mut vm = vm(json!({}));
+        let first = send(
+            &mut vm,
+            CHAT,
+            &[("x-session-id", "t")],
+            &chat("sys", "go", 0),
+        );
+        assert_eq!(first.upstream_header("x-tether-turn-kind"), Some("first"));
+        assert_eq!(first.upstream_header("x-tether-prompt-end"), Some("1"));
+        let tool = send(
+            &mut vm,
+            CHAT,
+            &[("x-session-id", "t")],
+            &chat("sys", "go", 2),
+        );
+        assert_eq!(tool.upstream_header("x-tether-turn-kind"), Some("tool"));
+        let turn_first: u32 = first
+            .upstream_header("x-tether-turn")
+            .unwrap_or("0")
+            .parse()
+            .unwrap();
+        let turn_tool: u32 = tool
+            .upstream_header("x-tether-turn")
+            .unwrap_or("0")
+            .parse()
+            .unwrap();
+        assert!(
+            turn_tool > turn_first,
+            "turn counter grows: {turn_first} → {turn_tool}"
+        );
+        assert_eq!(tool.upstream_header("x-tether-retention-ms"), Some("60000"));
+        let mut user = chat("sys", "go", 1);
+        user["messages"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role":"assistant","content":"done"}));
+        user["messages"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role":"user","content":"thanks, now the tests"}));
+        let out = send(&mut vm, CHAT, &[("x-session-id", "t")], &user);
+        assert_eq!(out.upstream_header("x-tether-turn-kind"), Some("user"));
+        assert_eq!(out.upstream_header("x-tether-retention-ms"), Some("300000"));
+    }
+
+    #[test]
+    fn subagents_of_one_run_get_their_own_keys() {
+        let mut vm = vm(json!({}));
+        let session = ("x-claude-code-session-id", "cc-run");
+        let main = send(&mut vm, CHAT, &[session], &chat("main", "plan", 1));
+        let a = send(
+            &mut vm,
+            CHAT,
+            &[
+                session,
+                ("x-claude-code-agent-id", "planner"),
+                ("x-claude-code-parent-agent-id", "main"),
+            ],
+            &chat("planner", "plan it", 0),
+        );
+        let b = send(
+            &mut vm,
+            CHAT,
+            &[
+                session,
+                ("x-claude-code-agent-id", "verifier"),
+                ("x-claude-code-parent-agent-id", "main"),
+            ],
+            &chat("verifier", "check it", 0),
+        );
+        let a2 = send(
+            &mut vm,
+            CHAT,
+            &[
+                session,
+                ("x-claude-code-agent-id", "planner"),
+                ("x-claude-code-parent-agent-id", "main"),
+            ],
+            &chat("planner", "plan it", 1),
+        );
+        let key = |o: &Outcome| o.upstream_header("x-tether-key").map(str::to_owned);
+        assert_eq!(
+            main.upstream_header("x-tether-subagent"),
+            Some("0000000000000000")
+        );
+        for sub in [&a, &b] {
+            assert_eq!(
+                sub.upstream_header("x-tether-session"),
+                main.upstream_header("x-tether-session"),
+                "same run"
+            );
+            assert_ne!(key(sub), key(&main), "a subagent is not the main agent");
+            assert!(is_hex16(sub.upstream_header("x-tether-parent")));
+        }
+        assert_ne!(key(&a), key(&b), "two subagents, two keys");
+        assert_eq!(key(&a), key(&a2), "a subagent keeps its key across turns");
+        assert_eq!(
+            a.upstream_header("x-tether-turn-kind"),
+            Some("handoff"),
+            "first turn of a subagent is a handoff"
+        );
+    }
+
+    #[test]
+    fn tenant_is_part_of_the_key() {
+        let mut vm = vm(json!({"tenant_header": "x-auth-tenant"}));
+        let a = send(
+            &mut vm,
+            CHAT,
+            &[("x-session-id", "s"), ("x-auth-tenant", "acme")],
+            &chat("s", "u", 0),
+        );
+        let b = send(
+            &mut vm,
+            CHAT,
+            &[("x-session-id", "s"), ("x-auth-tenant", "globex")],
+            &chat("s", "u", 0),
+        );
+        assert_ne!(
+            a.upstream_header("x-tether-key"),
+            b.upstream_header("x-tether-key")
+        );
+        assert_ne!(
+            a.upstream_header("x-tether-tenant"),
+            b.upstream_header("x-tether-tenant")
+        );
+    }
+}
+
+mod body_path {
+    use super::*;
+
+    #[test]
+    fn body_field_decides_through_filter_state_after_buffering() {
+        let mut vm = vm(json!({}));
+        let mut body = chat("sys", "hello", 3);
+        body["session_id"] = json!("run-7");
+        let out = send(&mut vm, CHAT, &[], &body);
+        let calls = body_callbacks(&out);
+        assert!(calls.len() > 1, "the body arrived in several chunks");
+        assert!(
+            calls[..calls.len() - 1]
+                .iter()
+                .all(|(eos, a)| !eos && *a == Action::Pause),
+            "{calls:?}"
+        );
+        assert_eq!(calls.last(), Some(&(true, Action::Continue)));
+        let key = out
+            .filter_state_value("wasm.tether.x-tether-key")
+            .map(str::to_owned);
+        assert!(is_hex16(key.as_deref()), "{out:#?}");
+        assert_eq!(
+            out.filter_state_value("envoy.hashable_string"),
+            key.as_deref(),
+            "hash mode hands the key to hash_policy"
+        );
+        assert_eq!(
+            out.filter_state_value("wasm.tether.x-tether-key-source"),
+            Some("body:session_id")
+        );
+        assert_eq!(
+            out.upstream_header("x-tether-key"),
+            None,
+            "headers had already left"
+        );
+        // The same session named by a header gives the same key.
+        let by_header = send(
+            &mut vm,
+            CHAT,
+            &[("x-session-id", "run-7")],
+            &chat("sys", "hello", 3),
+        );
+        assert_eq!(by_header.upstream_header("x-tether-key"), key.as_deref());
+        assert_eq!(vm.state().metric("tether_requests_body_path"), Some(1));
+    }
+
+    #[test]
+    fn chunking_does_not_change_the_decision() {
+        let mut body = chat("sys", "hello", 5);
+        body["metadata"] = json!({"session_id": "chunky"});
+        let bytes = body.to_string().into_bytes();
+        let mut keys = Vec::new();
+        for size in [1usize << 20, 4096, 97, 1] {
+            let mut vm = vm(json!({}));
+            let req = Request {
+                body_chunks: Request::chunked(&bytes, size),
+                ..Request::post(CHAT, &[], &[])
+            };
+            let out = vm.run(&req).unwrap();
+            keys.push(
+                out.filter_state_value("wasm.tether.x-tether-key")
+                    .map(str::to_owned),
+            );
+        }
+        assert!(
+            keys[0].is_some() && keys.iter().all(|k| *k == keys[0]),
+            "{keys:?}"
+        );
+    }
+
+    #[test]
+    fn subagents_sharing_prompt_cache_key_are_told_apart_by_their_head() {
+        let mut vm = vm(json!({}));
+        let mut planner = chat("You are the planner.", "plan the refactor", 0);
+        let mut verifier = chat("You are the verifier.", "verify the refactor", 0);
+        planner["prompt_cache_key"] = json!("shared-run");
+        verifier["prompt_cache_key"] = json!("shared-run");
+        let p = send(&mut vm, CHAT, &[], &planner);
+        let v = send(&mut vm, CHAT, &[], &verifier);
+        let key = |o: &Outcome| {
+            o.filter_state_value("wasm.tether.x-tether-key")
+                .map(str::to_owned)
+        };
+        assert!(key(&p).is_some());
+        assert_ne!(key(&p), key(&v));
+        // The planner's next turn keeps the planner's key.
+        let mut planner2 = chat("You are the planner.", "plan the refactor", 2);
+        planner2["prompt_cache_key"] = json!("shared-run");
+        assert_eq!(key(&send(&mut vm, CHAT, &[], &planner2)), key(&p));
+    }
+
+    #[test]
+    fn anthropic_messages_with_system_after_messages() {
+        let mut vm = vm(json!({}));
+        let body = json!({"max_tokens":100,"messages":[{"role":"user","content":"hi"}],"model":"claude","metadata":{"user_id":"u-1"},"system":"be brief"});
+        let out = send(&mut vm, "/v1/messages", &[], &body);
+        assert!(
+            is_hex16(out.filter_state_value("wasm.tether.x-tether-key")),
+            "{out:#?}"
+        );
+        let source = out
+            .filter_state_value("wasm.tether.x-tether-key-source")
+            .unwrap_or_default();
+        assert!(source.starts_with("body:metadata.user_id"), "{source}");
+    }
+
+    #[test]
+    fn conversation_head_is_the_fallback_identity() {
+        let mut vm = vm(json!({}));
+        let a = send(&mut vm, CHAT, &[], &chat("sys A", "task A", 0));
+        let a2 = send(&mut vm, CHAT, &[], &chat("sys A", "task A", 3));
+        let b = send(&mut vm, CHAT, &[], &chat("sys B", "task B", 0));
+        let key = |o: &Outcome| {
+            o.filter_state_value("wasm.tether.x-tether-key")
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            a.filter_state_value("wasm.tether.x-tether-key-source"),
+            Some("head")
+        );
+        assert_eq!(key(&a), key(&a2), "same head, same conversation");
+        assert_ne!(key(&a), key(&b));
+    }
+}
+
+mod pick_mode {
+    use super::*;
+
+    fn config() -> Value {
+        json!({"mode":"pick","endpoints":[
+            {"address":"10.0.0.1:8000","dp_size":4},
+            {"address":"10.0.0.2:8000","dp_size":4},
+            {"address":"10.0.0.3:8000","dp_size":4}]})
+    }
+
+    #[test]
+    fn header_path_names_endpoint_fallbacks_and_rank() {
+        let mut vm = vm(config());
+        let out = send(&mut vm, CHAT, &[("x-session-id", "p1")], &chat("s", "u", 0));
+        let dest = out
+            .upstream_header("x-gateway-destination-endpoint")
+            .expect("destination header");
+        let list: Vec<&str> = dest.split(',').collect();
+        assert_eq!(list.len(), 3, "primary + 2 fallbacks: {dest}");
+        assert!(list.iter().all(|e| e.starts_with("10.0.0.")));
+        assert_eq!(
+            list.iter().collect::<std::collections::HashSet<_>>().len(),
+            3,
+            "distinct"
+        );
+        let rank: u32 = out
+            .upstream_header("x-data-parallel-rank")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(rank < 4);
+        let again = send(&mut vm, CHAT, &[("x-session-id", "p1")], &chat("s", "u", 2));
+        assert_eq!(
+            again.upstream_header("x-gateway-destination-endpoint"),
+            Some(dest)
+        );
+    }
+
+    #[test]
+    fn body_path_sets_original_dst_to_the_primary() {
+        let mut vm = vm(config());
+        let mut body = chat("s", "u", 1);
+        body["user"] = json!("someone");
+        body["session_id"] = json!("p2");
+        let out = send(&mut vm, CHAT, &[], &body);
+        let dst = out
+            .filter_state_value("envoy.network.transport_socket.original_dst_address")
+            .expect("original dst");
+        let dest = out
+            .filter_state_value("wasm.tether.x-gateway-destination-endpoint")
+            .expect("destination state");
+        assert_eq!(dest.split(',').next(), Some(dst));
+    }
+
+    #[test]
+    fn sessions_spread_over_endpoints() {
+        let mut vm = vm(config());
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..40 {
+            let out = send(
+                &mut vm,
+                CHAT,
+                &[("x-session-id", &format!("spread-{i}"))],
+                &chat("s", "u", 0),
+            );
+            seen.insert(
+                out.upstream_header("x-gateway-destination-endpoint")
+                    .unwrap()
+                    .split(',')
+                    .next()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+        assert_eq!(seen.len(), 3, "40 sessions reach every endpoint: {seen:?}");
+    }
+}
+
+mod bad_input {
+    use super::*;
+
+    fn raw(vm: &mut FilterVm, headers: &[(&str, &str)], body: &[u8]) -> Outcome {
+        let out = vm
+            .run(&Request {
+                body_chunks: Request::chunked(body, 1000),
+                ..Request::post(CHAT, headers, &[])
+            })
+            .unwrap_or_else(|e| panic!("the filter must not fail on client input: {e}"));
+        assert!(out.stalled.is_none() && out.upstream.is_some(), "{out:#?}");
+        out
+    }
+
+    fn source(out: &Outcome) -> String {
+        out.upstream_header("x-tether-key-source")
+            .or(out.filter_state_value("wasm.tether.x-tether-key-source"))
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    #[test]
+    fn broken_bodies_fall_back_with_a_reason() {
+        let mut vm = vm(json!({}));
+        let cases: [(&[(&str, &str)], &[u8], &str); 4] = [
+            (&[], b"this is not json", "fallback:not_json"),
+            (
+                &[("content-encoding", "gzip")],
+                b"\x1f\x8b\x08\x00\x00\x00",
+                "fallback:compressed",
+            ),
+            (
+                &[],
+                br#"{"model":"m","messages":[{"role":"user","content":"unterminated"#,
+                "fallback:",
+            ),
+            (&[], br#"{"model":"m","messages":[}]]"#, "fallback:"),
+        ];
+        for (headers, body, want) in cases {
+            let out = raw(&mut vm, headers, body);
+            assert!(
+                source(&out).starts_with(want),
+                "{}: {}",
+                String::from_utf8_lossy(body),
+                source(&out)
+            );
+            assert_eq!(
+                out.upstream.unwrap().body,
+                body,
+                "the body passes unchanged"
+            );
+        }
+        assert!(
+            vm.state()
+                .metrics
+                .iter()
+                .any(|m| m.name.contains("not_json") && m.value == 1),
+            "{:?}",
+            vm.state().metrics
+        );
+    }
+
+    #[test]
+    fn empty_and_oversized_bodies() {
+        let mut vm = vm(json!({"max_body_bytes": 10000}));
+        let out = raw(&mut vm, &[], b"");
+        assert_eq!(source(&out), "fallback:no_body");
+        let mut big = chat("s", "u", 0);
+        big["padding"] = json!("x".repeat(50_000));
+        big["session_id"] = json!("late");
+        let out = raw(&mut vm, &[], big.to_string().as_bytes());
+        assert_eq!(source(&out), "fallback:too_large");
+    }
+
+    #[test]
+    fn unknown_paths_pass_through_untouched() {
+        let mut vm = vm(json!({}));
+        let out = vm
+            .run(&Request::post(
+                "/healthz",
+                &[("x-session-id", "s")],
+                &[b"{}"],
+            ))
+            .unwrap();
+        assert_eq!(out.upstream_header("x-tether-key"), None);
+        assert!(out.properties_set.is_empty() && out.filter_state.is_empty());
+        assert_eq!(vm.state().metric("tether_requests_untouched"), Some(1));
+    }
+
+    #[test]
+    fn spoofed_internal_headers_are_removed() {
+        let mut vm = vm(json!({"mode":"pick","endpoints":[{"address":"10.0.0.1:8000"}]}));
+        let out = raw(
+            &mut vm,
+            &[
+                ("x-session-id", "s"),
+                ("x-tether-key", "ffffffffffffffff"),
+                ("x-gateway-destination-endpoint", "6.6.6.6:80"),
+                ("x-data-parallel-rank", "7"),
+            ],
+            b"{}",
+        );
+        assert_ne!(
+            out.upstream_header("x-tether-key"),
+            Some("ffffffffffffffff")
+        );
+        assert_eq!(
+            out.upstream_header("x-gateway-destination-endpoint"),
+            Some("10.0.0.1:8000")
+        );
+        assert_ne!(out.upstream_header("x-data-parallel-rank"), Some("7"));
+        assert!(
+            vm.state()
+                .metric("tether_spoofed_header_removed")
+                .unwrap_or(0)
+                >= 1
+        );
+    }
+
+    #[test]
+    fn unusable_identity_headers_are_skipped_and_counted() {
+        let mut vm = vm(json!({}));
+        let long = "x".repeat(2000);
+        let mut req = Request::post(
+            CHAT,
+            &[("x-session-id", &long)],
+            &[chat("s", "u", 0).to_string().as_bytes()],
+        );
+        req.headers.add(b"x-claude-code-session-id", b"\xff\xfe");
+        let out = vm.run(&req).unwrap();
+        assert!(!source(&out).starts_with("header:"), "{}", source(&out));
+        assert!(vm.state().metric("tether_bad_header").unwrap_or(0) >= 1);
+    }
+
+    #[test]
+    fn multi_megabyte_conversations_do_not_trap() {
+        let mut vm = vm(json!({}));
+        let mut body = chat("s", "u", 20_000);
+        body["session_id"] = json!("big");
+        let bytes = body.to_string().into_bytes();
+        assert!(bytes.len() > 2_000_000);
+        let out = vm
+            .run(&Request {
+                body_chunks: Request::chunked(&bytes, 64 * 1024),
+                ..Request::post(CHAT, &[], &[])
+            })
+            .unwrap();
+        assert_eq!(
+            out.filter_state_value("wasm.tether.x-tether-key-source"),
+            Some("body:session_id")
+        );
+        assert_eq!(out.upstream.unwrap().body.len(), bytes.len());
+    }
+}
+
+mod configuration {
+    use super::*;
+
+    #[test]
+    fn invalid_configurations_are_rejected_with_the_field() {
+        for (config, field) in [
+            (json!({"no_such_field": 1}), "no_such_field"),
+            (json!({"mode": 3}), "mode"),
+            (json!({"mode": "pick", "endpoints": []}), "endpoints"),
+            (
+                json!({"mode": "pick", "endpoints": [{"address": "nowhere"}]}),
+                "address",
+            ),
+            (
+                json!({"mode": "pick", "endpoints": [{"address": "10.0.0.1:80", "weight": 0}]}),
+                "weight",
+            ),
+            (
+                json!({"session_sources": ["cookie:sid"]}),
+                "session_sources",
+            ),
+        ] {
+            match plugin().start(options(&config.to_string())) {
+                Err(HostError::ConfigureRejected { logs }) => {
+                    let text = logs.join("\n");
+                    assert!(
+                        text.contains("tether: invalid configuration") && text.contains(field),
+                        "{config}: {text}"
+                    );
+                }
+                other => panic!("{config}: expected a rejection, got {other:?}"),
+            }
+        }
+        let err = plugin().start(options("not json")).unwrap_err();
+        assert!(matches!(err, HostError::ConfigureRejected { .. }));
+    }
+
+    #[test]
+    fn empty_configuration_means_defaults() {
+        for config in ["", "{}"] {
+            plugin()
+                .start(options(config))
+                .unwrap_or_else(|e| panic!("{config:?}: {e}"));
+        }
+    }
+}
