@@ -103,11 +103,18 @@ impl Api {
                 .and_then(|t| t.str())
                 .is_some_and(|t| t.ends_with("_call_output")),
             Api::Messages => {
-                v.get("role").is_some_and(|r| r.str_is("user"))
-                    && v.get_head("content")
-                        .and_then(|c| c.first_element_head())
-                        .and_then(|b| b.get_near("type", 2))
-                        .is_some_and(|t| t.str_is("tool_result"))
+                if !v.get("role").is_some_and(|r| r.str_is("user")) {
+                    return false;
+                }
+                let Some(content) = v.get_head("content") else {
+                    return false;
+                };
+                // SDK order puts `type` first in a block: peek without walking the result.
+                let near = content
+                    .first_element_head()
+                    .and_then(|b| b.get_near("type", 2));
+                let ty = near.or_else(|| content.elements().next().and_then(|b| b.get("type")));
+                ty.is_some_and(|t| t.str_is("tool_result"))
             }
             Api::Completions => false,
         }

@@ -228,7 +228,7 @@ impl Default for Config {
             max_body_bytes: 16 * 1024 * 1024,
             debug_header: false,
             header_fast_path: true,
-            turn_count_max_bytes: 64 * 1024,
+            turn_count_max_bytes: 32 * 1024,
         }
     }
 }

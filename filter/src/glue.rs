@@ -133,7 +133,7 @@ impl Http {
         for _ in 0..d.bad_headers {
             s.count("tether_bad_header");
         }
-        if !d.header_path && d.turn.is_some_and(|t| t.count.is_none()) {
+        if !d.header_path && d.turn.is_some() && !d.stats.full {
             s.count("tether_turn_not_counted");
         }
         if d.stats.middle {
@@ -149,10 +149,17 @@ impl Http {
         }
     }
 
-    /// Header path: the request headers are still open for writes.
+    /// Header path: the request headers are still open for writes. Internal
+    /// headers were stripped, so they are appended; `x-session-id` may be a
+    /// client input and is replaced.
     fn emit_headers(&self, d: &Decision) {
         for (name, value) in markers::request_headers(&self.shared.cfg, &self.shared.placement, d) {
-            if host::replace_header(MapType::HttpRequestHeaders, name, value.as_bytes()).is_err() {
+            let set = if name == markers::names::SESSION_ID {
+                host::replace_header
+            } else {
+                host::add_header
+            };
+            if set(MapType::HttpRequestHeaders, name, value.as_bytes()).is_err() {
                 self.shared.count("tether_host_error");
             }
         }

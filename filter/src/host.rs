@@ -34,6 +34,13 @@ unsafe extern "C" {
         v: *const u8,
         vl: usize,
     ) -> u32;
+    fn proxy_add_header_map_value(
+        t: MapType,
+        k: *const u8,
+        kl: usize,
+        v: *const u8,
+        vl: usize,
+    ) -> u32;
     fn proxy_remove_header_map_value(t: MapType, k: *const u8, kl: usize) -> u32;
     fn proxy_set_property(p: *const u8, pl: usize, v: *const u8, vl: usize) -> u32;
     fn proxy_call_foreign_function(
@@ -101,37 +108,21 @@ pub fn header_pairs(t: MapType) -> Result<Vec<(String, Vec<u8>)>, HostStatus> {
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: the out-pointers point at live locals.
     check(unsafe { proxy_get_header_map_pairs(t, &mut data, &mut size) })?;
-    Ok(decode_pairs(&adopt(data, size)).unwrap_or_default())
-}
-
-/// Decodes the proxy-wasm map encoding: count, (key len, value len)×count, then
-/// NUL-terminated keys and values. `None` on any inconsistency.
-pub fn decode_pairs(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
-    if bytes.is_empty() {
-        return Some(Vec::new());
-    }
-    let u32_at = |at: usize| -> Option<usize> {
-        let b: [u8; 4] = bytes.get(at..at + 4)?.try_into().ok()?;
-        usize::try_from(u32::from_le_bytes(b)).ok()
-    };
-    let count = u32_at(0)?;
-    let mut p = count.checked_mul(8)?.checked_add(4)?;
-    let mut out = Vec::with_capacity(count.min(1024));
-    for n in 0..count {
-        let (kl, vl) = (u32_at(4 + n * 8)?, u32_at(8 + n * 8)?);
-        let key = bytes.get(p..p.checked_add(kl)?)?;
-        p = p.checked_add(kl + 1)?;
-        let value = bytes.get(p..p.checked_add(vl)?)?;
-        p = p.checked_add(vl + 1)?;
-        out.push((String::from_utf8_lossy(key).into_owned(), value.to_vec()));
-    }
-    Some(out)
+    Ok(crate::header_pairs::decode(&adopt(data, size)).unwrap_or_default())
 }
 
 pub fn replace_header(t: MapType, name: &str, value: &[u8]) -> Result<(), HostStatus> {
     // SAFETY: the host only reads the two byte ranges.
     check(unsafe {
         proxy_replace_header_map_value(t, name.as_ptr(), name.len(), value.as_ptr(), value.len())
+    })
+}
+
+/// Appends a header (cheaper than replace when the name is known to be absent).
+pub fn add_header(t: MapType, name: &str, value: &[u8]) -> Result<(), HostStatus> {
+    // SAFETY: the host only reads the two byte ranges.
+    check(unsafe {
+        proxy_add_header_map_value(t, name.as_ptr(), name.len(), value.as_ptr(), value.len())
     })
 }
 

@@ -23,6 +23,7 @@ pub mod api;
 pub mod config;
 pub mod decide;
 pub mod head;
+pub mod header_pairs;
 pub mod identity;
 pub mod json;
 pub mod markers;

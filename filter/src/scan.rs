@@ -450,7 +450,7 @@ pub struct ReadLimits {
 impl Default for ReadLimits {
     fn default() -> Self {
         Self {
-            full_max: 64 * 1024,
+            full_max: 32 * 1024,
             head: 16 * 1024,
             tail: 16 * 1024,
         }

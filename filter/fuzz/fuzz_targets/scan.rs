@@ -1,7 +1,8 @@
 //! Fuzzes everything in the filter that reads request bytes: the head/tail
 //! scanner at random read limits, the whole body decision (identity, head
-//! hash, turn, rewrite), and checks the invariants that matter: no panic, and
-//! a body rewrite of valid JSON stays valid JSON without a client `cache_salt`.
+//! hash, turn, rewrite), the config parser and the header-map decoder, and checks the invariants that matter: no panic; a
+//! body serde_json accepts is scanned with the same top-level keys; a body
+//! rewrite of valid JSON stays valid JSON without a client `cache_salt`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -18,16 +19,48 @@ static SETUP: OnceLock<(Config, Placement)> = OnceLock::new();
 const APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&knobs, body)) = data.split_first() else { return };
+    let Some((&knobs, body)) = data.split_first() else {
+        return;
+    };
     let api = APIS[usize::from(knobs & 3)];
     let head = 1 + usize::from(knobs >> 2) * 7;
     let tail = 1 + usize::from(knobs >> 4) * 5;
     let mut fetch = |s: usize, l: usize| body.get(s..s.checked_add(l)?).map(<[u8]>::to_vec);
     let whole = scan::scan_full(body, api);
-    let ends = scan::read_doc(api, body.len(), ReadLimits { full_max: 0, head, tail }, &mut fetch);
-    // The head/tail read never accepts a body the whole scan rejects as cut short.
-    if whole == Err(scan::ScanError::Truncated) {
-        assert!(ends.is_err(), "truncated body accepted from its ends");
+    let _ = scan::read_doc(
+        api,
+        body.len(),
+        ReadLimits {
+            full_max: 0,
+            head,
+            tail,
+        },
+        &mut fetch,
+    );
+    // Oracle: a body serde_json accepts as an object is scanned whole, with the same keys.
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(body) {
+        let doc = whole
+            .as_ref()
+            .expect("valid JSON object rejected by the scanner");
+        let view = scan::View {
+            head: body.to_vec(),
+            tail: Vec::new(),
+            tail_base: body.len(),
+            size: body.len(),
+        };
+        let mut keys: Vec<String> = doc
+            .members
+            .iter()
+            .map(|m| {
+                tether_filter::json::unescape(view.bytes(m.key).unwrap_or_default())
+                    .unwrap_or_default()
+                    .into_owned()
+            })
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let want: Vec<String> = map.keys().cloned().collect();
+        assert_eq!(keys, want, "top-level keys differ from serde_json");
     }
     let (cfg, placement) = SETUP.get_or_init(|| {
         let cfg = Config::parse(br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:80","dp_size":4},{"address":"10.0.0.2:80"}],
@@ -41,7 +74,12 @@ fuzz_target!(|data: &[u8]| {
     if let (Some(edit), Ok(_)) = (&d.edit, serde_json::from_slice::<serde_json::Value>(body)) {
         let out = rewrite::apply(body, edit);
         let v: serde_json::Value = serde_json::from_slice(&out).expect("rewrite broke valid JSON");
-        assert_eq!(v["cache_salt"], serde_json::json!(decide::cache_salt(b"k", b"")), "client cache_salt survived");
+        assert_eq!(
+            v["cache_salt"],
+            serde_json::json!(decide::cache_salt(b"k", b"")),
+            "client cache_salt survived"
+        );
     }
     let _ = Config::parse(body);
+    let _ = tether_filter::header_pairs::decode(body);
 });

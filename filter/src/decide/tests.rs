@@ -446,3 +446,45 @@ fn big_bodies_are_decided_from_their_ends() {
         assert_eq!(ds.turn.and_then(|t| t.count), Some(2), "{api:?}");
     }
 }
+
+#[test]
+fn salted_deployments_refuse_bodies_they_cannot_rewrite() {
+    let c = cfg(r#"{"cache_salt":{"secret":"k"},"max_body_bytes":1000}"#);
+    let body = br#"{"cache_salt":"evil","messages":[{"role":"user","content":"hi"}]}"#;
+    assert_eq!(decide(&c, Api::Chat, &[], body).reject, None);
+    assert_eq!(
+        decide(&c, Api::Chat, &[], b"{\"cache_salt\":\"evil\",")
+            .reject
+            .map(|r| r.0),
+        Some(400)
+    );
+    assert_eq!(
+        decide(&c, Api::Chat, &[("content-encoding", "gzip")], body)
+            .reject
+            .map(|r| r.0),
+        Some(415)
+    );
+    let big = Convo::new("s", &"y".repeat(2000))
+        .extra("cache_salt", json!("evil"))
+        .body(Api::Chat, Order::Sdk);
+    assert_eq!(
+        decide(&c, Api::Chat, &[], &big).reject.map(|r| r.0),
+        Some(413)
+    );
+    // A JSON object without a conversation is still salted, not refused.
+    let d = decide(&c, Api::Chat, &[], br#"{"model":"m","cache_salt":"evil"}"#);
+    assert_eq!(
+        (d.source.as_str(), d.reject),
+        ("fallback:no_conversation", None)
+    );
+    let out = rewrite::apply(
+        br#"{"model":"m","cache_salt":"evil"}"#,
+        d.edit.as_ref().unwrap(),
+    );
+    assert!(!String::from_utf8_lossy(&out).contains("evil"));
+    // Without salting nothing is refused.
+    assert_eq!(
+        decide(&cfg(r#"{"max_body_bytes":1000}"#), Api::Chat, &[], &big).reject,
+        None
+    );
+}

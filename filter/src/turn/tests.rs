@@ -9,10 +9,19 @@ fn tools() -> Vec<String> {
 /// Classifies a body both by a whole walk and by a head/tail read with tiny limits.
 fn both(api: Api, body: &[u8], parent: bool) -> (Option<Turn>, Option<Turn>) {
     let doc = scan_full(body, api).unwrap();
-    let view = View { head: body.to_vec(), tail: Vec::new(), tail_base: body.len(), size: body.len() };
+    let view = View {
+        head: body.to_vec(),
+        tail: Vec::new(),
+        tail_base: body.len(),
+        size: body.len(),
+    };
     let whole = classify(api, &doc, &view, &tools(), parent);
     let mut f = SliceFetch::new(body);
-    let limits = ReadLimits { full_max: 0, head: 64, tail: 64 };
+    let limits = ReadLimits {
+        full_max: 0,
+        head: 64,
+        tail: 64,
+    };
     let (view, doc, _) = read_doc(api, body.len(), limits, &mut |s, l| f.fetch(s, l)).unwrap();
     let ends = classify(api, &doc, &view, &tools(), parent);
     (whole, ends)
@@ -23,7 +32,10 @@ fn kinds(api: Api, c: &Convo, parent: bool) -> Vec<(TurnKind, Option<u32>)> {
     for order in ALL_ORDERS {
         let (whole, ends) = both(api, &c.body(api, order), parent);
         let (whole, ends) = (whole.unwrap(), ends.unwrap());
-        assert_eq!(whole.kind, ends.kind, "{api:?} {order:?}: whole walk and ends disagree");
+        assert_eq!(
+            whole.kind, ends.kind,
+            "{api:?} {order:?}: whole walk and ends disagree"
+        );
         assert!(ends.count.is_none() || ends.count == whole.count);
         out.push((whole.kind, whole.count));
     }
@@ -36,21 +48,71 @@ fn kinds(api: Api, c: &Convo, parent: bool) -> Vec<(TurnKind, Option<u32>)> {
 fn turn_kinds_per_format() {
     for api in [Api::Chat, Api::Responses, Api::Messages] {
         let first = Convo::new("sys", "task");
-        assert_eq!(kinds(api, &first, false), vec![(TurnKind::First, Some(1))], "{api:?}");
-        assert_eq!(kinds(api, &first, true), vec![(TurnKind::Handoff, Some(1))], "{api:?} subagent start");
+        assert_eq!(
+            kinds(api, &first, false),
+            vec![(TurnKind::First, Some(1))],
+            "{api:?}"
+        );
+        assert_eq!(
+            kinds(api, &first, true),
+            vec![(TurnKind::Handoff, Some(1))],
+            "{api:?} subagent start"
+        );
         let user = first.clone().with(Step::User("again".into()));
-        assert_eq!(kinds(api, &user, false), vec![(TurnKind::User, Some(2))], "{api:?}");
-        let tool = user.clone().with(Step::Tool { id: "c1".into(), tool: "Read".into(), result: "file".into() });
-        assert_eq!(kinds(api, &tool, false), vec![(TurnKind::Tool, Some(3))], "{api:?}");
-        let handoff = tool.clone().with(Step::Tool { id: "c2".into(), tool: "Task".into(), result: "sub done".into() });
-        assert_eq!(kinds(api, &handoff, false), vec![(TurnKind::Handoff, Some(4))], "{api:?}");
-        let parallel = tool.clone().with(Step::Parallel(vec![("p1".into(), "Read".into()), ("p2".into(), "Task".into())]));
-        assert_eq!(kinds(api, &parallel, false), vec![(TurnKind::Handoff, Some(4))], "{api:?}");
-        let parallel_plain = tool.clone().with(Step::Parallel(vec![("p1".into(), "Read".into()), ("p2".into(), "Grep".into())]));
-        assert_eq!(kinds(api, &parallel_plain, false), vec![(TurnKind::Tool, Some(4))], "{api:?}");
+        assert_eq!(
+            kinds(api, &user, false),
+            vec![(TurnKind::User, Some(2))],
+            "{api:?}"
+        );
+        let tool = user.clone().with(Step::Tool {
+            id: "c1".into(),
+            tool: "Read".into(),
+            result: "file".into(),
+        });
+        assert_eq!(
+            kinds(api, &tool, false),
+            vec![(TurnKind::Tool, Some(3))],
+            "{api:?}"
+        );
+        let handoff = tool.clone().with(Step::Tool {
+            id: "c2".into(),
+            tool: "Task".into(),
+            result: "sub done".into(),
+        });
+        assert_eq!(
+            kinds(api, &handoff, false),
+            vec![(TurnKind::Handoff, Some(4))],
+            "{api:?}"
+        );
+        let parallel = tool.clone().with(Step::Parallel(vec![
+            ("p1".into(), "Read".into()),
+            ("p2".into(), "Task".into()),
+        ]));
+        assert_eq!(
+            kinds(api, &parallel, false),
+            vec![(TurnKind::Handoff, Some(4))],
+            "{api:?}"
+        );
+        let parallel_plain = tool.clone().with(Step::Parallel(vec![
+            ("p1".into(), "Read".into()),
+            ("p2".into(), "Grep".into()),
+        ]));
+        assert_eq!(
+            kinds(api, &parallel_plain, false),
+            vec![(TurnKind::Tool, Some(4))],
+            "{api:?}"
+        );
         // A tool result whose id matches no Task call is a plain tool turn even if the name appears elsewhere.
-        let mismatched = user.clone().with(Step::Tool { id: "c9".into(), tool: "Read".into(), result: "Task".into() });
-        assert_eq!(kinds(api, &mismatched, false), vec![(TurnKind::Tool, Some(3))], "{api:?}");
+        let mismatched = user.clone().with(Step::Tool {
+            id: "c9".into(),
+            tool: "Read".into(),
+            result: "Task".into(),
+        });
+        assert_eq!(
+            kinds(api, &mismatched, false),
+            vec![(TurnKind::Tool, Some(3))],
+            "{api:?}"
+        );
     }
 }
 
@@ -58,20 +120,39 @@ fn turn_kinds_per_format() {
 fn responses_string_input_and_completions() {
     let body = br#"{"model":"m","input":"hello","instructions":"be brief"}"#;
     let doc = scan_full(body, Api::Responses).unwrap();
-    let view = View { head: body.to_vec(), tail: Vec::new(), tail_base: body.len(), size: body.len() };
-    assert_eq!(classify(Api::Responses, &doc, &view, &tools(), false).map(|t| t.kind), Some(TurnKind::First));
+    let view = View {
+        head: body.to_vec(),
+        tail: Vec::new(),
+        tail_base: body.len(),
+        size: body.len(),
+    };
+    assert_eq!(
+        classify(Api::Responses, &doc, &view, &tools(), false).map(|t| t.kind),
+        Some(TurnKind::First)
+    );
     let body = br#"{"model":"m","prompt":"once upon"}"#;
     let doc = scan_full(body, Api::Completions).unwrap();
-    let view = View { head: body.to_vec(), tail: Vec::new(), tail_base: body.len(), size: body.len() };
+    let view = View {
+        head: body.to_vec(),
+        tail: Vec::new(),
+        tail_base: body.len(),
+        size: body.len(),
+    };
     let t = classify(Api::Completions, &doc, &view, &tools(), false).unwrap();
     assert_eq!((t.kind, t.count), (TurnKind::User, None));
 }
 
 #[test]
 fn assistant_prefill_is_not_a_prompt_end() {
-    let body = br#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure,"}]}"#;
+    let body =
+        br#"{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure,"}]}"#;
     let doc = scan_full(body, Api::Messages).unwrap();
-    let view = View { head: body.to_vec(), tail: Vec::new(), tail_base: body.len(), size: body.len() };
+    let view = View {
+        head: body.to_vec(),
+        tail: Vec::new(),
+        tail_base: body.len(),
+        size: body.len(),
+    };
     let t = classify(Api::Messages, &doc, &view, &tools(), false).unwrap();
     assert!(!t.prompt_end);
 }

@@ -29,10 +29,11 @@ impl Rng {
 }
 
 const WORDS: &[&str] = &[
-    "the", "function", "returns", "config", "request", "handler", "error", "value", "path", "test", "build",
-    "cache", "session", "module", "server", "client", "token", "buffer", "parse", "route", "rank", "retry",
-    "timeout", "struct", "field", "option", "result", "string", "vector", "index", "file", "line", "commit",
-    "branch", "deploy", "metric", "latency", "upstream", "header", "body", "größe", "naïve", "→",
+    "the", "function", "returns", "config", "request", "handler", "error", "value", "path", "test",
+    "build", "cache", "session", "module", "server", "client", "token", "buffer", "parse", "route",
+    "rank", "retry", "timeout", "struct", "field", "option", "result", "string", "vector", "index",
+    "file", "line", "commit", "branch", "deploy", "metric", "latency", "upstream", "header",
+    "body", "größe", "naïve", "→",
 ];
 
 const CODE: &[&str] = &[
@@ -59,7 +60,7 @@ fn sentence(rng: &mut Rng, words: usize) -> String {
 fn tool_output(rng: &mut Rng, lines: usize) -> String {
     let mut s = String::new();
     for i in 0..lines {
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             s.push_str(rng.pick(CODE));
         } else {
             s.push_str(&format!("{:>4} | {}\n", i + 1, sentence(rng, 10)));
@@ -76,16 +77,31 @@ fn tools() -> Value {
         }})
     };
     json!([
-        tool("read_file", "Read a file from the workspace and return its contents with line numbers.",
-             json!({"path": {"type": "string", "description": "Path relative to the workspace root"},
-                    "offset": {"type": "integer"}, "limit": {"type": "integer"}}), &["path"]),
-        tool("run_command", "Run a shell command in the sandbox and return stdout, stderr and the exit code.",
-             json!({"command": {"type": "string"}, "timeout_ms": {"type": "integer", "minimum": 1}}), &["command"]),
-        tool("edit_file", "Replace an exact string in a file.",
-             json!({"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}}),
-             &["path", "old", "new"]),
-        tool("Task", "Delegate a self-contained subtask to a subagent and return its final answer.",
-             json!({"description": {"type": "string"}, "prompt": {"type": "string"}}), &["prompt"]),
+        tool(
+            "read_file",
+            "Read a file from the workspace and return its contents with line numbers.",
+            json!({"path": {"type": "string", "description": "Path relative to the workspace root"},
+                    "offset": {"type": "integer"}, "limit": {"type": "integer"}}),
+            &["path"]
+        ),
+        tool(
+            "run_command",
+            "Run a shell command in the sandbox and return stdout, stderr and the exit code.",
+            json!({"command": {"type": "string"}, "timeout_ms": {"type": "integer", "minimum": 1}}),
+            &["command"]
+        ),
+        tool(
+            "edit_file",
+            "Replace an exact string in a file.",
+            json!({"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}}),
+            &["path", "old", "new"]
+        ),
+        tool(
+            "Task",
+            "Delegate a self-contained subtask to a subagent and return its final answer.",
+            json!({"description": {"type": "string"}, "prompt": {"type": "string"}}),
+            &["prompt"]
+        ),
     ])
 }
 
@@ -100,7 +116,11 @@ pub fn chat_completion(target_bytes: usize, body_key: bool) -> Vec<u8> {
     let first = json!({"role": "user", "content": format!(
         "Fix the failing test in the retry module. {}", sentence(&mut rng, 25))});
     let tools = tools().to_string();
-    let tail_fields = if body_key { format!(r#","prompt_cache_key":"{SESSION_ID}""#) } else { String::new() };
+    let tail_fields = if body_key {
+        format!(r#","prompt_cache_key":"{SESSION_ID}""#)
+    } else {
+        String::new()
+    };
     // Everything but the turns: `{"model":…,"messages":[…],"tools":…,…}`.
     let envelope = 200 + tools.len() + tail_fields.len();
 
@@ -111,9 +131,18 @@ pub fn chat_completion(target_bytes: usize, body_key: bool) -> Vec<u8> {
         turn += 1;
         let call_id = format!("call_{turn:04}_{:08x}", rng.next() as u32);
         let (name, args) = match turn % 3 {
-            0 => ("run_command", json!({"command": format!("cargo test -p retry -- case_{turn}")})),
-            1 => ("read_file", json!({"path": format!("src/retry/part_{turn}.rs"), "limit": 200})),
-            _ => ("edit_file", json!({"path": "src/retry/mod.rs", "old": sentence(&mut rng, 6), "new": sentence(&mut rng, 6)})),
+            0 => (
+                "run_command",
+                json!({"command": format!("cargo test -p retry -- case_{turn}")}),
+            ),
+            1 => (
+                "read_file",
+                json!({"path": format!("src/retry/part_{turn}.rs"), "limit": 200}),
+            ),
+            _ => (
+                "edit_file",
+                json!({"path": "src/retry/mod.rs", "old": sentence(&mut rng, 6), "new": sentence(&mut rng, 6)}),
+            ),
         };
         let assistant = json!({"role": "assistant", "content": sentence(&mut rng, 12), "tool_calls": [
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": args.to_string()}}]});
@@ -125,7 +154,7 @@ pub fn chat_completion(target_bytes: usize, body_key: bool) -> Vec<u8> {
             size += m.len() + 1;
             messages.push(m);
         }
-        if turn % 7 == 0 {
+        if turn.is_multiple_of(7) {
             let user = json!({"role": "user", "content": sentence(&mut rng, 15)}).to_string();
             size += user.len() + 1;
             messages.push(user);
@@ -146,13 +175,24 @@ mod tests {
     fn bodies_are_deterministic_json_of_the_requested_size() {
         for target in [4 * 1024, 400 * 1024] {
             let a = chat_completion(target, true);
-            assert_eq!(a, chat_completion(target, true), "same inputs must give the same bytes");
-            assert!(a.len() >= target && a.len() < target + 2 * 1024, "size {} for target {target}", a.len());
+            assert_eq!(
+                a,
+                chat_completion(target, true),
+                "same inputs must give the same bytes"
+            );
+            assert!(
+                a.len() >= target && a.len() < target + 2 * 1024,
+                "size {} for target {target}",
+                a.len()
+            );
             let v: Value = serde_json::from_slice(&a).expect("valid JSON");
             assert_eq!(v["prompt_cache_key"], SESSION_ID);
             let messages = v["messages"].as_array().expect("messages");
             assert_eq!(messages[0]["role"], "system");
-            assert!(messages.iter().any(|m| m["role"] == "tool"), "tool results present");
+            assert!(
+                messages.iter().any(|m| m["role"] == "tool"),
+                "tool results present"
+            );
         }
     }
 

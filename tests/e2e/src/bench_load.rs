@@ -50,7 +50,9 @@ struct Conn {
 
 impl Conn {
     async fn open(addr: SocketAddr) -> Result<Self> {
-        let stream = TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+        let stream = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
         stream.set_nodelay(true)?;
         let (sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
@@ -65,7 +67,10 @@ impl Conn {
         let resp = self.sender.send_request(target.request()?).await?;
         let (parts, body) = resp.into_parts();
         body.collect().await?;
-        Ok(Reply { status: parts.status.as_u16(), headers: parts.headers })
+        Ok(Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+        })
     }
 }
 
@@ -74,22 +79,44 @@ pub async fn probe(target: &Target) -> Result<Reply> {
     Conn::open(target.addr).await?.exchange(target).await
 }
 
-/// Latency at concurrency 1: sequential requests on one connection, until
-/// `max_requests` or `max_time` (at least `min_requests`), in nanoseconds.
-pub async fn latency(target: &Target, min_requests: u64, max_requests: u64, max_time: Duration) -> Result<Histogram<u64>> {
-    let mut hist = Histogram::<u64>::new_with_bounds(1_000, 120_000_000_000, 3)?;
-    let mut conn = Conn::open(target.addr).await?;
-    let start = Instant::now();
-    let mut n = 0;
-    while n < max_requests && (n < min_requests || start.elapsed() < max_time) {
-        let t = Instant::now();
-        let reply = conn.exchange(target).await?;
-        let ns = t.elapsed().as_nanos() as u64;
-        ensure!(reply.status == 200, "status {} at concurrency 1", reply.status);
-        hist.saturating_record(ns.max(1_000));
-        n += 1;
+/// Latency at concurrency 1 for several targets at once: one keep-alive
+/// connection each, one request at a time, taking the targets in turn (the
+/// first of each cycle rotates), so whatever else the machine is doing hits
+/// every target alike. Runs until each has `min_requests` and `max_time` has
+/// passed. Histograms in nanoseconds, in the order of `targets`.
+pub async fn latency_interleaved(
+    targets: &[&Target],
+    min_requests: u64,
+    max_time: Duration,
+) -> Result<Vec<Histogram<u64>>> {
+    let mut hists = Vec::with_capacity(targets.len());
+    let mut conns = Vec::with_capacity(targets.len());
+    for t in targets {
+        hists.push(Histogram::<u64>::new_with_bounds(
+            1_000,
+            120_000_000_000,
+            3,
+        )?);
+        conns.push(Conn::open(t.addr).await?);
     }
-    Ok(hist)
+    let start = Instant::now();
+    let mut cycle = 0usize;
+    while cycle < min_requests as usize || start.elapsed() < max_time {
+        for k in 0..targets.len() {
+            let i = (cycle + k) % targets.len();
+            let t = Instant::now();
+            let reply = conns[i].exchange(targets[i]).await?;
+            let ns = t.elapsed().as_nanos() as u64;
+            ensure!(
+                reply.status == 200,
+                "status {} at concurrency 1",
+                reply.status
+            );
+            hists[i].saturating_record(ns.max(1_000));
+        }
+        cycle += 1;
+    }
+    Ok(hists)
 }
 
 /// Requests/s with `conns` keep-alive connections each sending back to back for `time`.

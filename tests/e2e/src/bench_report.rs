@@ -98,26 +98,47 @@ pub fn median(values: &[f64]) -> Option<f64> {
     }
     v.sort_by(f64::total_cmp);
     let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
+    Some(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
 }
 
 impl Results {
     pub fn record(&mut self, variant: Variant, size: usize, sample: Sample) {
-        self.samples.entry((variant, size)).or_default().push(sample);
+        self.samples
+            .entry((variant, size))
+            .or_default()
+            .push(sample);
     }
 
     fn rounds(&self, variant: Variant, size: usize) -> &[Sample] {
-        self.samples.get(&(variant, size)).map(Vec::as_slice).unwrap_or(&[])
+        self.samples
+            .get(&(variant, size))
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
     }
 
     /// Median over rounds of one figure.
-    pub fn median_of(&self, variant: Variant, size: usize, f: impl Fn(&Sample) -> f64) -> Option<f64> {
+    pub fn median_of(
+        &self,
+        variant: Variant,
+        size: usize,
+        f: impl Fn(&Sample) -> f64,
+    ) -> Option<f64> {
         median(&self.rounds(variant, size).iter().map(f).collect::<Vec<_>>())
     }
 
     /// Median over rounds of `f(variant's sample, other's sample)`, pairing the
     /// samples of the same round so that noise common to a round cancels.
-    pub fn paired(&self, variant: Variant, other: Variant, size: usize, f: impl Fn(&Sample, &Sample) -> f64) -> Option<f64> {
+    pub fn paired(
+        &self,
+        variant: Variant,
+        other: Variant,
+        size: usize,
+        f: impl Fn(&Sample, &Sample) -> f64,
+    ) -> Option<f64> {
         let a = self.rounds(variant, size);
         let b = self.rounds(other, size);
         median(&a.iter().zip(b).map(|(x, y)| f(x, y)).collect::<Vec<_>>())
@@ -167,8 +188,15 @@ pub fn header_target(results: &Results, sizes: &[usize]) -> Verdict {
         pass &= r >= HEADER_TARGET;
         parts.push(format!("{}: {r:.3}x", human_size(size)));
     }
-    let text = format!("header path rps vs trivial filter ≥ {HEADER_TARGET}x — {}", parts.join(", "));
-    if pass { Verdict::Pass(text) } else { Verdict::Miss(text) }
+    let text = format!(
+        "header path rps vs trivial filter ≥ {HEADER_TARGET}x — {}",
+        parts.join(", ")
+    );
+    if pass {
+        Verdict::Pass(text)
+    } else {
+        Verdict::Miss(text)
+    }
 }
 
 /// Body path: p50 added over no filter ≤ 1.25 × what the body floor adds, at `size` (400 KB).
@@ -184,7 +212,9 @@ pub fn body_target(results: &Results, size: usize) -> Verdict {
         human_size(size)
     );
     if floor <= 0.0 {
-        Verdict::Inconclusive(format!("{text}; the floor measured as adding nothing, noise exceeds the effect"))
+        Verdict::Inconclusive(format!(
+            "{text}; the floor measured as adding nothing, noise exceeds the effect"
+        ))
     } else if tether <= limit {
         Verdict::Pass(format!("{text}, {:.2}x the floor", tether / floor))
     } else {
@@ -224,13 +254,27 @@ pub fn table(results: &Results, variants: &[Variant], sizes: &[usize]) -> String
                 human_size(size),
                 v.letter(),
                 v.label(),
-                cell(results.median_of(v, size, |s| s.p50_us), |x| format!("{x:.0}")),
-                cell(results.median_of(v, size, |s| s.p99_us), |x| format!("{x:.0}")),
-                cell(results.added_p50(v, Variant::NoFilter, size), |x| format!("{x:+.0}")),
+                cell(results.median_of(v, size, |s| s.p50_us), |x| format!(
+                    "{x:.0}"
+                )),
+                cell(results.median_of(v, size, |s| s.p99_us), |x| format!(
+                    "{x:.0}"
+                )),
+                cell(results.added_p50(v, Variant::NoFilter, size), |x| format!(
+                    "{x:+.0}"
+                )),
                 cell(results.median_of(v, size, |s| s.rps), |x| format!("{x:.0}")),
-                cell(results.rps_ratio(v, Variant::NoFilter, size), |x| format!("{x:.3}x")),
-                cell(floor.and_then(|f| results.rps_ratio(v, f, size)), |x| format!("{x:.3}x ({})", floor.map_or('-', Variant::letter))),
-                cell(floor.and_then(|f| results.added_p50(v, f, size)), |x| format!("{x:+.0}")),
+                cell(results.rps_ratio(v, Variant::NoFilter, size), |x| format!(
+                    "{x:.3}x"
+                )),
+                cell(
+                    floor.and_then(|f| results.rps_ratio(v, f, size)),
+                    |x| format!("{x:.3}x ({})", floor.map_or('-', Variant::letter))
+                ),
+                cell(
+                    floor.and_then(|f| results.added_p50(v, f, size)),
+                    |x| format!("{x:+.0}")
+                ),
             );
         }
     }
@@ -242,7 +286,11 @@ mod tests {
     use super::*;
 
     fn s(p50_us: f64, rps: f64) -> Sample {
-        Sample { p50_us, p99_us: p50_us * 2.0, rps }
+        Sample {
+            p50_us,
+            p99_us: p50_us * 2.0,
+            rps,
+        }
     }
 
     #[test]
@@ -260,7 +308,9 @@ mod tests {
         r.record(Variant::HeaderFloor, 4096, s(200.0, 500.0));
         r.record(Variant::TetherHeader, 4096, s(110.0, 900.0));
         r.record(Variant::TetherHeader, 4096, s(220.0, 450.0));
-        let ratio = r.rps_ratio(Variant::TetherHeader, Variant::HeaderFloor, 4096).expect("ratio");
+        let ratio = r
+            .rps_ratio(Variant::TetherHeader, Variant::HeaderFloor, 4096)
+            .expect("ratio");
         assert!((ratio - 0.9).abs() < 1e-9);
         assert!(matches!(header_target(&r, &[4096]), Verdict::Miss(_)));
     }

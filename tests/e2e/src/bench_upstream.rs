@@ -33,32 +33,40 @@ impl Upstream {
     /// Starts `ports` listeners (several stand for several ranks behind a hash).
     pub fn start(ports: usize) -> anyhow::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new().name("bench-upstream".into()).spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = tx.send(Err(anyhow::Error::from(e)));
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                let mut addrs = Vec::new();
-                for _ in 0..ports {
-                    match TcpListener::bind("127.0.0.1:0").await.and_then(|l| Ok((l.local_addr()?, l))) {
-                        Ok((addr, listener)) => {
-                            addrs.push(addr);
-                            tokio::spawn(accept_loop(listener));
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e.into()));
-                            return;
+        std::thread::Builder::new()
+            .name("bench-upstream".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = tx.send(Err(anyhow::Error::from(e)));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let mut addrs = Vec::new();
+                    for _ in 0..ports {
+                        match TcpListener::bind("127.0.0.1:0")
+                            .await
+                            .and_then(|l| Ok((l.local_addr()?, l)))
+                        {
+                            Ok((addr, listener)) => {
+                                addrs.push(addr);
+                                tokio::spawn(accept_loop(listener));
+                            }
+                            Err(e) => {
+                                let _ = tx.send(Err(e.into()));
+                                return;
+                            }
                         }
                     }
-                }
-                let _ = tx.send(Ok(addrs));
-                std::future::pending::<()>().await;
-            });
-        })?;
+                    let _ = tx.send(Ok(addrs));
+                    std::future::pending::<()>().await;
+                });
+            })?;
         let addrs = rx.recv()??;
         Ok(Self { addrs })
     }
@@ -71,10 +79,14 @@ impl Upstream {
 
 async fn accept_loop(listener: TcpListener) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
-            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service_fn(answer)).await;
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service_fn(answer))
+                .await;
         });
     }
 }
@@ -82,7 +94,11 @@ async fn accept_loop(listener: TcpListener) {
 async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let echoed: Vec<(String, hyper::header::HeaderValue)> = ECHOED
         .iter()
-        .filter_map(|name| req.headers().get(*name).map(|v| (format!("x-up-{name}"), v.clone())))
+        .filter_map(|name| {
+            req.headers()
+                .get(*name)
+                .map(|v| (format!("x-up-{name}"), v.clone()))
+        })
         .collect();
     let mut body = req.into_body();
     let mut bytes = 0usize;
@@ -94,7 +110,10 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
     }
     let mut resp = Response::new(Full::new(Bytes::from_static(REPLY.as_bytes())));
     let headers = resp.headers_mut();
-    headers.insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    headers.insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     headers.insert("x-up-body-bytes", hyper::header::HeaderValue::from(bytes));
     for (name, value) in echoed {
         if let Ok(name) = hyper::header::HeaderName::try_from(name) {

@@ -256,8 +256,11 @@ impl Envoy {
     }
 
     /// The first listener's address (the ingress in every tether bootstrap).
+    /// `start` only returns once at least one listener is bound.
     pub fn listen_addr(&self) -> SocketAddr {
-        self.listeners[0].1
+        self.listeners
+            .first()
+            .map_or_else(|| self.admin_addr(), |(_, a)| *a)
     }
 
     /// A listener's address by its `name` in the bootstrap.

@@ -19,18 +19,22 @@
 //! - Templates ([`template`]): bootstraps contain `${NAME}` or `${NAME:-default}`.
 //!   The harness fills `ADMIN_PORT` and `LISTEN_PORT` with `0` (ephemeral; the
 //!   real port is read back from the admin), `FILTER_WASM` and `FLOOR_WASM`
-//!   with the module paths; callers set the rest (`RANK_0`…: `ip:port` of the
-//!   upstreams, `PLUGIN_CONFIG`: the filter's JSON configuration quoted by
-//!   [`EnvoyBuilder::plugin_config`]). An unresolved placeholder is an error
+//!   with the module paths; callers set the rest (`RANK_<i>_PORT` /
+//!   `RANK_<i>_IP`: the upstreams, see [`bootstrap::rank_vars`];
+//!   `PLUGIN_CONFIG`: the filter's JSON configuration quoted by
+//!   [`EnvoyBuilder::plugin_config`]; optional `BUFFER_LIMIT`, …). An unresolved placeholder is an error
 //!   naming it. The bootstraps are in `envoy/` ([`bootstrap`] loads them).
 //! - [`EchoRank::start(name)`](EchoRank::start): a `tether-echo-rank` process on an
 //!   ephemeral port ([`EchoRank::addr`]); it answers any request with JSON
 //!   [`EchoReply`] `{"rank","port","method","path","headers" (lower-case),
-//!   "body_bytes","body" (≤ 64 KiB UTF-8, else null)}`.
+//!   "body_bytes","body" (≤ 64 KiB UTF-8, else null)}`; request header
+//!   [`echo::DELAY_HEADER`] holds the answer (to keep requests in flight).
 //! - [`HttpClient`]: `post_json(addr, path, headers, json)`, `send(addr, Request)`
 //!   with raw header bytes, chunked bodies ([`Request::chunked`]), keep-alive
 //!   [`Connection`]s, and [`HttpClient::bind`] to a source IP (127.0.0.2 is a
 //!   real client IP change on Linux loopback).
+//! - [`agent::Conversation`]: Anthropic Messages / Chat Completions / Responses
+//!   bodies growing turn by turn (tool calls and results), keys in SDK order.
 //! - [`paths`]: where Envoy and the modules are (`TETHER_ENVOY`,
 //!   `TETHER_FILTER_WASM`, `TETHER_FLOOR_WASM`, else the `make` defaults), and
 //!   `require_*` checks that fail with the command that builds what is missing.

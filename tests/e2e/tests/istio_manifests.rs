@@ -17,7 +17,8 @@ fn istio_dir() -> PathBuf {
 
 fn schemas() -> Result<Value> {
     let path = istio_dir().join("schema/istio-crd-openapi.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     Ok(serde_json::from_str(&text)?)
 }
 
@@ -43,7 +44,10 @@ fn shipped() -> Result<Vec<(String, Value)>> {
     paths.sort();
     for path in paths {
         let text = std::fs::read_to_string(&path)?;
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         for doc in parse_yaml(&text).with_context(|| format!("parsing {name}"))? {
             out.push((name.clone(), doc));
         }
@@ -79,7 +83,12 @@ fn object_meta_schema() -> Value {
 /// Validates one Kubernetes object: envelope (`apiVersion`, `kind`, `metadata`)
 /// and the rest against the CRD schema of its kind and version.
 fn validate_manifest(doc: &Value, schemas: &Value) -> Vec<Violation> {
-    let bad = |path: &str, message: String| vec![Violation { path: path.to_owned(), message }];
+    let bad = |path: &str, message: String| {
+        vec![Violation {
+            path: path.to_owned(),
+            message,
+        }]
+    };
     let Some(obj) = doc.as_object() else {
         return bad("<root>", "a manifest must be an object".into());
     };
@@ -87,9 +96,18 @@ fn validate_manifest(doc: &Value, schemas: &Value) -> Vec<Violation> {
     let Some(group) = group_of(kind) else {
         return bad(".kind", format!("unknown kind {kind:?}"));
     };
-    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-    let Some(version) = api_version.strip_prefix(group).and_then(|v| v.strip_prefix('/')) else {
-        return bad(".apiVersion", format!("{api_version:?} is not in group {group}"));
+    let api_version = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let Some(version) = api_version
+        .strip_prefix(group)
+        .and_then(|v| v.strip_prefix('/'))
+    else {
+        return bad(
+            ".apiVersion",
+            format!("{api_version:?} is not in group {group}"),
+        );
     };
     let Some(schema) = schemas.get(kind).and_then(|k| k.get(version)) else {
         return bad(".apiVersion", format!("{kind} has no version {version:?}"));
@@ -102,7 +120,10 @@ fn validate_manifest(doc: &Value, schemas: &Value) -> Vec<Violation> {
                 violations.push(v);
             }
         }
-        None => violations.push(Violation { path: ".metadata".into(), message: "missing".into() }),
+        None => violations.push(Violation {
+            path: ".metadata".into(),
+            message: "missing".into(),
+        }),
     }
     let body: serde_json::Map<String, Value> = obj
         .iter()
@@ -120,14 +141,20 @@ fn assert_valid(doc: &Value, schemas: &Value) -> Result<()> {
 }
 
 fn render(violations: &[Violation]) -> String {
-    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    violations
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Asserts that `doc` is rejected with a violation at `path` whose message contains `needle`.
 fn assert_rejected(doc: &Value, schemas: &Value, path: &str, needle: &str) -> Result<()> {
     let violations = validate_manifest(doc, schemas);
     ensure!(
-        violations.iter().any(|v| v.path == path && v.message.contains(needle)),
+        violations
+            .iter()
+            .any(|v| v.path == path && v.message.contains(needle)),
         "expected a violation at {path} containing {needle:?}, got: [{}]",
         render(&violations)
     );
@@ -145,7 +172,9 @@ fn manifest(kind: &str) -> Result<Value> {
 /// Sets `value` at a `/`-separated pointer, creating nothing: the parent must exist.
 fn set(doc: &mut Value, pointer: &str, value: Value) -> Result<()> {
     let (parent, key) = pointer.rsplit_once('/').context("pointer without /")?;
-    let target = doc.pointer_mut(parent).with_context(|| format!("no {parent}"))?;
+    let target = doc
+        .pointer_mut(parent)
+        .with_context(|| format!("no {parent}"))?;
     match target {
         Value::Object(map) => {
             map.insert(key.to_owned(), value);
@@ -164,10 +193,13 @@ fn every_shipped_manifest_is_valid_and_all_three_kinds_are_there() -> Result<()>
     let schemas = schemas()?;
     let docs = shipped()?;
     for (file, doc) in &docs {
-        assert_valid(doc, &schemas).with_context(|| format!("{file}"))?;
+        assert_valid(doc, &schemas).with_context(|| file.to_string())?;
     }
     for kind in ["WasmPlugin", "DestinationRule", "EnvoyFilter"] {
-        ensure!(docs.iter().any(|(_, d)| d["kind"] == kind), "no {kind} in envoy/istio");
+        ensure!(
+            docs.iter().any(|(_, d)| d["kind"] == kind),
+            "no {kind} in envoy/istio"
+        );
     }
     Ok(())
 }
@@ -182,14 +214,23 @@ fn a_misspelt_field_is_rejected_where_it_is() -> Result<()> {
         .context("consistentHash")?;
     let header = hash.remove("httpHeaderName").context("httpHeaderName")?;
     hash.insert("httpHeadrName".into(), header);
-    assert_rejected(&dr, &schemas, ".spec.trafficPolicy.loadBalancer.consistentHash.httpHeadrName", "unknown field")?;
+    assert_rejected(
+        &dr,
+        &schemas,
+        ".spec.trafficPolicy.loadBalancer.consistentHash.httpHeadrName",
+        "unknown field",
+    )?;
 
     let mut wp = manifest("WasmPlugin")?;
     set(&mut wp, "/spec/pluginConfg", json!({"mode": "hash"}))?;
     assert_rejected(&wp, &schemas, ".spec.pluginConfg", "unknown field")?;
 
     let mut ef = manifest("EnvoyFilter")?;
-    set(&mut ef, "/spec/configPatches/0/match/listener/filterChain/filter/subFiltr", json!({"name": "x"}))?;
+    set(
+        &mut ef,
+        "/spec/configPatches/0/match/listener/filterChain/filter/subFiltr",
+        json!({"name": "x"}),
+    )?;
     assert_rejected(
         &ef,
         &schemas,
@@ -203,7 +244,12 @@ fn a_wrong_type_or_value_is_rejected() -> Result<()> {
     let schemas = schemas()?;
     let mut wp = manifest("WasmPlugin")?;
     set(&mut wp, "/spec/priority", json!("high"))?;
-    assert_rejected(&wp, &schemas, ".spec.priority", "expected integer, found string")?;
+    assert_rejected(
+        &wp,
+        &schemas,
+        ".spec.priority",
+        "expected integer, found string",
+    )?;
 
     let mut wp = manifest("WasmPlugin")?;
     set(&mut wp, "/spec/phase", json!("BEFORE_ROUTER"))?;
@@ -211,10 +257,19 @@ fn a_wrong_type_or_value_is_rejected() -> Result<()> {
 
     let mut wp = manifest("WasmPlugin")?;
     set(&mut wp, "/spec/match/0/ports/0/number", json!(70000))?;
-    assert_rejected(&wp, &schemas, ".spec.match[0].ports[0].number", "above the maximum")?;
+    assert_rejected(
+        &wp,
+        &schemas,
+        ".spec.match[0].ports[0].number",
+        "above the maximum",
+    )?;
 
     let mut dr = manifest("DestinationRule")?;
-    set(&mut dr, "/spec/trafficPolicy/loadBalancer/consistentHash/maglev", json!({"tableSize": "big"}))?;
+    set(
+        &mut dr,
+        "/spec/trafficPolicy/loadBalancer/consistentHash/maglev",
+        json!({"tableSize": "big"}),
+    )?;
     assert_rejected(
         &dr,
         &schemas,
@@ -223,29 +278,67 @@ fn a_wrong_type_or_value_is_rejected() -> Result<()> {
     )?;
 
     let mut ef = manifest("EnvoyFilter")?;
-    set(&mut ef, "/spec/configPatches/0/patch/operation", json!("INSERT_SOMEWHERE"))?;
-    assert_rejected(&ef, &schemas, ".spec.configPatches[0].patch.operation", "is not one of")
+    set(
+        &mut ef,
+        "/spec/configPatches/0/patch/operation",
+        json!("INSERT_SOMEWHERE"),
+    )?;
+    assert_rejected(
+        &ef,
+        &schemas,
+        ".spec.configPatches[0].patch.operation",
+        "is not one of",
+    )
 }
 
 #[test]
 fn mutually_exclusive_and_required_fields_are_enforced() -> Result<()> {
     let schemas = schemas()?;
     let mut dr = manifest("DestinationRule")?;
-    set(&mut dr, "/spec/trafficPolicy/loadBalancer/consistentHash/ringHash", json!({"minimumRingSize": 1024}))?;
-    assert_rejected(&dr, &schemas, ".spec.trafficPolicy.loadBalancer.consistentHash", "exactly one oneOf")?;
+    set(
+        &mut dr,
+        "/spec/trafficPolicy/loadBalancer/consistentHash/ringHash",
+        json!({"minimumRingSize": 1024}),
+    )?;
+    assert_rejected(
+        &dr,
+        &schemas,
+        ".spec.trafficPolicy.loadBalancer.consistentHash",
+        "exactly one oneOf",
+    )?;
 
     let mut dr = manifest("DestinationRule")?;
-    set(&mut dr, "/spec/trafficPolicy/loadBalancer/simple", json!("ROUND_ROBIN"))?;
-    assert_rejected(&dr, &schemas, ".spec.trafficPolicy.loadBalancer", "exactly one oneOf")?;
+    set(
+        &mut dr,
+        "/spec/trafficPolicy/loadBalancer/simple",
+        json!("ROUND_ROBIN"),
+    )?;
+    assert_rejected(
+        &dr,
+        &schemas,
+        ".spec.trafficPolicy.loadBalancer",
+        "exactly one oneOf",
+    )?;
 
     let mut wp = manifest("WasmPlugin")?;
     wp["spec"].as_object_mut().context("spec")?.remove("url");
     assert_rejected(&wp, &schemas, ".spec", "required field \"url\"")?;
 
     let mut wp = manifest("WasmPlugin")?;
-    let port = wp.pointer("/spec/match/0/ports/0").cloned().context("a port")?;
-    wp.pointer_mut("/spec/match/0/ports").and_then(Value::as_array_mut).context("ports")?.push(port);
-    assert_rejected(&wp, &schemas, ".spec.match[0].ports[1]", "duplicate list entry")
+    let port = wp
+        .pointer("/spec/match/0/ports/0")
+        .cloned()
+        .context("a port")?;
+    wp.pointer_mut("/spec/match/0/ports")
+        .and_then(Value::as_array_mut)
+        .context("ports")?
+        .push(port);
+    assert_rejected(
+        &wp,
+        &schemas,
+        ".spec.match[0].ports[1]",
+        "duplicate list entry",
+    )
 }
 
 #[test]
@@ -260,8 +353,17 @@ fn the_envelope_is_checked_too() -> Result<()> {
     assert_rejected(&wp, &schemas, ".metadata.lables", "unknown field")?;
 
     let mut wp = manifest("WasmPlugin")?;
-    set(&mut wp, "/apiVersion", json!("networking.istio.io/v1alpha3"))?;
-    assert_rejected(&wp, &schemas, ".apiVersion", "not in group extensions.istio.io")?;
+    set(
+        &mut wp,
+        "/apiVersion",
+        json!("networking.istio.io/v1alpha3"),
+    )?;
+    assert_rejected(
+        &wp,
+        &schemas,
+        ".apiVersion",
+        "not in group extensions.istio.io",
+    )?;
 
     let mut dr = manifest("DestinationRule")?;
     set(&mut dr, "/apiVersion", json!("networking.istio.io/v2"))?;
@@ -274,10 +376,18 @@ fn open_fields_stay_open() -> Result<()> {
     // server keeps whatever is there, so the validator must not reject new keys.
     let schemas = schemas()?;
     let mut wp = manifest("WasmPlugin")?;
-    set(&mut wp, "/spec/pluginConfig/some_future_field", json!({"nested": [1, "two"]}))?;
+    set(
+        &mut wp,
+        "/spec/pluginConfig/some_future_field",
+        json!({"nested": [1, "two"]}),
+    )?;
     assert_valid(&wp, &schemas)?;
     let mut ef = manifest("EnvoyFilter")?;
-    set(&mut ef, "/spec/configPatches/0/patch/value/anything", json!(true))?;
+    set(
+        &mut ef,
+        "/spec/configPatches/0/patch/value/anything",
+        json!(true),
+    )?;
     assert_valid(&ef, &schemas)
 }
 
@@ -289,13 +399,18 @@ fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
     let ef = manifest("EnvoyFilter")?;
 
     let config = &wp["spec"]["pluginConfig"];
-    ensure!(config["mode"] == "hash", "the Istio setup is hash mode (DestinationRule consistentHash)");
+    ensure!(
+        config["mode"] == "hash",
+        "the Istio setup is hash mode (DestinationRule consistentHash)"
+    );
     ensure!(
         dr.pointer("/spec/trafficPolicy/loadBalancer/consistentHash/httpHeaderName")
             == Some(&json!("x-tether-key")),
         "DestinationRule must hash on x-tether-key"
     );
-    let selector = wp.pointer("/spec/selector/matchLabels").context("WasmPlugin selector")?;
+    let selector = wp
+        .pointer("/spec/selector/matchLabels")
+        .context("WasmPlugin selector")?;
     ensure!(
         ef.pointer("/spec/workloadSelector/labels") == Some(selector),
         "EnvoyFilter and WasmPlugin must select the same workloads"
@@ -305,9 +420,13 @@ fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
         "gateway listeners are CLIENT traffic in Istio"
     );
 
-    let patches = ef["spec"]["configPatches"].as_array().context("configPatches")?;
+    let patches = ef["spec"]["configPatches"]
+        .as_array()
+        .context("configPatches")?;
     let filter_patch = |name: &str| {
-        patches.iter().find(|p| p.pointer("/patch/value/name") == Some(&json!(name)))
+        patches
+            .iter()
+            .find(|p| p.pointer("/patch/value/name") == Some(&json!(name)))
     };
     // buffer right after the wasm filter Istio names `<namespace>.<name>`.
     let wasm_name = format!(
@@ -318,10 +437,13 @@ fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
     let buffer = filter_patch("envoy.filters.http.buffer").context("no buffer filter patch")?;
     ensure!(buffer["patch"]["operation"] == "INSERT_AFTER");
     ensure!(
-        buffer.pointer("/match/listener/filterChain/filter/subFilter/name") == Some(&json!(wasm_name)),
+        buffer.pointer("/match/listener/filterChain/filter/subFilter/name")
+            == Some(&json!(wasm_name)),
         "the buffer filter must follow the wasm filter {wasm_name}"
     );
-    let max_body = config["max_body_bytes"].as_u64().context("pluginConfig.max_body_bytes")?;
+    let max_body = config["max_body_bytes"]
+        .as_u64()
+        .context("pluginConfig.max_body_bytes")?;
     ensure!(
         buffer.pointer("/patch/value/typed_config/max_request_bytes") == Some(&json!(max_body)),
         "buffer max_request_bytes must equal the filter's max_body_bytes"
@@ -331,12 +453,14 @@ fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
         .find(|p| p["applyTo"] == "LISTENER")
         .context("no listener buffer-limit patch")?;
     ensure!(
-        listener.pointer("/patch/value/per_connection_buffer_limit_bytes") == Some(&json!(max_body)),
+        listener.pointer("/patch/value/per_connection_buffer_limit_bytes")
+            == Some(&json!(max_body)),
         "the per-connection buffer limit must admit max_body_bytes"
     );
 
     // header_mutation right after buffer, copying wasm.tether.<h> into <h>.
-    let mutation = filter_patch("envoy.filters.http.header_mutation").context("no header_mutation patch")?;
+    let mutation =
+        filter_patch("envoy.filters.http.header_mutation").context("no header_mutation patch")?;
     ensure!(
         mutation.pointer("/match/listener/filterChain/filter/subFilter/name")
             == Some(&json!("envoy.filters.http.buffer"))
@@ -349,20 +473,41 @@ fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
         .context("request_mutations")?;
     let mut copied = Vec::new();
     for m in copies {
-        let key = m.pointer("/append/header/key").and_then(Value::as_str).context("header key")?;
-        let value = m.pointer("/append/header/value").and_then(Value::as_str).context("header value")?;
+        let key = m
+            .pointer("/append/header/key")
+            .and_then(Value::as_str)
+            .context("header key")?;
+        let value = m
+            .pointer("/append/header/value")
+            .and_then(Value::as_str)
+            .context("header value")?;
         ensure!(
             value == format!("%FILTER_STATE(wasm.tether.{key}:PLAIN)%"),
             "{key} must be copied from filter state wasm.tether.{key}, not {value}"
         );
-        ensure!(m["append"]["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD", "{key} must overwrite client values");
+        ensure!(
+            m["append"]["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD",
+            "{key} must overwrite client values"
+        );
         copied.push(key);
     }
-    for needed in ["x-tether-key", "x-tether-key-source", "x-tether-prompt-end", "x-tether-turn-kind", "x-tether-retention-ms"] {
+    for needed in [
+        "x-tether-key",
+        "x-tether-key-source",
+        "x-tether-prompt-end",
+        "x-tether-turn-kind",
+        "x-tether-retention-ms",
+    ] {
         ensure!(copied.contains(&needed), "body path does not copy {needed}");
     }
-    let session_header = config.pointer("/engine/session_header").and_then(Value::as_bool).unwrap_or(true);
-    ensure!(!session_header || copied.contains(&"x-session-id"), "engine.session_header needs x-session-id copied");
+    let session_header = config
+        .pointer("/engine/session_header")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    ensure!(
+        !session_header || copied.contains(&"x-session-id"),
+        "engine.session_header needs x-session-id copied"
+    );
 
     // The header path disables the buffer per route.
     let route = patches
@@ -373,6 +518,38 @@ fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
         route.pointer("/patch/value/typed_per_filter_config/envoy.filters.http.buffer/disabled")
             == Some(&json!(true)),
         "the header-path route must disable the buffer"
+    );
+    Ok(())
+}
+
+/// `pluginConfig` is opaque to Kubernetes (preserve-unknown-fields), so the
+/// filter's own parser is what rejects a bad one: at `on_configure`, in the
+/// gateway, after the rollout. Check it here instead.
+#[test]
+fn the_plugin_config_is_accepted_by_the_filter_itself() -> Result<()> {
+    use tether_filter::config::{Config, Mode};
+    let wp = manifest("WasmPlugin")?;
+    let raw = serde_json::to_vec(&wp["spec"]["pluginConfig"])?;
+    let config =
+        Config::parse(&raw).map_err(|e| anyhow!("the filter rejects pluginConfig: {e}"))?;
+    ensure!(
+        config.mode == Mode::Hash,
+        "hash mode expected, got {:?}",
+        config.mode
+    );
+    ensure!(config.tenant_header.as_deref() == Some("x-auth-tenant"));
+    ensure!(
+        config.max_body_bytes as u64
+            == wp["spec"]["pluginConfig"]["max_body_bytes"]
+                .as_u64()
+                .unwrap_or(0)
+    );
+
+    let mut bad = wp["spec"]["pluginConfig"].clone();
+    set(&mut bad, "/max_body_byte", json!(1024))?;
+    ensure!(
+        Config::parse(&serde_json::to_vec(&bad)?).is_err(),
+        "a misspelt pluginConfig field must be rejected by the filter"
     );
     Ok(())
 }

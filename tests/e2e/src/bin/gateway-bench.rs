@@ -38,7 +38,7 @@ struct Args {
     /// Seconds of each saturation phase.
     #[arg(long)]
     saturation_secs: Option<f64>,
-    /// Seconds (at most) of each concurrency-1 latency phase.
+    /// Seconds per variant of each round's interleaved concurrency-1 latency phase.
     #[arg(long)]
     latency_secs: Option<f64>,
     /// Connections at saturation.
@@ -63,7 +63,11 @@ struct Plan {
 
 impl Args {
     fn plan(&self) -> Plan {
-        let (rounds, sat, lat, warm) = if self.quick { (2, 0.5, 0.5, 0.5) } else { (5, 2.0, 1.5, 2.0) };
+        let (rounds, sat, lat, warm) = if self.quick {
+            (2, 0.5, 0.5, 0.5)
+        } else {
+            (9, 1.0, 1.0, 2.0)
+        };
         Plan {
             rounds: self.rounds.unwrap_or(rounds).max(1),
             saturation: Duration::from_secs_f64(self.saturation_secs.unwrap_or(sat)),
@@ -74,10 +78,18 @@ impl Args {
 
     fn variants(&self) -> Result<Vec<Variant>> {
         let mut out = Vec::new();
-        for part in self.variants.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        for part in self
+            .variants
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
             let mut chars = part.chars();
-            let (Some(c), None) = (chars.next(), chars.next()) else { bail!("variant {part:?} is not one letter a-f") };
-            let v = Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-f)"))?;
+            let (Some(c), None) = (chars.next(), chars.next()) else {
+                bail!("variant {part:?} is not one letter a-f")
+            };
+            let v =
+                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-f)"))?;
             if !out.contains(&v) {
                 out.push(v);
             }
@@ -114,12 +126,18 @@ fn start_envoy(v: Variant, upstream: &bench_upstream::Upstream) -> Result<Envoy>
     for (i, addr) in upstream.addrs().iter().enumerate() {
         builder = builder.var(format!("UP_{i}_PORT"), addr.port().to_string());
     }
-    let first = upstream.addrs().first().context("the upstream has no port")?;
+    let first = upstream
+        .addrs()
+        .first()
+        .context("the upstream has no port")?;
     let (yaml, builder) = match v {
         Variant::NoFilter => (bootstraps::NONE, builder),
         Variant::HeaderFloor => {
             paths::require_floor_wasm()?;
-            (bootstraps::HEADER_FLOOR, builder.plugin_config(&serde_json::json!({"mode": "header"})))
+            (
+                bootstraps::HEADER_FLOOR,
+                builder.plugin_config(&serde_json::json!({"mode": "header"})),
+            )
         }
         Variant::BodyFloor => {
             paths::require_floor_wasm()?;
@@ -128,7 +146,10 @@ fn start_envoy(v: Variant, upstream: &bench_upstream::Upstream) -> Result<Envoy>
         }
         Variant::TetherHeader | Variant::TetherBody => {
             paths::require_filter_wasm()?;
-            (bootstraps::TETHER, builder.plugin_config(&serde_json::json!({"mode": "hash"})))
+            (
+                bootstraps::TETHER,
+                builder.plugin_config(&serde_json::json!({"mode": "hash"})),
+            )
         }
         Variant::NativeJson => (bootstraps::NATIVE_JSON, builder),
     };
@@ -140,23 +161,49 @@ fn start_envoy(v: Variant, upstream: &bench_upstream::Upstream) -> Result<Envoy>
 fn target(v: Variant, envoy: &Envoy, body: &Bytes) -> Target {
     let mut headers = Vec::new();
     if matches!(v, Variant::HeaderFloor | Variant::TetherHeader) {
-        headers.push((HeaderName::from_static("x-session-id"), HeaderValue::from_static(bench_body::SESSION_ID)));
+        headers.push((
+            HeaderName::from_static("x-session-id"),
+            HeaderValue::from_static(bench_body::SESSION_ID),
+        ));
     }
-    Target { addr: envoy.listen_addr(), headers, body: body.clone() }
+    Target {
+        addr: envoy.listen_addr(),
+        headers,
+        body: body.clone(),
+    }
 }
 
 /// Checks once that a variant really took its path: the bench upstream answered,
 /// got the whole body, and saw the routing evidence of that path.
 fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
-    let header = |name: &str| reply.headers.get(name).and_then(|h| h.to_str().ok()).map(str::to_owned);
+    let header = |name: &str| {
+        reply
+            .headers
+            .get(name)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_owned)
+    };
     ensure!(reply.status == 200, "status {}", reply.status);
-    let got = header("x-up-body-bytes").context("the reply did not come from the bench upstream")?;
-    ensure!(got == body_len.to_string(), "the upstream got {got} body bytes, sent {body_len}");
+    let got =
+        header("x-up-body-bytes").context("the reply did not come from the bench upstream")?;
+    ensure!(
+        got == body_len.to_string(),
+        "the upstream got {got} body bytes, sent {body_len}"
+    );
     let source = header("x-up-x-tether-key-source").unwrap_or_default();
     match v {
-        Variant::HeaderFloor => ensure!(header("x-up-x-floor").as_deref() == Some("1"), "x-floor not set"),
-        Variant::TetherHeader => ensure!(source == "header:x-session-id", "key source {source:?}, expected the header"),
-        Variant::TetherBody => ensure!(source.starts_with("body:"), "key source {source:?}, expected a body field"),
+        Variant::HeaderFloor => ensure!(
+            header("x-up-x-floor").as_deref() == Some("1"),
+            "x-floor not set"
+        ),
+        Variant::TetherHeader => ensure!(
+            source == "header:x-session-id",
+            "key source {source:?}, expected the header"
+        ),
+        Variant::TetherBody => ensure!(
+            source.starts_with("body:"),
+            "key source {source:?}, expected a body field"
+        ),
         Variant::NativeJson => ensure!(
             header("x-up-x-tether-key").as_deref() == Some(bench_body::SESSION_ID),
             "json_to_metadata did not deliver prompt_cache_key as x-tether-key"
@@ -164,17 +211,6 @@ fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
         Variant::NoFilter | Variant::BodyFloor => {}
     }
     Ok(())
-}
-
-/// One latency phase and one saturation phase.
-async fn measure(target: &Target, plan: &Plan, conns: usize) -> Result<Sample> {
-    let hist = bench_load::latency(target, 20, 100_000, plan.latency).await?;
-    let rps = bench_load::saturate(target, conns, plan.saturation).await?;
-    Ok(Sample {
-        p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
-        rps,
-    })
 }
 
 fn envoy_version() -> String {
@@ -185,7 +221,12 @@ fn envoy_version() -> String {
         .and_then(|o| {
             let text = String::from_utf8_lossy(&o.stdout).into_owned();
             // `envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL`
-            let build = text.split("version:").nth(1)?.split_whitespace().next()?.to_owned();
+            let build = text
+                .split("version:")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .to_owned();
             build.split('/').nth(1).map(str::to_owned)
         })
         .unwrap_or_else(|| "unknown".into())
@@ -202,10 +243,14 @@ fn main() -> Result<()> {
     paths::require_envoy()?;
 
     let upstream = bench_upstream::Upstream::start(4)?;
-    let bodies: BTreeMap<usize, Bytes> =
-        sizes.iter().map(|&s| (s, Bytes::from(bench_body::chat_completion(s, true)))).collect();
+    let bodies: BTreeMap<usize, Bytes> = sizes
+        .iter()
+        .map(|&s| (s, Bytes::from(bench_body::chat_completion(s, true))))
+        .collect();
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut envoys: BTreeMap<&str, Envoy> = BTreeMap::new();
     let mut skipped: Vec<(Variant, String)> = Vec::new();
     variants.retain(|&v| {
@@ -221,19 +266,33 @@ fn main() -> Result<()> {
                 }
             }
         }
-        let Some(envoy) = envoys.get(key) else { return false };
+        let Some(envoy) = envoys.get(key) else {
+            return false;
+        };
         for (&size, body) in &bodies {
             let t = target(v, envoy, body);
-            let outcome = rt.block_on(bench_load::probe(&t)).and_then(|r| check_reply(v, &r, body.len()));
+            let outcome = rt
+                .block_on(bench_load::probe(&t))
+                .and_then(|r| check_reply(v, &r, body.len()));
             if let Err(e) = outcome {
-                skipped.push((v, format!("routing check at {} failed: {e:#}", bench_report::human_size(size))));
+                skipped.push((
+                    v,
+                    format!(
+                        "routing check at {} failed: {e:#}",
+                        bench_report::human_size(size)
+                    ),
+                ));
                 return false;
             }
         }
         true
     });
     for (v, why) in &skipped {
-        eprintln!("gateway-bench: skipping {}. {}: {why}", v.letter(), v.label());
+        eprintln!(
+            "gateway-bench: skipping {}. {}: {why}",
+            v.letter(),
+            v.label()
+        );
     }
     ensure!(!variants.is_empty(), "no variant could run");
 
@@ -247,7 +306,7 @@ fn main() -> Result<()> {
     for t in targets.values() {
         rt.block_on(async {
             bench_load::saturate(t, args.conns, plan.warmup).await?;
-            bench_load::latency(t, 20, 200, plan.warmup / 4).await
+            bench_load::latency_interleaved(&[t], 20, plan.warmup / 4).await
         })?;
     }
 
@@ -255,30 +314,54 @@ fn main() -> Result<()> {
     for round in 0..plan.rounds {
         eprintln!("gateway-bench: round {}/{}", round + 1, plan.rounds);
         for &size in &sizes {
-            // Rotate the order each round so drift and neighbours' load hit all alike.
-            let mut order = variants.clone();
+            // Latency: all variants in one interleaved phase (one request at a time).
+            let phase: Vec<&Target> = variants.iter().map(|v| &targets[&(*v, size)]).collect();
+            let budget = plan.latency * variants.len() as u32;
+            let hists = rt.block_on(bench_load::latency_interleaved(&phase, 20, budget))?;
+            // Saturation: one variant at a time, the order rotating each round so
+            // drift and the neighbours' load hit all alike.
+            let mut order: Vec<(usize, Variant)> = variants.iter().copied().enumerate().collect();
             let turn = round % order.len();
             order.rotate_left(turn);
-            for v in order {
-                let t = &targets[&(v, size)];
-                let sample = rt.block_on(measure(t, &plan, args.conns))?;
+            for (i, v) in order {
+                let rps = rt.block_on(bench_load::saturate(
+                    &targets[&(v, size)],
+                    args.conns,
+                    plan.saturation,
+                ))?;
+                let hist = &hists[i];
+                let sample = Sample {
+                    p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
+                    p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
+                    rps,
+                };
                 results.record(v, size, sample);
             }
         }
     }
 
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    println!("gateway-bench: Envoy {} --concurrency 1, {cores} CPU cores visible", envoy_version());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     println!(
-        "{} rounds (medians shown; ratios and deltas are medians of per-round pairs); latency at concurrency 1 for up to {:.1} s per phase; saturation: {} connections for {:.1} s",
+        "gateway-bench: Envoy {} --concurrency 1, {cores} CPU cores visible",
+        envoy_version()
+    );
+    println!(
+        "{} rounds (medians shown; ratios and deltas are medians of per-round pairs); latency at concurrency 1, variants interleaved request by request, {:.1} s per variant per round; saturation: {} connections for {:.1} s per variant per round",
         plan.rounds,
         plan.latency.as_secs_f64(),
         args.conns,
         plan.saturation.as_secs_f64()
     );
-    let sizes_text: Vec<String> =
-        bodies.iter().map(|(s, b)| format!("{} ({} bytes)", bench_report::human_size(*s), b.len())).collect();
-    println!("bodies: Chat Completions agent transcripts, {}", sizes_text.join(", "));
+    let sizes_text: Vec<String> = bodies
+        .iter()
+        .map(|(s, b)| format!("{} ({} bytes)", bench_report::human_size(*s), b.len()))
+        .collect();
+    println!(
+        "bodies: Chat Completions agent transcripts, {}",
+        sizes_text.join(", ")
+    );
     println!("upstream: in-process hyper server (drains the body, fixed 200-byte reply)\n");
     println!("{}", bench_report::table(&results, &variants, &sizes));
     println!("targets:");
@@ -286,7 +369,12 @@ fn main() -> Result<()> {
     let largest = sizes.last().copied().unwrap_or(409_600);
     println!("  {}", bench_report::body_target(&results, largest));
     for (v, why) in &skipped {
-        println!("  not run: {}. {} — {}", v.letter(), v.label(), why.lines().next().unwrap_or(""));
+        println!(
+            "  not run: {}. {} — {}",
+            v.letter(),
+            v.label(),
+            why.lines().next().unwrap_or("")
+        );
     }
     Ok(())
 }

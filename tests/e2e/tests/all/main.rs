@@ -4,6 +4,7 @@
 mod bad_input;
 mod buffering;
 mod config;
+mod demo;
 mod floor;
 mod pick;
 mod removal;

@@ -53,9 +53,21 @@ async fn original_dst_cluster_follows_the_pick_on_both_paths() {
     let mut used = BTreeSet::new();
     for s in 0..12 {
         let conv = Conversation::new(Api::Responses, "sys", &[], &format!("task {s}"));
-        let e = f.echo(body_turn(&conv, &[("prompt_cache_key", json!(format!("fs-{s}")))])).await;
-        let dst = e.header("x-gateway-destination-endpoint").unwrap_or_default().to_owned();
-        assert_eq!(dst, f.rank(&e.rank).addr().to_string(), "filter state picked the upstream");
+        let e = f
+            .echo(body_turn(
+                &conv,
+                &[("prompt_cache_key", json!(format!("fs-{s}")))],
+            ))
+            .await;
+        let dst = e
+            .header("x-gateway-destination-endpoint")
+            .unwrap_or_default()
+            .to_owned();
+        assert_eq!(
+            dst,
+            f.rank(&e.rank).addr().to_string(),
+            "filter state picked the upstream"
+        );
         used.insert(e.rank.clone());
     }
     assert!(used.len() >= 2, "filter-state picks spread: {used:?}");

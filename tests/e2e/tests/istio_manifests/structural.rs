@@ -50,7 +50,10 @@ enum Unknown {
 
 fn push(out: &mut Vec<Violation>, path: &str, message: impl Into<String>) {
     let path = if path.is_empty() { "<root>" } else { path };
-    out.push(Violation { path: path.to_owned(), message: message.into() });
+    out.push(Violation {
+        path: path.to_owned(),
+        message: message.into(),
+    });
 }
 
 fn type_name(value: &Value) -> &'static str {
@@ -96,7 +99,11 @@ fn check_type(value: &Value, schema: &Value, path: &str, out: &mut Vec<Violation
         if actual == "integer" || actual == "string" {
             return true;
         }
-        push(out, path, format!("expected an integer or a string, found {actual}"));
+        push(
+            out,
+            path,
+            format!("expected an integer or a string, found {actual}"),
+        );
         return false;
     }
     let Some(expected) = schema.get("type").and_then(Value::as_str) else {
@@ -110,43 +117,55 @@ fn check_type(value: &Value, schema: &Value, path: &str, out: &mut Vec<Violation
 }
 
 fn check_enum(value: &Value, schema: &Value, path: &str, out: &mut Vec<Violation>) {
-    if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
-        if !allowed.contains(value) {
-            push(out, path, format!("{value} is not one of {}", Value::Array(allowed.clone())));
-        }
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+        && !allowed.contains(value)
+    {
+        push(
+            out,
+            path,
+            format!("{value} is not one of {}", Value::Array(allowed.clone())),
+        );
     }
 }
 
 fn check_bounds(value: &Value, schema: &Value, path: &str, out: &mut Vec<Violation>) {
     if let Some(n) = value.as_f64() {
-        if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
-            if n < min {
-                push(out, path, format!("{n} is below the minimum {min}"));
-            }
+        if let Some(min) = schema.get("minimum").and_then(Value::as_f64)
+            && n < min
+        {
+            push(out, path, format!("{n} is below the minimum {min}"));
         }
-        if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
-            if n > max {
-                push(out, path, format!("{n} is above the maximum {max}"));
-            }
+        if let Some(max) = schema.get("maximum").and_then(Value::as_f64)
+            && n > max
+        {
+            push(out, path, format!("{n} is above the maximum {max}"));
         }
     }
     if let Some(s) = value.as_str() {
         let len = s.chars().count() as u64;
-        if let Some(min) = schema.get("minLength").and_then(Value::as_u64) {
-            if len < min {
-                push(out, path, format!("length {len} is below minLength {min}"));
-            }
+        if let Some(min) = schema.get("minLength").and_then(Value::as_u64)
+            && len < min
+        {
+            push(out, path, format!("length {len} is below minLength {min}"));
         }
-        if let Some(max) = schema.get("maxLength").and_then(Value::as_u64) {
-            if len > max {
-                push(out, path, format!("length {len} is above maxLength {max}"));
-            }
+        if let Some(max) = schema.get("maxLength").and_then(Value::as_u64)
+            && len > max
+        {
+            push(out, path, format!("length {len} is above maxLength {max}"));
         }
         if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
             match Regex::new(pattern) {
                 Ok(re) if re.is_match(s) => {}
-                Ok(_) => push(out, path, format!("{s:?} does not match the pattern {pattern:?}")),
-                Err(e) => push(out, path, format!("schema pattern {pattern:?} does not compile: {e}")),
+                Ok(_) => push(
+                    out,
+                    path,
+                    format!("{s:?} does not match the pattern {pattern:?}"),
+                ),
+                Err(e) => push(
+                    out,
+                    path,
+                    format!("schema pattern {pattern:?} does not compile: {e}"),
+                ),
             }
         }
     }
@@ -166,10 +185,14 @@ fn check_object(
             }
         }
     }
-    if let Some(max) = schema.get("maxProperties").and_then(Value::as_u64) {
-        if map.len() as u64 > max {
-            push(out, path, format!("{} fields, more than maxProperties {max}", map.len()));
-        }
+    if let Some(max) = schema.get("maxProperties").and_then(Value::as_u64)
+        && map.len() as u64 > max
+    {
+        push(
+            out,
+            path,
+            format!("{} fields, more than maxProperties {max}", map.len()),
+        );
     }
     let properties = schema.get("properties").and_then(Value::as_object);
     let additional = schema.get("additionalProperties");
@@ -195,15 +218,23 @@ fn check_array(
     unknown: Unknown,
     out: &mut Vec<Violation>,
 ) {
-    if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
-        if (items.len() as u64) < min {
-            push(out, path, format!("{} items, fewer than minItems {min}", items.len()));
-        }
+    if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+        && (items.len() as u64) < min
+    {
+        push(
+            out,
+            path,
+            format!("{} items, fewer than minItems {min}", items.len()),
+        );
     }
-    if let Some(max) = schema.get("maxItems").and_then(Value::as_u64) {
-        if items.len() as u64 > max {
-            push(out, path, format!("{} items, more than maxItems {max}", items.len()));
-        }
+    if let Some(max) = schema.get("maxItems").and_then(Value::as_u64)
+        && items.len() as u64 > max
+    {
+        push(
+            out,
+            path,
+            format!("{} items, more than maxItems {max}", items.len()),
+        );
     }
     if let Some(item_schema) = schema.get("items") {
         for (i, item) in items.iter().enumerate() {
@@ -225,7 +256,13 @@ fn check_list_type(items: &[Value], schema: &Value, path: &str, out: &mut Vec<Vi
                 .unwrap_or_default();
             items
                 .iter()
-                .map(|item| Value::Array(keys.iter().map(|k| item.get(k).cloned().unwrap_or(Value::Null)).collect()))
+                .map(|item| {
+                    Value::Array(
+                        keys.iter()
+                            .map(|k| item.get(k).cloned().unwrap_or(Value::Null))
+                            .collect(),
+                    )
+                })
                 .collect()
         }
         Some("set") => items.to_vec(),
@@ -233,7 +270,11 @@ fn check_list_type(items: &[Value], schema: &Value, path: &str, out: &mut Vec<Vi
     };
     for (i, id) in identity.iter().enumerate() {
         if identity[..i].contains(id) {
-            push(out, &format!("{path}[{i}]"), format!("duplicate list entry {id}"));
+            push(
+                out,
+                &format!("{path}[{i}]"),
+                format!("duplicate list entry {id}"),
+            );
         }
     }
 }
@@ -245,7 +286,13 @@ fn holds(value: &Value, schema: &Value, path: &str) -> bool {
 }
 
 fn check_junctors(value: &Value, schema: &Value, path: &str, out: &mut Vec<Violation>) {
-    let list = |key: &str| schema.get(key).and_then(Value::as_array).cloned().unwrap_or_default();
+    let list = |key: &str| {
+        schema
+            .get(key)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
     for sub in list("allOf") {
         check(value, &sub, path, Unknown::Allow, out);
     }
@@ -257,12 +304,18 @@ fn check_junctors(value: &Value, schema: &Value, path: &str, out: &mut Vec<Viola
     if !one.is_empty() {
         let matched = one.iter().filter(|s| holds(value, s, path)).count();
         if matched != 1 {
-            push(out, path, format!("must match exactly one oneOf alternative, matches {matched} (mutually exclusive fields set?)"));
+            push(
+                out,
+                path,
+                format!(
+                    "must match exactly one oneOf alternative, matches {matched} (mutually exclusive fields set?)"
+                ),
+            );
         }
     }
-    if let Some(not) = schema.get("not") {
-        if holds(value, not, path) {
-            push(out, path, "matches a schema it must not match");
-        }
+    if let Some(not) = schema.get("not")
+        && holds(value, not, path)
+    {
+        push(out, path, "matches a schema it must not match");
     }
 }

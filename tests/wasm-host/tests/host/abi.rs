@@ -287,7 +287,7 @@ fn a_module_without_the_abi_export_is_refused() {
 fn set_buffer_follows_envoy_prepend_replace_append_rules() {
     let mut vm = abi_plugin().start(HostOptions::default()).unwrap();
     let ctx = vm.create_http_context().unwrap();
-    let mut set = |vm: &mut tether_wasm_host::FilterVm, start: i32, size: i32| {
+    let set = |vm: &mut tether_wasm_host::FilterVm, start: i32, size: i32| {
         let stream = vm.state_mut().streams.get_mut(&ctx).unwrap();
         stream.request_body = b"abcdef".to_vec();
         stream.request_body_access = tether_wasm_host::state::Access::ReadWrite;

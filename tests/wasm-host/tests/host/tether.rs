@@ -115,53 +115,6 @@ mod header_path {
     }
 
     #[test]
-    fn turn_markers_follow_the_conversation() {
-        let mut vm = vm(json!({}));
-        let first = send(
-            &mut vm,
-            CHAT,
-            &[("x-session-id", "t")],
-            &chat("sys", "go", 0),
-        );
-        assert_eq!(first.upstream_header("x-tether-turn-kind"), Some("first"));
-        assert_eq!(first.upstream_header("x-tether-prompt-end"), Some("1"));
-        let tool = send(
-            &mut vm,
-            CHAT,
-            &[("x-session-id", "t")],
-            &chat("sys", "go", 2),
-        );
-        assert_eq!(tool.upstream_header("x-tether-turn-kind"), Some("tool"));
-        let turn_first: u32 = first
-            .upstream_header("x-tether-turn")
-            .unwrap_or("0")
-            .parse()
-            .unwrap();
-        let turn_tool: u32 = tool
-            .upstream_header("x-tether-turn")
-            .unwrap_or("0")
-            .parse()
-            .unwrap();
-        assert!(
-            turn_tool > turn_first,
-            "turn counter grows: {turn_first} → {turn_tool}"
-        );
-        assert_eq!(tool.upstream_header("x-tether-retention-ms"), Some("60000"));
-        let mut user = chat("sys", "go", 1);
-        user["messages"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"role":"assistant","content":"done"}));
-        user["messages"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"role":"user","content":"thanks, now the tests"}));
-        let out = send(&mut vm, CHAT, &[("x-session-id", "t")], &user);
-        assert_eq!(out.upstream_header("x-tether-turn-kind"), Some("user"));
-        assert_eq!(out.upstream_header("x-tether-retention-ms"), Some("300000"));
-    }
-
-    #[test]
     fn subagents_of_one_run_get_their_own_keys() {
         let mut vm = vm(json!({}));
         let session = ("x-claude-code-session-id", "cc-run");
@@ -212,11 +165,6 @@ mod header_path {
         }
         assert_ne!(key(&a), key(&b), "two subagents, two keys");
         assert_eq!(key(&a), key(&a2), "a subagent keeps its key across turns");
-        assert_eq!(
-            a.upstream_header("x-tether-turn-kind"),
-            Some("handoff"),
-            "first turn of a subagent is a handoff"
-        );
     }
 
     #[test]
@@ -248,12 +196,99 @@ mod header_path {
 mod body_path {
     use super::*;
 
+    /// Turn markers need the conversation, so they exist on the body path
+    /// only (the header path never reads the body).
+    #[test]
+    fn turn_markers_follow_the_conversation() {
+        let mut vm = vm(json!({}));
+        let mut turn = |body: Value| {
+            let mut body = body;
+            body["session_id"] = json!("turns");
+            let out = send(&mut vm, CHAT, &[], &body);
+            let get = |h: &str| {
+                out.filter_state_value(&format!("wasm.tether.{h}"))
+                    .map(str::to_owned)
+            };
+            (
+                get("x-tether-turn-kind"),
+                get("x-tether-turn"),
+                get("x-tether-retention-ms"),
+                get("x-tether-prompt-end"),
+            )
+        };
+        let (kind, first_turn, retention, end) = turn(chat("sys", "go", 0));
+        assert_eq!(
+            (kind.as_deref(), retention.as_deref(), end.as_deref()),
+            (Some("first"), Some("300000"), Some("1"))
+        );
+        let (kind, tool_turn, retention, _) = turn(chat("sys", "go", 2));
+        assert_eq!(
+            (kind.as_deref(), retention.as_deref()),
+            (Some("tool"), Some("60000"))
+        );
+        let n = |t: Option<String>| t.and_then(|t| t.parse::<u32>().ok()).unwrap_or(0);
+        assert!(
+            n(tool_turn.clone()) > n(first_turn.clone()),
+            "turn counter grows: {first_turn:?} → {tool_turn:?}"
+        );
+        let mut user = chat("sys", "go", 1);
+        user["messages"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role":"assistant","content":"done"}));
+        user["messages"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role":"user","content":"thanks, now the tests"}));
+        let (kind, _, retention, _) = turn(user);
+        assert_eq!(
+            (kind.as_deref(), retention.as_deref()),
+            (Some("user"), Some("300000"))
+        );
+    }
+
+    #[test]
+    fn subagent_first_turn_is_a_handoff_and_keeps_its_key() {
+        let mut vm = vm(json!({}));
+        let agent = |agent: &str, turns: usize| {
+            let mut body = chat(&format!("You are {agent}."), "work", turns);
+            body["vllm_xargs"] = json!({"agentic_context": {"session_id": "run-9", "agent_id": agent, "parent_id": "main"}});
+            body
+        };
+        let key = |o: &Outcome| {
+            o.filter_state_value("wasm.tether.x-tether-key")
+                .map(str::to_owned)
+        };
+        let first = send(&mut vm, CHAT, &[], &agent("planner", 0));
+        assert_eq!(
+            first.filter_state_value("wasm.tether.x-tether-turn-kind"),
+            Some("handoff"),
+            "{first:#?}"
+        );
+        assert!(is_hex16(
+            first.filter_state_value("wasm.tether.x-tether-parent")
+        ));
+        let later = send(&mut vm, CHAT, &[], &agent("planner", 2));
+        assert_eq!(key(&later), key(&first));
+        let other = send(&mut vm, CHAT, &[], &agent("verifier", 0));
+        assert_ne!(key(&other), key(&first));
+        assert_eq!(
+            other.filter_state_value("wasm.tether.x-tether-session"),
+            first.filter_state_value("wasm.tether.x-tether-session")
+        );
+    }
+
     #[test]
     fn body_field_decides_through_filter_state_after_buffering() {
         let mut vm = vm(json!({}));
         let mut body = chat("sys", "hello", 3);
         body["session_id"] = json!("run-7");
-        let out = send(&mut vm, CHAT, &[], &body);
+        let bytes = body.to_string().into_bytes();
+        let req = Request {
+            body_chunks: Request::chunked(&bytes, 100),
+            ..Request::post(CHAT, &[], &[])
+        };
+        let out = vm.run(&req).unwrap();
         let calls = body_callbacks(&out);
         assert!(calls.len() > 1, "the body arrived in several chunks");
         assert!(
@@ -281,14 +316,19 @@ mod body_path {
             None,
             "headers had already left"
         );
-        // The same session named by a header gives the same key.
+        // The same session named by a header is the same session (the key
+        // differs: without a subagent id, a body field gets the head mixed in
+        // as the subagent, since every subagent of a run may share it).
         let by_header = send(
             &mut vm,
             CHAT,
             &[("x-session-id", "run-7")],
             &chat("sys", "hello", 3),
         );
-        assert_eq!(by_header.upstream_header("x-tether-key"), key.as_deref());
+        assert_eq!(
+            by_header.upstream_header("x-tether-session"),
+            out.filter_state_value("wasm.tether.x-tether-session")
+        );
         assert_eq!(vm.state().metric("tether_requests_body_path"), Some(1));
     }
 
@@ -452,6 +492,13 @@ mod pick_mode {
 mod bad_input {
     use super::*;
 
+    /// Request headers, body, and the key source the filter must report.
+    type BadCase = (
+        &'static [(&'static str, &'static str)],
+        &'static [u8],
+        &'static str,
+    );
+
     fn raw(vm: &mut FilterVm, headers: &[(&str, &str)], body: &[u8]) -> Outcome {
         let out = vm
             .run(&Request {
@@ -473,8 +520,13 @@ mod bad_input {
     #[test]
     fn broken_bodies_fall_back_with_a_reason() {
         let mut vm = vm(json!({}));
-        let cases: [(&[(&str, &str)], &[u8], &str); 4] = [
-            (&[], b"this is not json", "fallback:not_json"),
+        let cases: [BadCase; 5] = [
+            (
+                &[("content-type", "text/plain")],
+                b"this is not json",
+                "fallback:not_json",
+            ),
+            (&[], b"this is not json", "fallback:malformed_json"),
             (
                 &[("content-encoding", "gzip")],
                 b"\x1f\x8b\x08\x00\x00\x00",
