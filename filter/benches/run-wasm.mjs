@@ -1,12 +1,12 @@
 // Runs the scanner benchmark compiled for wasm32-wasip1 inside Node's V8 (Envoy's wasm engine).
-// Usage: node filter/benches/run-wasm.mjs path/to/scan-*.wasm [--phases]
+// Usage: node filter/benches/run-wasm.mjs path/to/scan-*.wasm [--phases | --file /tmp/body.json chat]
 // The proxy-wasm host imports the library links ("env") are never called by
 // the benchmark; they are stubbed.
 import { readFile } from 'node:fs/promises';
 import { WASI } from 'node:wasi';
 import { argv } from 'node:process';
 
-const wasi = new WASI({ version: 'preview1', args: ['scan', ...argv.slice(3)], env: {} });
+const wasi = new WASI({ version: 'preview1', args: ['scan', ...argv.slice(3)], env: {}, preopens: { '/tmp': '/tmp' } });
 const module = await WebAssembly.compile(await readFile(argv[2]));
 const imports = wasi.getImportObject();
 imports.env = {};

@@ -129,6 +129,41 @@ fn main() {
         }
         return;
     }
+    // `--file PATH API`: the decision on a body from a file (e.g. a captured request).
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--file") {
+        let (Some(path), Some(api)) = (args.get(i + 1), args.get(i + 2)) else {
+            return;
+        };
+        let api = match api.as_str() {
+            "messages" => Api::Messages,
+            "responses" => Api::Responses,
+            "completions" => Api::Completions,
+            _ => Api::Chat,
+        };
+        let Ok(b) = std::fs::read(path) else { return };
+        let run = || {
+            let mut fetch = |s: usize, l: usize| b.get(s..s + l).map(<[u8]>::to_vec);
+            black_box(decide::on_body(
+                &cfg,
+                &placement,
+                api,
+                &headers,
+                b.len(),
+                None,
+                &mut fetch,
+            ));
+        };
+        for _ in 0..500 {
+            run();
+        }
+        println!(
+            "{path}: {} bytes, decide {:.1} µs",
+            b.len(),
+            median(500, run) * 1e6
+        );
+        return;
+    }
     // `--phases`: where the 400 KB decision spends its time.
     if std::env::args().any(|a| a == "--phases") {
         for api in [Api::Messages, Api::Chat] {

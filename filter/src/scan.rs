@@ -661,5 +661,6 @@ pub fn scan_full(body: &[u8], api: Api) -> Result<Doc, ScanError> {
     })
 }
 
-#[cfg(test)]
+// proptest is a native-only dev-dependency (see Cargo.toml).
+#[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests;

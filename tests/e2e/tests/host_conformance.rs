@@ -54,7 +54,33 @@ static_resources:
         - endpoint: {address: {socket_address: {address: ${RANK_0_IP}, port_value: ${RANK_0_PORT}}}}
 "#;
 
+/// The body-path routing chain: floor filter → buffer (holds the headers
+/// until the body is complete) → router → `ORIGINAL_DST` cluster, which reads
+/// the filter state `envoy.network.transport_socket.original_dst_address`.
+fn original_dst_bootstrap() -> String {
+    BOOTSTRAP
+        .replace(
+            "          - name: envoy.filters.http.router\n",
+            "          - name: envoy.filters.http.buffer\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer\n              max_request_bytes: 33554432\n          - name: envoy.filters.http.router\n",
+        )
+        .replace(
+            "    type: STATIC\n",
+            "    type: ORIGINAL_DST\n    lb_policy: CLUSTER_PROVIDED\n",
+        )
+        .replace(
+            "    load_assignment:\n      cluster_name: rank\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {address: {socket_address: {address: ${RANK_0_IP}, port_value: ${RANK_0_PORT}}}}\n",
+            "",
+        )
+}
+
 fn start_envoy(config: &serde_json::Value) -> anyhow::Result<(Envoy, EchoRank)> {
+    start_envoy_with(config, BOOTSTRAP)
+}
+
+fn start_envoy_with(
+    config: &serde_json::Value,
+    bootstrap: &str,
+) -> anyhow::Result<(Envoy, EchoRank)> {
     paths::require_envoy()?;
     paths::require_floor_wasm()?;
     let rank = EchoRank::start("r0")?;
@@ -62,7 +88,7 @@ fn start_envoy(config: &serde_json::Value) -> anyhow::Result<(Envoy, EchoRank)> 
         .plugin_config(config)
         .var("RANK_0_IP", rank.addr().ip().to_string())
         .var("RANK_0_PORT", rank.port().to_string())
-        .start(BOOTSTRAP)?;
+        .start(bootstrap)?;
     Ok((envoy, rank))
 }
 
@@ -175,5 +201,43 @@ async fn pause_in_header_callback_stops_body_delivery() -> anyhow::Result<()> {
     let out = vm.run(&tether_wasm_host::Request::post("/x", &[], &[&body(1000)]))?;
     assert!(out.local_response.is_none() && out.upstream.is_none());
     assert!(out.stalled.is_some());
+    Ok(())
+}
+
+/// `set_envoy_filter_state` with the original-dst key is accepted and routes:
+/// Envoy sends the request to exactly the address the filter named, and the
+/// harness records the same accepted entry.
+#[tokio::test(flavor = "multi_thread")]
+async fn original_dst_filter_state_is_accepted_and_routes() -> anyhow::Result<()> {
+    let rank = EchoRank::start("dst")?;
+    let config = serde_json::json!({"mode": "body", "dst": rank.addr().to_string()});
+    let bootstrap = original_dst_bootstrap();
+    assert!(
+        !bootstrap.contains("load_assignment"),
+        "the cluster must be ORIGINAL_DST"
+    );
+    let (envoy, _other) = start_envoy_with(&config, &bootstrap)?;
+    let req = Request::post_bytes("/b", "application/json", body(50_000)).chunked(8 * 1024);
+    let resp = HttpClient::new().send(envoy.listen_addr(), req).await?;
+    assert_eq!(
+        resp.status,
+        200,
+        "{}",
+        tether_e2e::envoy::tail(&envoy.log(), 30)
+    );
+    let echo = resp.echo()?;
+    assert_eq!(echo.rank, "dst", "routed to the filter's pick");
+    assert_eq!(echo.body_bytes, 50_000);
+
+    let mut vm = harness(&config)?;
+    let chunks = tether_wasm_host::Request::chunked(&body(50_000), 8 * 1024);
+    let out = vm.run(&tether_wasm_host::Request {
+        body_chunks: chunks,
+        ..tether_wasm_host::Request::post("/b", &[], &[])
+    })?;
+    assert_eq!(
+        out.filter_state_value("envoy.network.transport_socket.original_dst_address"),
+        Some(rank.addr().to_string().as_str())
+    );
     Ok(())
 }
