@@ -5,7 +5,7 @@
 #                       Mooncake synthetic trace) and the CPU decision-throughput benchmark
 .PHONY: test-engine bench-engine
 
-ENGINE_TRACE ?= /work/shared/traces/mooncake_synthetic_trace.jsonl
+ENGINE_TRACE ?= examples/traces/mooncake_synthetic_trace.jsonl
 
 test-engine:
 	$(CARGO) test --quiet -p tether-engine --lib -- --skip copy::

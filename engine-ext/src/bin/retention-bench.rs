@@ -2,7 +2,7 @@
 //! caching, (b) interval retention on the device tier, (c) retention + host tier — one run,
 //! the same policy code for all three.
 //!
-//! Run: `cargo run --release -p tether-engine --bin retention-bench -- --trace /work/shared/traces/mooncake_synthetic_trace.jsonl`
+//! Run: `cargo run --release -p tether-engine --bin retention-bench -- --trace examples/traces/mooncake_synthetic_trace.jsonl`
 
 use anyhow::{Context, Result};
 use clap::Parser;

@@ -20,16 +20,20 @@ pub enum Variant {
     TetherBody,
     /// f. Envoy-native `json_to_metadata` → `header_mutation` → hash policy.
     NativeJson,
+    /// g. (diagnostic) The header floor inside tether's chain (buffer disabled
+    /// per route, `header_mutation`, MAGLEV): splits d's cost into chain and filter.
+    FloorInChain,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 7] = [
         Variant::NoFilter,
         Variant::HeaderFloor,
         Variant::BodyFloor,
         Variant::TetherHeader,
         Variant::TetherBody,
         Variant::NativeJson,
+        Variant::FloorInChain,
     ];
 
     /// The one-letter name used on the command line (`--variants a,b,c`).
@@ -41,6 +45,7 @@ impl Variant {
             Variant::TetherHeader => 'd',
             Variant::TetherBody => 'e',
             Variant::NativeJson => 'f',
+            Variant::FloorInChain => 'g',
         }
     }
 
@@ -56,13 +61,14 @@ impl Variant {
             Variant::TetherHeader => "tether, header key",
             Variant::TetherBody => "tether, body key",
             Variant::NativeJson => "native json_to_metadata",
+            Variant::FloorInChain => "wasm floor in tether's chain",
         }
     }
 
     /// The floor a variant is judged against, if any.
     pub fn floor(self) -> Option<Variant> {
         match self {
-            Variant::TetherHeader => Some(Variant::HeaderFloor),
+            Variant::TetherHeader | Variant::FloorInChain => Some(Variant::HeaderFloor),
             Variant::TetherBody | Variant::NativeJson => Some(Variant::BodyFloor),
             _ => None,
         }

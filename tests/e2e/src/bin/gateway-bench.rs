@@ -45,8 +45,9 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     conns: usize,
     /// Variants to run, by letter: a no filter, b header floor, c body floor,
-    /// d tether header key, e tether body key, f native json_to_metadata.
-    #[arg(long, default_value = "a,b,c,d,e,f")]
+    /// d tether header key, e tether body key, f native json_to_metadata,
+    /// g (diagnostic) the header floor inside tether's chain.
+    #[arg(long, default_value = "a,b,c,d,e,f,g")]
     variants: String,
     /// Body sizes in bytes (the body-path target is judged at the largest).
     #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 409600])]
@@ -86,10 +87,10 @@ impl Args {
         {
             let mut chars = part.chars();
             let (Some(c), None) = (chars.next(), chars.next()) else {
-                bail!("variant {part:?} is not one letter a-f")
+                bail!("variant {part:?} is not one letter a-g")
             };
             let v =
-                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-f)"))?;
+                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-g)"))?;
             if !out.contains(&v) {
                 out.push(v);
             }
@@ -107,6 +108,8 @@ mod bootstraps {
     pub const BODY_FLOOR: &str = include_str!("../../../../envoy/bench/body-floor.yaml");
     pub const TETHER: &str = include_str!("../../../../envoy/bench/tether.yaml");
     pub const NATIVE_JSON: &str = include_str!("../../../../envoy/bench/native-json.yaml");
+    pub const HEADER_FLOOR_CHAIN: &str =
+        include_str!("../../../../envoy/bench/header-floor-chain.yaml");
 }
 
 /// Which Envoy serves a variant (d and e share one: same config, different requests).
@@ -117,6 +120,7 @@ fn envoy_key(v: Variant) -> &'static str {
         Variant::BodyFloor => "body-floor",
         Variant::TetherHeader | Variant::TetherBody => "tether",
         Variant::NativeJson => "native-json",
+        Variant::FloorInChain => "header-floor-chain",
     }
 }
 
@@ -152,6 +156,13 @@ fn start_envoy(v: Variant, upstream: &bench_upstream::Upstream) -> Result<Envoy>
             )
         }
         Variant::NativeJson => (bootstraps::NATIVE_JSON, builder),
+        Variant::FloorInChain => {
+            paths::require_floor_wasm()?;
+            (
+                bootstraps::HEADER_FLOOR_CHAIN,
+                builder.plugin_config(&serde_json::json!({"mode": "header"})),
+            )
+        }
     };
     Ok(builder.start(yaml)?)
 }
@@ -160,7 +171,10 @@ fn start_envoy(v: Variant, upstream: &bench_upstream::Upstream) -> Result<Envoy>
 /// add `x-session-id` (the key tether's header path uses).
 fn target(v: Variant, envoy: &Envoy, body: &Bytes) -> Target {
     let mut headers = Vec::new();
-    if matches!(v, Variant::HeaderFloor | Variant::TetherHeader) {
+    if matches!(
+        v,
+        Variant::HeaderFloor | Variant::TetherHeader | Variant::FloorInChain
+    ) {
         headers.push((
             HeaderName::from_static("x-session-id"),
             HeaderValue::from_static(bench_body::SESSION_ID),
@@ -192,7 +206,7 @@ fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
     );
     let source = header("x-up-x-tether-key-source").unwrap_or_default();
     match v {
-        Variant::HeaderFloor => ensure!(
+        Variant::HeaderFloor | Variant::FloorInChain => ensure!(
             header("x-up-x-floor").as_deref() == Some("1"),
             "x-floor not set"
         ),
@@ -368,6 +382,16 @@ fn main() -> Result<()> {
     println!("  {}", bench_report::header_target(&results, &sizes));
     let largest = sizes.last().copied().unwrap_or(409_600);
     println!("  {}", bench_report::body_target(&results, largest));
+    for &size in &sizes {
+        let chain = results.rps_ratio(Variant::FloorInChain, Variant::HeaderFloor, size);
+        let filter = results.rps_ratio(Variant::TetherHeader, Variant::FloorInChain, size);
+        if let (Some(chain), Some(filter)) = (chain, filter) {
+            println!(
+                "  header path at {}: the chain costs {chain:.3}x (g vs b), tether within it {filter:.3}x (d vs g)",
+                bench_report::human_size(size)
+            );
+        }
+    }
     for (v, why) in &skipped {
         println!(
             "  not run: {}. {} — {}",
