@@ -1,7 +1,8 @@
 //! Per-request cost of filters in the harness, side by side in one run: the
-//! header path (no body) and the body path at 4 KB / 400 KB / 4 MB, as
-//! wasmtime fuel (≈ wasm operators executed, host-independent) and as wall
-//! time per request (median of repeated runs, unmetered engine).
+//! header path (no body) and the body path at 4 KB / 400 KB / 4 MB (plus 4 MB
+//! with the identity field truly in the middle), as wasmtime fuel (≈ wasm
+//! operators executed, host-independent), as wall time per request and as
+//! time spent inside the module (median of repeated runs, unmetered engine).
 //!
 //! Run: `make bench-host` or
 //! `cargo bench -p tether-wasm-host --bench request_cost [-- <module.wasm> <config-json> <label>]...`
@@ -18,8 +19,7 @@ struct Subject {
     config: String,
 }
 
-/// A chat-completions body of about `size` bytes: many turns, identity at the end.
-fn body(size: usize) -> Vec<u8> {
+fn conversation(size: usize) -> String {
     let mut s = String::from(
         r#"{"model":"m","messages":[{"role":"system","content":"You are a coding agent."}"#,
     );
@@ -31,81 +31,99 @@ fn body(size: usize) -> Vec<u8> {
         ));
         i += 1;
     }
+    s
+}
+
+/// A chat-completions body of about `size` bytes: many turns, identity at the end.
+fn body(size: usize) -> Vec<u8> {
+    let mut s = conversation(size);
     s.push_str(r#"],"metadata":{"session_id":"bench-session"},"user":"u1"}"#);
+    s.into_bytes()
+}
+
+/// The identity field truly in the middle: half the bytes in `messages`
+/// before it, half in a `tools` array after it (forces a full scan).
+fn body_mid(size: usize) -> Vec<u8> {
+    let mut s = conversation(size / 2);
+    s.push_str(r#"],"session_id":"bench-session","tools":["#);
+    let tool = r#"{"type":"function","function":{"name":"read_file","description":"Read a file \"path\" from the repo","parameters":{"type":"object"}}}"#;
+    let mut first = true;
+    while s.len() + tool.len() + 4 < size {
+        if !first {
+            s.push(',');
+        }
+        first = false;
+        s.push_str(tool);
+    }
+    s.push_str("]}");
     s.into_bytes()
 }
 
 fn request(body: Option<&[u8]>) -> Request {
     match body {
         None => {
-            let mut r = Request::post(
-                "/v1/chat/completions",
-                &[("x-session-id", "bench-session")],
-                &[],
-            );
+            let mut r = Request::post(CHAT, &[("x-session-id", "bench-session")], &[]);
             r.headers.replace(b":method", b"GET");
             r
         }
         Some(b) => Request {
             body_chunks: Request::chunked(b, 64 * 1024),
-            ..Request::post(
-                "/v1/chat/completions",
-                &[("content-type", "application/json")],
-                &[],
-            )
+            ..Request::post(CHAT, &[("content-type", "application/json")], &[])
         },
     }
 }
+
+const CHAT: &str = "/v1/chat/completions";
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
-fn measure(subject: &Subject, name: &str, req: &Request, body_len: usize) -> Result<(), String> {
+fn measure(
+    metered: &Plugin,
+    plain: &Plugin,
+    config: &str,
+    req: &Request,
+    body_len: usize,
+) -> Result<String, String> {
     let opts = || HostOptions {
-        plugin_config: subject.config.clone().into_bytes(),
+        plugin_config: config.as_bytes().to_vec(),
         ..HostOptions::default()
     };
-    let metered = Plugin::new(&subject.module, true).map_err(|e| e.to_string())?;
     let mut vm = metered.start(opts()).map_err(|e| e.to_string())?;
     let out = vm.run(req).map_err(|e| e.to_string())?;
     let fuel: u64 = out.fuel.values().sum();
-    let plain = Plugin::new(&subject.module, false).map_err(|e| e.to_string())?;
     let mut vm = plain.start(opts()).map_err(|e| e.to_string())?;
     let iters = if body_len > 1_000_000 {
         30
     } else if body_len > 100_000 {
-        100
+        200
     } else {
         2000
     };
     let mut times = Vec::with_capacity(iters);
+    let mut in_wasm = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
-        vm.run(req).map_err(|e| e.to_string())?;
+        let out = vm.run(req).map_err(|e| e.to_string())?;
         times.push(t.elapsed());
+        in_wasm.push(Duration::from_nanos(out.wasm_nanos));
     }
-    let med = median(times);
-    let rate = if body_len > 0 {
-        format!("{:8.2} GB/s", body_len as f64 / med.as_secs_f64() / 1e9)
+    let (med, wasm) = (median(times), median(in_wasm));
+    let (per_byte, rate) = if body_len > 0 {
+        (
+            format!("{:6.3}", fuel as f64 / body_len as f64),
+            format!("{:7.2}", body_len as f64 / wasm.as_secs_f64() / 1e9),
+        )
     } else {
-        "      -     ".into()
+        ("     -".into(), "      -".into())
     };
-    println!(
-        "{:<28} {:<12} {:>14} fuel {:>10.1} µs/request {}  ({} fuel/byte)",
-        subject.label,
-        name,
-        fuel,
+    Ok(format!(
+        "{fuel:>9} {per_byte} {:>10.1} {:>10.1} {rate}",
         med.as_secs_f64() * 1e6,
-        rate,
-        if body_len > 0 {
-            format!("{:.2}", fuel as f64 / body_len as f64)
-        } else {
-            "-".into()
-        }
-    );
-    Ok(())
+        wasm.as_secs_f64() * 1e6
+    ))
 }
 
 fn subjects() -> Vec<Subject> {
@@ -160,13 +178,36 @@ fn main() {
         ("body 4KB", Some(body(4 << 10))),
         ("body 400KB", Some(body(400 << 10))),
         ("body 4MB", Some(body(4 << 20))),
+        ("body 4MB mid", Some(body_mid(4 << 20))),
     ];
+    println!(
+        "{:<13} {:<13} {:>9} {:>6} {:>10} {:>10} {:>7}",
+        "filter", "request", "fuel", "fuel/B", "µs/req", "µs wasm", "GB/s*"
+    );
     for subject in subjects() {
+        let plugins = Plugin::new(&subject.module, true)
+            .and_then(|m| Ok((m, Plugin::new(&subject.module, false)?)));
+        let (metered, plain) = match plugins {
+            Ok(p) => p,
+            Err(e) => {
+                println!("{:<13} failed to load: {e}", subject.label);
+                continue;
+            }
+        };
         for (name, b) in &bodies {
             let req = request(b.as_deref());
-            if let Err(e) = measure(&subject, name, &req, b.as_ref().map_or(0, Vec::len)) {
-                println!("{:<28} {:<12} failed: {e}", subject.label, name);
-            }
+            let line = measure(
+                &metered,
+                &plain,
+                &subject.config,
+                &req,
+                b.as_ref().map_or(0, Vec::len),
+            )
+            .unwrap_or_else(|e| format!("failed: {e}"));
+            println!("{:<13} {:<13} {line}", subject.label, name);
         }
     }
+    println!(
+        "* body bytes per second of time inside the module (medians; µs/req includes the harness)"
+    );
 }

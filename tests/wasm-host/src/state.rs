@@ -161,11 +161,14 @@ pub enum Deferred {
     HttpCallResponse { token: u32 },
 }
 
-/// Per-callback fuel accounting for the cost benchmark.
+/// Per-callback cost accounting for the cost benchmark: fuel (metered
+/// plugins only) and wall time spent inside the guest, host calls included.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FuelLedger {
     pub by_callback: BTreeMap<String, u64>,
     pub total: u64,
+    /// Nanoseconds inside guest calls, per callback.
+    pub nanos_by_callback: BTreeMap<String, u64>,
 }
 
 #[derive(Debug)]

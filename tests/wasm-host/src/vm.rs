@@ -139,7 +139,16 @@ impl FilterVm {
                 .set_fuel(budget)
                 .map_err(|e| HostError::Instantiate(e.to_string()))?;
         }
+        let started = std::time::Instant::now();
         let result = typed.call(&mut self.store, params);
+        let nanos = started.elapsed().as_nanos() as u64;
+        *self
+            .store
+            .data_mut()
+            .fuel
+            .nanos_by_callback
+            .entry(callback.to_owned())
+            .or_default() += nanos;
         if self.metered {
             let used = budget - self.store.get_fuel().unwrap_or(0);
             let ledger = &mut self.store.data_mut().fuel;
