@@ -127,9 +127,6 @@ pub enum MarkerError {
         /// The offending value, clipped to 80 characters.
         value: String,
     },
-    /// A header that the others require is absent.
-    #[error("header {0} is required with x-tether-prompt-end")]
-    Missing(&'static str),
     /// A header appears twice with different values.
     #[error("header {0} is repeated with different values")]
     Conflict(&'static str),
@@ -188,11 +185,13 @@ impl TurnMarker {
                 });
             }
         };
-        let kind = match kind {
-            Some(v) => TurnKind::parse(v)?,
-            None if prompt_end => return Err(MarkerError::Missing(H_TURN_KIND)),
-            None => TurnKind::User,
-        };
+        // No kind: the gateway decided on a header alone and never read the body
+        // (its fast path), so nobody knows what ended the turn. The user-reply
+        // interval is the longest default, the safe side for a turn boundary.
+        let kind = kind
+            .map(TurnKind::parse)
+            .transpose()?
+            .unwrap_or(TurnKind::User);
         let num = |header: &'static str, v: &str| {
             v.trim().parse::<u64>().map_err(|_| MarkerError::BadValue {
                 header,

@@ -78,10 +78,13 @@ fn bad_values_are_typed_errors() {
             ..
         })
     ));
-    assert_eq!(
-        TurnMarker::from_headers([("x-tether-session", "1"), ("x-tether-prompt-end", "1")]),
-        Err(MarkerError::Missing(H_TURN_KIND))
-    );
+    // The gateway's header path sends a prompt end without a kind: user-reply interval.
+    let fast_path =
+        TurnMarker::from_headers([("x-tether-session", "1"), ("x-tether-prompt-end", "1")])
+            .expect("valid")
+            .expect("a session");
+    assert!(fast_path.prompt_end);
+    assert_eq!(fast_path.kind, TurnKind::User);
 }
 
 #[test]
