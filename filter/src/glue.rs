@@ -2,12 +2,18 @@
 //! counters once; the HTTP context moves headers and body bytes between Envoy
 //! and [`crate::decide`], and hands the decision back as headers (header path)
 //! or filter state (body path). Compiled for wasm only.
+//!
+//! The header path is kept to the host calls it needs: one read of the whole
+//! header map, a remove only for internal headers actually sent, one set per
+//! output header and one increment per counter, by ids resolved at configure
+//! time. Nothing is kept for the later callbacks unless they use it.
 
 use crate::config::{Config, Mode};
 use crate::decide::{self, Decision, HeaderOutcome, Reason};
 use crate::host;
+use crate::identity::KeySource;
 use crate::markers;
-use crate::metrics;
+use crate::metrics::{self, CounterIds, Fixed};
 use crate::placement::Placement;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
@@ -23,14 +29,20 @@ const HASHABLE_KEY: &str = "envoy.hashable_string";
 struct Shared {
     cfg: Config,
     placement: Placement,
-    counters: HashMap<String, u32>,
+    counters: CounterIds,
+    /// The only headers copied out of Envoy.
+    read_headers: decide::ReadHeaders,
 }
 
 impl Shared {
-    fn count(&self, name: &str) {
-        if let Some(id) = self.counters.get(name) {
-            let _ = host::increment(*id, 1);
+    fn count(&self, id: Option<u32>) {
+        if let Some(id) = id {
+            let _ = host::increment(id, 1);
         }
+    }
+
+    fn count_fixed(&self, f: Fixed) {
+        self.count(self.counters.fixed(f));
     }
 }
 
@@ -59,11 +71,11 @@ impl RootContext for Root {
                 return false;
             }
         };
-        let mut counters = HashMap::new();
+        let mut defined = HashMap::new();
         for name in metrics::all_names(&cfg) {
             match host::define_counter(&name) {
                 Ok(id) => {
-                    counters.insert(name, id);
+                    defined.insert(name, id);
                 }
                 Err(s) => host::log(
                     LogLevel::Warn,
@@ -71,8 +83,11 @@ impl RootContext for Root {
                 ),
             }
         }
+        let counters = CounterIds::new(&cfg, |name| defined.get(name).copied());
         let placement = Placement::new(&cfg.endpoints);
+        let read_headers = decide::ReadHeaders::new(&cfg);
         self.shared = Some(Rc::new(Shared {
+            read_headers,
             cfg,
             placement,
             counters,
@@ -118,34 +133,31 @@ impl Context for Http {}
 impl Http {
     fn note(&self, d: &Decision) {
         let s = &self.shared;
-        s.count(if d.header_path {
-            "tether_requests_header_path"
+        let c = &s.counters;
+        s.count_fixed(if d.header_path {
+            Fixed::HeaderPath
         } else {
-            "tether_requests_body_path"
+            Fixed::BodyPath
         });
         match &d.identity.source {
-            crate::identity::KeySource::Fallback(r) => {
-                s.count(&metrics::key_source("fallback"));
-                s.count(&metrics::fallback(*r));
+            KeySource::Fallback(r) => {
+                s.count(c.fallback_source);
+                s.count(c.fallback(*r));
             }
-            _ => s.count(&metrics::key_source(&d.source)),
+            KeySource::Head => s.count(c.head),
+            KeySource::Source(i) => s.count(c.source.get(*i).copied().flatten()),
         }
         for _ in 0..d.bad_headers {
-            s.count("tether_bad_header");
+            s.count_fixed(Fixed::BadHeader);
         }
         if !d.header_path && d.turn.is_some() && !d.stats.full {
-            s.count("tether_turn_not_counted");
+            s.count_fixed(Fixed::TurnNotCounted);
         }
         if d.stats.middle {
-            s.count("tether_body_middle_read");
+            s.count_fixed(Fixed::BodyMiddleRead);
         }
-        if let Some(e) = d
-            .pick
-            .as_ref()
-            .and_then(|p| p.order.first())
-            .and_then(|i| s.placement.endpoints().get(*i))
-        {
-            s.count(&metrics::pick(&e.address));
+        if let Some(i) = d.pick.as_ref().and_then(|p| p.order.first()) {
+            s.count(c.pick.get(*i).copied().flatten());
         }
     }
 
@@ -153,16 +165,17 @@ impl Http {
     /// headers were stripped, so they are appended; `x-session-id` may be a
     /// client input and is replaced.
     fn emit_headers(&self, d: &Decision) {
-        for (name, value) in markers::request_headers(&self.shared.cfg, &self.shared.placement, d) {
+        let s = &self.shared;
+        markers::for_each_request_header(&s.cfg, &s.placement, d, |name, value| {
             let set = if name == markers::names::SESSION_ID {
                 host::replace_header
             } else {
                 host::add_header
             };
-            if set(MapType::HttpRequestHeaders, name, value.as_bytes()).is_err() {
-                self.shared.count("tether_host_error");
+            if set(MapType::HttpRequestHeaders, name, value).is_err() {
+                s.count_fixed(Fixed::HostError);
             }
-        }
+        });
     }
 
     /// Body path: headers are gone upstream-side; hand values over as filter state.
@@ -171,7 +184,7 @@ impl Http {
         let outputs = markers::request_headers(&s.cfg, &s.placement, d);
         for (name, value) in &outputs {
             if host::set_property(&markers::state_key(name), value.as_bytes()).is_err() {
-                s.count("tether_host_error");
+                s.count_fixed(Fixed::HostError);
             }
         }
         let fs = match s.cfg.mode {
@@ -186,12 +199,12 @@ impl Http {
         if let Some((k, v)) = fs
             && host::set_envoy_filter_state(k, &v).is_err()
         {
-            s.count("tether_host_error");
+            s.count_fixed(Fixed::HostError);
         }
         if let Some(edit) = &d.edit {
             match host::set_buffer(BufferType::HttpRequestBody, 0, edit.len, &edit.data) {
-                Ok(()) => s.count("tether_body_rewritten"),
-                Err(_) => s.count("tether_host_error"),
+                Ok(()) => s.count_fixed(Fixed::BodyRewritten),
+                Err(_) => s.count_fixed(Fixed::HostError),
             }
         }
     }
@@ -216,9 +229,9 @@ impl Http {
     fn finish_body(&mut self, d: Decision) -> bool {
         self.state = State::Done;
         if let Some((status, text)) = d.reject {
-            self.shared.count("tether_rejected");
+            self.shared.count_fixed(Fixed::Rejected);
             if host::send_local_response(status, "tether_body_not_salted", text).is_err() {
-                self.shared.count("tether_host_error");
+                self.shared.count_fixed(Fixed::HostError);
             }
             self.decision = Some(d);
             return false;
@@ -260,36 +273,46 @@ impl Http {
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let s = Rc::clone(&self.shared);
-        self.headers = host::header_pairs(MapType::HttpRequestHeaders).unwrap_or_default();
+        // One host call for the whole map; stripping and identity work on this copy.
+        // Only the headers the decision reads are copied, plus internal ones to strip.
+        let keep =
+            |name: &[u8]| s.read_headers.contains(name) || decide::is_internal_header_bytes(name);
+        let mut headers = host::header_pairs(MapType::HttpRequestHeaders, keep).unwrap_or_default();
         // Anti-spoofing: nothing a client sends may pass for our own outputs.
-        self.headers.retain(|(name, _)| {
+        // Normally none is present, so this costs no host call.
+        headers.retain(|(name, _)| {
             if decide::is_internal_header(name) {
                 if host::remove_header(MapType::HttpRequestHeaders, name).is_err() {
-                    s.count("tether_host_error");
+                    s.count_fixed(Fixed::HostError);
                 }
-                s.count("tether_spoofed_header_removed");
+                s.count_fixed(Fixed::SpoofedHeaderRemoved);
                 false
             } else {
                 true
             }
         });
-        match decide::on_headers(&s.cfg, &s.placement, &self.headers, end_of_stream) {
+        match decide::on_headers(&s.cfg, &s.placement, &headers, end_of_stream) {
             HeaderOutcome::Untouched => {
-                s.count("tether_requests_untouched");
-                s.count(&metrics::fallback(Reason::UnknownFormat));
+                s.count_fixed(Fixed::Untouched);
+                s.count(s.counters.fallback(Reason::UnknownFormat));
                 self.state = State::Done;
             }
             HeaderOutcome::Decided(d) => {
                 self.emit_headers(&d);
                 self.note(&d);
-                self.decision = Some(*d);
+                // Only the debug response header looks at it again.
+                if s.cfg.debug_header {
+                    self.decision = Some(*d);
+                }
                 self.state = State::Done;
             }
             HeaderOutcome::ReadBody { api, reason } => {
+                // The body decision still needs the (stripped) request headers.
+                self.headers = headers;
                 if s.cfg.rewrites_body()
                     && host::remove_header(MapType::HttpRequestHeaders, "content-length").is_err()
                 {
-                    s.count("tether_host_error");
+                    s.count_fixed(Fixed::HostError);
                 }
                 self.state = State::ReadBody {
                     api,
@@ -339,7 +362,7 @@ impl HttpContext for Http {
             )
             .is_err()
             {
-                self.shared.count("tether_host_error");
+                self.shared.count_fixed(Fixed::HostError);
             }
         }
         Action::Continue

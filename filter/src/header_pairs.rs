@@ -4,6 +4,12 @@
 /// Decodes the proxy-wasm map encoding: count, (key len, value len)×count, then
 /// NUL-terminated keys and values. `None` on any inconsistency.
 pub fn decode(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    decode_where(bytes, |_| true)
+}
+
+/// [`decode`] keeping only the pairs whose raw name passes `keep`: the others
+/// are skipped without being copied (two allocations per header saved).
+pub fn decode_where(bytes: &[u8], keep: impl Fn(&[u8]) -> bool) -> Option<Vec<(String, Vec<u8>)>> {
     if bytes.is_empty() {
         return Some(Vec::new());
     }
@@ -13,14 +19,16 @@ pub fn decode(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
     };
     let count = u32_at(0)?;
     let mut p = count.checked_mul(8)?.checked_add(4)?;
-    let mut out = Vec::with_capacity(count.min(1024));
+    let mut out = Vec::new();
     for n in 0..count {
         let (kl, vl) = (u32_at(4 + n * 8)?, u32_at(8 + n * 8)?);
         let key = bytes.get(p..p.checked_add(kl)?)?;
         p = p.checked_add(kl + 1)?;
         let value = bytes.get(p..p.checked_add(vl)?)?;
         p = p.checked_add(vl + 1)?;
-        out.push((String::from_utf8_lossy(key).into_owned(), value.to_vec()));
+        if keep(key) {
+            out.push((String::from_utf8_lossy(key).into_owned(), value.to_vec()));
+        }
     }
     Some(out)
 }
@@ -63,5 +71,20 @@ mod tests {
             );
         }
         assert!(decode(&[0xff, 0xff, 0xff, 0xff]).is_none(), "huge count");
+        let kept = decode_where(&enc, |k| k.starts_with(b"x-")).unwrap();
+        assert_eq!(
+            kept,
+            vec![
+                ("x-session-id".to_owned(), b"a".to_vec()),
+                ("x-bin".to_owned(), vec![0xff, 0])
+            ]
+        );
+        // Skipped pairs are still checked for consistency.
+        for cut in 1..enc.len() - 1 {
+            assert!(
+                decode_where(&enc[..cut], |_| false).is_none(),
+                "cut at {cut}"
+            );
+        }
     }
 }

@@ -103,12 +103,16 @@ pub fn set_buffer(t: BufferType, start: usize, size: usize, data: &[u8]) -> Resu
     check(unsafe { proxy_set_buffer_bytes(t, start, size, data.as_ptr(), data.len()) })
 }
 
-/// All pairs of a header map; names are lower-case ASCII in Envoy, values raw bytes.
-pub fn header_pairs(t: MapType) -> Result<Vec<(String, Vec<u8>)>, HostStatus> {
+/// The pairs of a header map whose name passes `keep`, in one host call;
+/// names are lower-case ASCII in Envoy, values raw bytes.
+pub fn header_pairs(
+    t: MapType,
+    keep: impl Fn(&[u8]) -> bool,
+) -> Result<Vec<(String, Vec<u8>)>, HostStatus> {
     let (mut data, mut size) = (null_mut(), 0usize);
     // SAFETY: the out-pointers point at live locals.
     check(unsafe { proxy_get_header_map_pairs(t, &mut data, &mut size) })?;
-    Ok(crate::header_pairs::decode(&adopt(data, size)).unwrap_or_default())
+    Ok(crate::header_pairs::decode_where(&adopt(data, size), keep).unwrap_or_default())
 }
 
 pub fn replace_header(t: MapType, name: &str, value: &[u8]) -> Result<(), HostStatus> {

@@ -3,7 +3,7 @@
 
 use crate::config::{Config, Mode};
 use crate::decide::Decision;
-use crate::identity::hex16;
+use crate::identity::{hex16, hex16_bytes};
 use crate::placement::Placement;
 use crate::turn::TurnKind;
 
@@ -53,37 +53,78 @@ pub fn request_headers(
     placement: &Placement,
     d: &Decision,
 ) -> Vec<(&'static str, String)> {
+    let mut out = Vec::with_capacity(8);
+    for_each_request_header(cfg, placement, d, |name, value| {
+        out.push((name, String::from_utf8_lossy(value).into_owned()));
+    });
+    out
+}
+
+/// [`request_headers`] without building them: each (name, value) is handed to
+/// `emit` from stack buffers. The header path sets them straight into Envoy's
+/// map, so it pays no allocation or formatting per header.
+pub fn for_each_request_header(
+    cfg: &Config,
+    placement: &Placement,
+    d: &Decision,
+    mut emit: impl FnMut(&'static str, &[u8]),
+) {
     let id = &d.identity;
-    let key = hex16(id.key());
-    let mut out = vec![
-        (names::KEY, key.clone()),
-        (names::KEY_SOURCE, d.source.clone()),
-        (names::TENANT, hex16(id.tenant_hash())),
-        (names::SESSION, hex16(id.session_hash())),
-        (names::SUBAGENT, hex16(id.subagent_hash())),
-    ];
+    let key = hex16_bytes(id.key());
+    emit(names::KEY, &key);
+    emit(names::KEY_SOURCE, d.source.as_bytes());
+    emit(names::TENANT, &hex16_bytes(id.tenant_hash()));
+    emit(names::SESSION, &hex16_bytes(id.session_hash()));
+    emit(names::SUBAGENT, &hex16_bytes(id.subagent_hash()));
     if let Some(p) = id.parent_hash() {
-        out.push((names::PARENT, hex16(p)));
+        emit(names::PARENT, &hex16_bytes(p));
     }
     if let Some(t) = d.turn {
-        out.push((
-            names::PROMPT_END,
-            if t.prompt_end { "1" } else { "0" }.to_owned(),
-        ));
-        out.push((names::TURN_KIND, t.kind.name().to_owned()));
+        emit(names::PROMPT_END, if t.prompt_end { b"1" } else { b"0" });
+        emit(names::TURN_KIND, t.kind.name().as_bytes());
         if let Some(n) = t.count {
-            out.push((names::TURN, n.to_string()));
+            emit(names::TURN, Decimal::new(u64::from(n)).as_bytes());
         }
-        out.push((names::RETENTION_MS, retention(cfg, t.kind).to_string()));
+        emit(
+            names::RETENTION_MS,
+            Decimal::new(retention(cfg, t.kind)).as_bytes(),
+        );
     }
     if let (Mode::Pick, Some(p)) = (cfg.mode, &d.pick) {
-        out.push((names::DESTINATION, placement.destination(p)));
-        out.push((names::DP_RANK, p.rank.to_string()));
+        emit(names::DESTINATION, placement.destination(p).as_bytes());
+        emit(names::DP_RANK, Decimal::new(u64::from(p.rank)).as_bytes());
     }
     if cfg.engine.session_header {
-        out.push((names::SESSION_ID, key));
+        emit(names::SESSION_ID, &key);
     }
-    out
+}
+
+/// A decimal number written on the stack.
+struct Decimal {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    fn new(mut n: u64) -> Self {
+        let mut digits = [b'0'; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            if let Some(d) = digits.get_mut(start) {
+                *d = b'0' + (n % 10) as u8;
+            }
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Self { digits, start }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        self.digits.get(self.start..).unwrap_or_default()
+    }
 }
 
 /// `retention_ms[kind]`.
@@ -116,4 +157,25 @@ pub fn debug_value(placement: &Placement, d: &Decision) -> String {
         hex16(d.identity.key()),
         if d.header_path { "header" } else { "body" }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_decimals_match_display() {
+        for n in [
+            0,
+            7,
+            10,
+            99,
+            1_000,
+            86_400_000,
+            u64::from(u32::MAX),
+            u64::MAX,
+        ] {
+            assert_eq!(Decimal::new(n).as_bytes(), n.to_string().as_bytes());
+        }
+    }
 }

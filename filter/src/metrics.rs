@@ -70,6 +70,88 @@ pub const FIXED: &[(&str, &str)] = &[
     ("tether_host_error", "a host call failed (value not set)"),
 ];
 
+/// The [`FIXED`] counters by position, so a request counts by index instead
+/// of by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fixed {
+    HeaderPath,
+    BodyPath,
+    Untouched,
+    BadHeader,
+    SpoofedHeaderRemoved,
+    TurnNotCounted,
+    BodyMiddleRead,
+    BodyRewritten,
+    Rejected,
+    HostError,
+}
+
+impl Fixed {
+    pub const ALL: [Fixed; 10] = [
+        Fixed::HeaderPath,
+        Fixed::BodyPath,
+        Fixed::Untouched,
+        Fixed::BadHeader,
+        Fixed::SpoofedHeaderRemoved,
+        Fixed::TurnNotCounted,
+        Fixed::BodyMiddleRead,
+        Fixed::BodyRewritten,
+        Fixed::Rejected,
+        Fixed::HostError,
+    ];
+
+    /// The counter's name (its row in [`FIXED`]).
+    pub fn name(self) -> &'static str {
+        FIXED.get(self as usize).map_or("", |(n, _)| n)
+    }
+}
+
+/// Every counter a request may bump, resolved to ids once per VM (the root
+/// context): `id` is whatever the host's define call returned, `None` when it
+/// failed. Names that sanitize alike share one id, as they share one counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterIds {
+    pub fixed: [Option<u32>; 10],
+    /// By index into `session_sources`.
+    pub source: Vec<Option<u32>>,
+    pub head: Option<u32>,
+    pub fallback_source: Option<u32>,
+    /// By [`Reason::index`].
+    pub fallback: [Option<u32>; 8],
+    /// By endpoint index.
+    pub pick: Vec<Option<u32>>,
+}
+
+impl CounterIds {
+    /// Resolves every counter of `cfg` through `id_of(name)`.
+    pub fn new(cfg: &Config, mut id_of: impl FnMut(&str) -> Option<u32>) -> Self {
+        Self {
+            fixed: Fixed::ALL.map(|f| id_of(f.name())),
+            source: cfg
+                .session_sources
+                .iter()
+                .map(|s| id_of(&key_source(&s.label)))
+                .collect(),
+            head: id_of(&key_source("head")),
+            fallback_source: id_of(&key_source("fallback")),
+            fallback: Reason::ALL.map(|r| id_of(&fallback(r))),
+            pick: cfg
+                .endpoints
+                .iter()
+                .map(|e| id_of(&pick(&e.address)))
+                .collect(),
+        }
+    }
+
+    pub fn fixed(&self, f: Fixed) -> Option<u32> {
+        self.fixed.get(f as usize).copied().flatten()
+    }
+
+    pub fn fallback(&self, r: Reason) -> Option<u32> {
+        self.fallback.get(r.index()).copied().flatten()
+    }
+}
+
 /// Every counter name the filter defines for a configuration.
 pub fn all_names(cfg: &Config) -> Vec<String> {
     let mut out: Vec<String> = FIXED.iter().map(|(n, _)| (*n).to_owned()).collect();
@@ -79,4 +161,64 @@ pub fn all_names(cfg: &Config) -> Vec<String> {
     out.extend(Reason::ALL.iter().map(|r| fallback(*r)));
     out.extend(cfg.endpoints.iter().map(|e| pick(&e.address)));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_resolve_to_the_counters_of_the_same_names() {
+        let cfg = Config::parse(
+            br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"}]}"#,
+        )
+        .unwrap();
+        let names = all_names(&cfg);
+        let id_of = |n: &str| names.iter().position(|m| m == n).map(|i| i as u32);
+        let ids = CounterIds::new(&cfg, id_of);
+        for f in Fixed::ALL {
+            assert_eq!(
+                ids.fixed(f).map(|i| names[i as usize].as_str()),
+                Some(f.name())
+            );
+        }
+        assert_eq!(
+            ids.fixed(Fixed::SpoofedHeaderRemoved)
+                .map(|i| names[i as usize].as_str()),
+            Some("tether_spoofed_header_removed")
+        );
+        for r in Reason::ALL {
+            assert_eq!(
+                ids.fallback(r).map(|i| names[i as usize].clone()),
+                Some(fallback(r))
+            );
+        }
+        for (i, s) in cfg.session_sources.iter().enumerate() {
+            assert_eq!(
+                ids.source[i].map(|i| names[i as usize].clone()),
+                Some(key_source(&s.label))
+            );
+        }
+        assert_eq!(
+            ids.head.map(|i| names[i as usize].as_str()),
+            Some("tether_key_source_head")
+        );
+        assert_eq!(
+            ids.pick[1].map(|i| names[i as usize].as_str()),
+            Some("tether_pick_10_0_0_2_8000")
+        );
+        // Every fixed counter is reachable by exactly one variant; reasons index ALL.
+        assert_eq!(Fixed::ALL.len(), FIXED.len());
+        for (i, f) in Fixed::ALL.iter().enumerate() {
+            assert_eq!(*f as usize, i);
+        }
+        assert_eq!(Fixed::HostError.name(), "tether_host_error");
+        assert_eq!(Fixed::HeaderPath.name(), "tether_requests_header_path");
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
+        // A name the host refused stays unresolved instead of borrowing another id.
+        let ids = CounterIds::new(&cfg, |n| id_of(n).filter(|_| n != "tether_host_error"));
+        assert_eq!(ids.fixed(Fixed::HostError), None);
+    }
 }

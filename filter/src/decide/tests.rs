@@ -488,3 +488,108 @@ fn salted_deployments_refuse_bodies_they_cannot_rewrite() {
         None
     );
 }
+
+/// The glue copies only [`ReadHeaders`] out of Envoy: every decision
+/// must come out the same as from the full header map.
+#[test]
+fn decisions_read_only_the_named_headers() {
+    let configs = [
+        cfg(""),
+        cfg(
+            r#"{"tenant_header":"x-org","mode":"pick","endpoints":[{"address":"10.0.0.1:8000","dp_size":2}]}"#,
+        ),
+        cfg(
+            r#"{"session_sources":["header:x-run","body:session_id"],"subagent_sources":["header:x-agent"],"parent_sources":["header:x-up"],"tenant_header":"x-org"}"#,
+        ),
+        cfg(r#"{"header_fast_path":false}"#),
+    ];
+    let noise = [
+        (":method", "POST"),
+        (":authority", "gw"),
+        ("user-agent", "sdk"),
+        ("x-request-id", "abc"),
+        ("x-sessionid", "near-miss"),
+    ];
+    let identity_sets: [&[(&str, &str)]; 6] = [
+        &[],
+        &[
+            ("x-session-id", "s1"),
+            ("x-org", "t1"),
+            ("thread-id", "sub"),
+        ],
+        &[
+            ("x-run", "r1"),
+            ("x-agent", "a1"),
+            ("x-up", "p1"),
+            ("x-org", "t2"),
+        ],
+        &[("x-session-id", "s1"), ("x-session-id", "s2")],
+        &[("X-Session-Id", "mixed-case"), ("x-parent-session-id", "p")],
+        &[("content-encoding", "gzip"), ("x-session-affinity", "aff")],
+    ];
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"session_id":"b1"}"#;
+    for c in &configs {
+        let placement = Placement::new(&c.endpoints);
+        let read = ReadHeaders::new(c);
+        for ids in identity_sets {
+            for ct in ["application/json", "text/plain"] {
+                let mut full = headers(&[(":path", "/v1/chat/completions"), ("content-type", ct)]);
+                full.extend(headers(&noise));
+                full.extend(headers(ids));
+                let kept: Vec<_> = full
+                    .iter()
+                    .filter(|(k, _)| read.contains(k.as_bytes()))
+                    .cloned()
+                    .collect();
+                assert!(kept.len() + noise.len() <= full.len(), "noise is dropped");
+                assert!(kept.iter().any(|(k, _)| k == ":path"));
+                for eos in [false, true] {
+                    let a = on_headers(c, &placement, &full, eos);
+                    assert_eq!(a, on_headers(c, &placement, &kept, eos), "{ids:?} {ct}");
+                    if let HeaderOutcome::ReadBody { api, reason } = a {
+                        let run = |h: &Headers| {
+                            let mut f = SliceFetch::new(body);
+                            on_body(c, &placement, api, h, body.len(), reason, &mut |s, l| {
+                                f.fetch(s, l)
+                            })
+                        };
+                        assert_eq!(run(&full), run(&kept), "{ids:?} {ct}");
+                        let fb =
+                            |h: &Headers| fallback(c, &placement, api, h, b"x", Reason::TooLarge);
+                        assert_eq!(fb(&full), fb(&kept));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn read_headers_match_names_of_any_length_and_case() {
+    let long = format!("x-{}", "a".repeat(70));
+    let c = cfg(&format!(
+        r#"{{"session_sources":["header:{long}","body:session_id"],"tenant_header":"x-org"}}"#
+    ));
+    let read = ReadHeaders::new(&c);
+    for yes in [
+        ":path",
+        "Content-Type",
+        "content-encoding",
+        "x-org",
+        "X-ORG",
+        long.as_str(),
+    ] {
+        assert!(read.contains(yes.as_bytes()), "{yes}");
+    }
+    let longer = format!("{long}b");
+    for no in [
+        "x-session-id",
+        "x-or",
+        "x-orgs",
+        "",
+        longer.as_str(),
+        "session_id",
+    ] {
+        assert!(!read.contains(no.as_bytes()), "{no}");
+    }
+}
