@@ -79,6 +79,13 @@ pub fn for_each_request_header(
     if let Some(p) = id.parent_hash() {
         emit(names::PARENT, &hex16_bytes(p));
     }
+    if d.turn.is_none() && d.header_path {
+        // The header fast path never reads the body, so it cannot tell what
+        // ended the turn; but an agent request ends at a turn boundary, and
+        // without this marker the engine would retain nothing for the most
+        // common harnesses. The engine retains it with its default interval.
+        emit(names::PROMPT_END, b"1");
+    }
     if let Some(t) = d.turn {
         emit(names::PROMPT_END, if t.prompt_end { b"1" } else { b"0" });
         emit(names::TURN_KIND, t.kind.name().as_bytes());

@@ -113,6 +113,11 @@ fn header_sources_decide_in_the_header_callback() {
         };
         assert_eq!(d.source, format!("header:{name}"));
         assert!(d.header_path && d.turn.is_none());
+        // Still a prompt end for the engine, but no kind it could not know.
+        let out = crate::markers::request_headers(&c, &placement, &d);
+        let get = |h: &str| out.iter().find(|(n, _)| *n == h).map(|(_, v)| v.as_str());
+        assert_eq!(get("x-tether-prompt-end"), Some("1"), "{name}");
+        assert_eq!(get("x-tether-turn-kind"), None, "{name}");
     }
     // Order matters: x-session-id wins over session-id.
     let h = headers(&[

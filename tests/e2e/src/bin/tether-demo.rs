@@ -54,6 +54,8 @@ struct Row {
     source: String,
     key: String,
     rank: String,
+    /// `x-tether-prompt-end` (the header path sends it without a kind).
+    end: String,
     kind: String,
     turn: String,
     note: &'static str,
@@ -147,6 +149,7 @@ impl Run {
             source: h("x-tether-key-source"),
             key: key.chars().take(8).collect(),
             rank,
+            end: h("x-tether-prompt-end"),
             kind: h("x-tether-turn-kind"),
             turn: h("x-tether-turn"),
             note,
@@ -363,12 +366,12 @@ async fn main() -> Result<()> {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:>3}  {:<11} {:<9} {:<9} {:<32} {:<8} {:<11} {:<7} {:>4}  note",
-        "#", "agent", "api", "client", "key source", "key", "rank", "kind", "turn"
+        "{:>3}  {:<11} {:<9} {:<9} {:<32} {:<8} {:<11} {:>3} {:<7} {:>4}  note",
+        "#", "agent", "api", "client", "key source", "key", "rank", "end", "kind", "turn"
     );
     for (i, r) in rows.iter().enumerate() {
         println!(
-            "{:>3}  {:<11} {:<9} {:<9} {:<32} {:<8} {:<11} {:<7} {:>4}  {}",
+            "{:>3}  {:<11} {:<9} {:<9} {:<32} {:<8} {:<11} {:>3} {:<7} {:>4}  {}",
             i + 1,
             r.agent.label(),
             r.api.label(),
@@ -376,6 +379,7 @@ fn print_table(rows: &[Row]) {
             r.source,
             r.key,
             r.rank,
+            r.end,
             r.kind,
             r.turn,
             r.note

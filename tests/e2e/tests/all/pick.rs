@@ -59,6 +59,9 @@ async fn a_session_and_its_subagents_each_keep_one_rank_for_20_plus_turns() {
             Some("0000000000000000"),
             "main agent"
         );
+        // The header path never reads the body: a prompt end, but no turn kind.
+        assert_eq!(e.header("x-tether-prompt-end"), Some("1"), "turn {t}");
+        assert_eq!(e.header("x-tether-turn-kind"), None, "turn {t}");
         places.insert(place(&e));
         keys.insert(e.header("x-tether-key").map(str::to_owned));
         if t % 5 == 2 {
