@@ -23,10 +23,14 @@ pub enum Variant {
     /// g. (diagnostic) The header floor inside tether's chain (buffer disabled
     /// per route, `header_mutation`, MAGLEV): splits d's cost into chain and filter.
     FloorInChain,
+    /// h. (diagnostic) The body floor inside tether's chain (filter state
+    /// `wasm.tether.x-tether-key` → `header_mutation` → MAGLEV): e vs h is
+    /// tether's body path alone, with the routing chain held equal.
+    BodyFloorInChain,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 7] = [
+    pub const ALL: [Variant; 8] = [
         Variant::NoFilter,
         Variant::HeaderFloor,
         Variant::BodyFloor,
@@ -34,6 +38,7 @@ impl Variant {
         Variant::TetherBody,
         Variant::NativeJson,
         Variant::FloorInChain,
+        Variant::BodyFloorInChain,
     ];
 
     /// The one-letter name used on the command line (`--variants a,b,c`).
@@ -46,6 +51,7 @@ impl Variant {
             Variant::TetherBody => 'e',
             Variant::NativeJson => 'f',
             Variant::FloorInChain => 'g',
+            Variant::BodyFloorInChain => 'h',
         }
     }
 
@@ -62,6 +68,7 @@ impl Variant {
             Variant::TetherBody => "tether, body key",
             Variant::NativeJson => "native json_to_metadata",
             Variant::FloorInChain => "wasm floor in tether's chain",
+            Variant::BodyFloorInChain => "body floor in tether's chain",
         }
     }
 
@@ -69,7 +76,9 @@ impl Variant {
     pub fn floor(self) -> Option<Variant> {
         match self {
             Variant::TetherHeader | Variant::FloorInChain => Some(Variant::HeaderFloor),
-            Variant::TetherBody | Variant::NativeJson => Some(Variant::BodyFloor),
+            Variant::TetherBody | Variant::NativeJson | Variant::BodyFloorInChain => {
+                Some(Variant::BodyFloor)
+            }
             _ => None,
         }
     }

@@ -8,6 +8,10 @@
 //!   hand `dst` to Envoy through the `set_envoy_filter_state` foreign function
 //!   (key `envoy.network.transport_socket.original_dst_address`), without reading
 //!   the body.
+//! - `{"mode":"body-state","key":"…"}`: pause the body until end of stream,
+//!   then set the property `tether.x-tether-key` = `key` (Envoy filter state
+//!   `wasm.tether.x-tether-key`, the channel tether's body path uses), without
+//!   reading the body: the body floor inside tether's own Envoy chain.
 //! - `{"mode":"probe"}`: buffer the body, then try to read and replace a request
 //!   header from the last body callback and report the host statuses and the
 //!   buffered body size as response headers.
@@ -32,6 +36,7 @@ proxy_wasm::main! {{
 enum Mode {
     Header,
     Body { dst: String },
+    BodyState { key: String },
     Probe,
     Pause,
 }
@@ -85,6 +90,16 @@ fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
         "header" => Ok(Mode::Header),
         "probe" => Ok(Mode::Probe),
         "pause" => Ok(Mode::Pause),
+        "body-state" => {
+            let key = value
+                .get("key")
+                .and_then(|k| k.as_str())
+                .filter(|k| !k.is_empty())
+                .ok_or("field `key` is missing or not a non-empty string (mode `body-state`)")?;
+            Ok(Mode::BodyState {
+                key: key.to_owned(),
+            })
+        }
         "body" => {
             let dst = value
                 .get("dst")
@@ -97,7 +112,7 @@ fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
             })
         }
         other => Err(format!(
-            "field `mode` has unknown value {other:?} (expected header, body, probe or pause)"
+            "field `mode` has unknown value {other:?} (expected header, body, body-state, probe or pause)"
         )),
     }
 }
@@ -124,7 +139,7 @@ impl HttpContext for FloorHttp {
                 Action::Continue
             }
             Mode::Pause => Action::Pause,
-            Mode::Body { .. } | Mode::Probe => Action::Continue,
+            Mode::Body { .. } | Mode::BodyState { .. } | Mode::Probe => Action::Continue,
         }
     }
 
@@ -144,6 +159,14 @@ impl HttpContext for FloorHttp {
                     hostcalls::call_foreign_function("set_envoy_filter_state", Some(&args))
                 {
                     log_status("set_envoy_filter_state", s);
+                }
+                Action::Continue
+            }
+            Mode::BodyState { key } => {
+                if let Err(s) =
+                    hostcalls::set_property(vec!["tether.x-tether-key"], Some(key.as_bytes()))
+                {
+                    log_status("set_property", s);
                 }
                 Action::Continue
             }

@@ -64,6 +64,28 @@ fn body_mode_buffers_then_sets_original_dst_filter_state() {
 }
 
 #[test]
+fn body_state_mode_hands_the_key_to_tethers_filter_state_channel() {
+    let mut vm = floor_plugin()
+        .start(options(r#"{"mode":"body-state","key":"k1"}"#))
+        .unwrap();
+    let out = vm
+        .run(&Request::post(
+            "/v1/chat/completions",
+            &[],
+            &[b"aaa", b"bb"],
+        ))
+        .unwrap();
+    // The same channel tether's body path uses: header_mutation copies
+    // wasm.tether.x-tether-key into x-tether-key.
+    assert_eq!(
+        out.filter_state_value("wasm.tether.x-tether-key"),
+        Some("k1")
+    );
+    assert_eq!(out.upstream.as_ref().unwrap().body, b"aaabb");
+    assert_eq!(out.upstream_header("x-floor"), None);
+}
+
+#[test]
 fn body_mode_without_body_sets_nothing() {
     let mut vm = floor_plugin()
         .start(options(r#"{"mode":"body","dst":"127.0.0.1:9001"}"#))
@@ -144,6 +166,8 @@ fn invalid_configurations_name_the_field() {
         (r#"{"mode":"fast"}"#, "`mode`"),
         (r#"{"mode":"body"}"#, "`dst`"),
         (r#"{"mode":"body","dst":"localhost"}"#, "`dst`"),
+        (r#"{"mode":"body-state"}"#, "`key`"),
+        (r#"{"mode":"body-state","key":""}"#, "`key`"),
     ] {
         let err = floor_plugin().start(options(config)).unwrap_err();
         assert!(
