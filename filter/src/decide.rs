@@ -180,40 +180,27 @@ pub fn on_headers(
     };
     let (res, bad) = identity::resolve(cfg, headers, None);
     let header_ok = cfg.header_fast_path && !cfg.rewrites_body();
-    match res {
-        Resolution::Known(id) if header_ok || end_of_stream => {
-            HeaderOutcome::Decided(Box::new(finish(
-                cfg,
-                placement,
+    let id = match res {
+        Resolution::Known(id) if header_ok || end_of_stream => id,
+        _ if end_of_stream => identity::fallback(tenant_of(cfg, headers), &[], Reason::NoBody),
+        _ => {
+            return HeaderOutcome::ReadBody {
                 api,
-                id,
-                None,
-                None,
-                ReadStats::default(),
-                bad,
-                true,
-            )))
+                reason: content_reason(headers),
+            };
         }
-        _ if end_of_stream => {
-            let tenant = tenant_of(cfg, headers);
-            let id = identity::fallback(tenant, &[], Reason::NoBody);
-            HeaderOutcome::Decided(Box::new(finish(
-                cfg,
-                placement,
-                api,
-                id,
-                None,
-                None,
-                ReadStats::default(),
-                bad,
-                true,
-            )))
-        }
-        _ => HeaderOutcome::ReadBody {
-            api,
-            reason: content_reason(headers),
-        },
-    }
+    };
+    HeaderOutcome::Decided(Box::new(finish(
+        cfg,
+        placement,
+        api,
+        id,
+        None,
+        None,
+        ReadStats::default(),
+        bad,
+        true,
+    )))
 }
 
 /// `compressed` / `not_json` from the content headers.
