@@ -190,17 +190,7 @@ pub fn on_headers(
             };
         }
     };
-    HeaderOutcome::Decided(Box::new(finish(
-        cfg,
-        placement,
-        api,
-        id,
-        None,
-        None,
-        ReadStats::default(),
-        bad,
-        true,
-    )))
+    HeaderOutcome::Decided(Box::new(finish_unread(cfg, placement, api, id, bad, true)))
 }
 
 /// `compressed` / `not_json` from the content headers.
@@ -253,17 +243,7 @@ pub fn fallback(
             .unwrap_or_default(),
         reason,
     );
-    let mut d = finish(
-        cfg,
-        placement,
-        api,
-        id,
-        None,
-        None,
-        ReadStats::default(),
-        0,
-        false,
-    );
+    let mut d = finish_unread(cfg, placement, api, id, 0, false);
     // Salting is on but this body is not rewritten: refuse it rather than let a
     // client `cache_salt` through.
     if cfg.cache_salt.is_some() {
@@ -406,6 +386,30 @@ pub fn cache_salt(secret: &[u8], tenant: &[u8]) -> String {
     format!(
         "{:032x}",
         xxhash_rust::xxh3::xxh3_128_with_seed(&buf, identity::SEED)
+    )
+}
+
+/// A decision made without reading the conversation: no turn markers, no
+/// body edit, nothing fetched.
+fn finish_unread(
+    cfg: &Config,
+    placement: &Placement,
+    api: Api,
+    identity: Identity,
+    bad_headers: u32,
+    header_path: bool,
+) -> Decision {
+    let stats = ReadStats::default();
+    finish(
+        cfg,
+        placement,
+        api,
+        identity,
+        None,
+        None,
+        stats,
+        bad_headers,
+        header_path,
     )
 }
 
