@@ -1,4 +1,4 @@
-# Retention policy of the engine extension (engine-ext/, everything but src/copy*). See docs/engine.md.
+# Retention policy of the engine extension (tether-engine, engine-ext/). See docs/engine.md.
 #   make test-engine    unit + property tests of the policy, the trace-replay test and the
 #                       offload round trip through the CPU copy backend (no GPU needed)
 #   make bench-engine   the policy benchmark (LRU vs retention vs retention + host tier on the
@@ -8,9 +8,10 @@
 ENGINE_TRACE ?= examples/traces/mooncake_synthetic_trace.jsonl
 
 test-engine:
-	$(CARGO) test --quiet -p tether-engine --lib -- --skip copy::
-	$(CARGO) test --quiet -p tether-engine --test offload_roundtrip --test retention_trace
+	$(CARGO) test --quiet -p tether-wire -p tether-placement -p tether-engine
+	$(CARGO) test --quiet -p tether-kvcopy --test offload_roundtrip
+	$(CARGO) test --quiet -p tether-fleet
 
 bench-engine:
-	$(CARGO) run --quiet --release -p tether-engine --bin retention-bench -- --trace $(ENGINE_TRACE)
-	$(CARGO) run --quiet --release -p tether-engine --bin retention-throughput
+	$(CARGO) run --quiet --release -p tether-fleet --bin retention-bench -- --trace $(ENGINE_TRACE)
+	$(CARGO) bench --quiet -p tether-engine --bench retention-throughput

@@ -1,4 +1,4 @@
-# KV-copy engine (engine-ext/src/copy*, kernels/*.cu). See docs/kv-copy.md.
+# KV-copy engine (tether-kvcopy: engine-ext/kvcopy/, kernels/*.cu). See docs/kv-copy.md.
 #   make test-kernels   NVRTC wheel -> every kernels/*.cu to PTX for sm_90 (fails on any
 #                       compile error, no GPU needed), CPU backend tests, the API example
 #                       in docs/kv-copy.md, GPU tests (skip with a printed reason when
@@ -22,14 +22,14 @@ $(KVCOPY_NVRTC_STAMP): | $(VENV)/bin/python
 nvrtc: $(KVCOPY_NVRTC_STAMP)
 
 test-kernels: $(KVCOPY_NVRTC_STAMP)
-	$(KVCOPY_ENV) $(CARGO) run --quiet -p tether-engine --bin kvcopy-ptx -- kernels --arch compute_90
-	$(CARGO) test --quiet -p tether-engine --lib copy::
-	$(CARGO) test --quiet -p tether-engine --test copy_cpu
-	$(CARGO) test --quiet -p tether-engine --doc copy
-	$(CARGO) test --quiet -p tether-engine --test gpu_copy -- --include-ignored --nocapture
+	$(KVCOPY_ENV) $(CARGO) run --quiet -p tether-kvcopy --bin kvcopy-ptx -- kernels --arch compute_90
+	$(CARGO) test --quiet -p tether-kvcopy --lib
+	$(CARGO) test --quiet -p tether-kvcopy --test copy_cpu
+	$(CARGO) test --quiet -p tether-kvcopy --doc
+	$(CARGO) test --quiet -p tether-kvcopy --test gpu_copy -- --include-ignored --nocapture
 
 bench-kvcopy:
-	$(CARGO) run --quiet --release -p tether-engine --bin kvcopy-bench -- cpu
+	$(CARGO) run --quiet --release -p tether-kvcopy --bin kvcopy-bench -- cpu
 
 gpu-bins: $(KVCOPY_NVRTC_STAMP)
 	$(KVCOPY_ENV) scripts/gpu-check.sh build

@@ -12,12 +12,12 @@ DIR=target/kvcopy-gpu
 
 build() {
     rm -rf "$DIR" && mkdir -p "$DIR/ptx"
-    cargo build --quiet --release -p tether-engine --bin kvcopy-bench --bin kvcopy-ptx
+    cargo build --quiet --release -p tether-kvcopy --bin kvcopy-bench --bin kvcopy-ptx
     local target_dir
     target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     cp "$target_dir/release/kvcopy-bench" "$DIR/"
     local test_bin
-    test_bin=$(cargo test --release -p tether-engine --test gpu_copy --no-run --message-format=json 2>/dev/null \
+    test_bin=$(cargo test --release -p tether-kvcopy --test gpu_copy --no-run --message-format=json 2>/dev/null \
         | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -1,6 +1,7 @@
 //! Policy configuration: capacities, block geometry, retention intervals and the value model's priors.
 
 use crate::marker::TurnKind;
+use tether_wire::RetentionMs;
 use thiserror::Error;
 
 /// Milliseconds on the caller's clock. The policy never reads a wall clock: every
@@ -63,17 +64,20 @@ impl Default for PolicyConfig {
             retention: true,
             checkpoint_every_tokens: 0,
             max_interval_ms: 3_600_000,
-            first: None,
+            first: Some(KindPolicy {
+                interval_ms: RetentionMs::DEFAULT.first,
+                expected_gap_ms: 120_000,
+            }),
             user: KindPolicy {
-                interval_ms: 600_000,
+                interval_ms: RetentionMs::DEFAULT.user,
                 expected_gap_ms: 120_000,
             },
             tool: KindPolicy {
-                interval_ms: 120_000,
+                interval_ms: RetentionMs::DEFAULT.tool,
                 expected_gap_ms: 15_000,
             },
             handoff: KindPolicy {
-                interval_ms: 300_000,
+                interval_ms: RetentionMs::DEFAULT.handoff,
                 expected_gap_ms: 60_000,
             },
             attention_knee_tokens: 32_768,

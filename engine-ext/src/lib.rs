@@ -7,21 +7,18 @@
 //! prompt end pinned for an interval chosen by the turn kind, evicts in a fixed order
 //! (free LRU blocks, expired retentions, least valuable retentions), moves retentions
 //! to a host tier under pressure and restores them checksum-verified. Bytes move
-//! through a [`payload::Mover`]; the KV-copy backends live in [`copy`].
-//! See `docs/engine.md`.
+//! through a [`payload::Mover`]; the KV-copy backends are the `tether-kvcopy`
+//! crate. Pure Rust: no CUDA, no CLI. See `docs/engine.md`.
 
 pub mod cache;
 pub mod config;
-pub mod copy;
 pub mod hash;
 pub mod host;
 pub mod marker;
 pub mod payload;
 pub mod pool;
 pub mod record;
-pub mod sim;
 pub mod states;
-pub mod trace;
 pub mod value;
 mod victims;
 

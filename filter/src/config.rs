@@ -3,6 +3,7 @@
 
 use serde::de::DeserializeOwned;
 use std::net::SocketAddr;
+use tether_wire::{RetentionMs, TurnKind};
 
 /// An invalid plugin configuration: `field` is the JSON path of the culprit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -30,14 +31,7 @@ pub enum Mode {
     Pick,
 }
 
-/// One rank (engine) the filter may pick.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Endpoint {
-    /// `ip:port` as Envoy's `override_host` / `ORIGINAL_DST` expect it.
-    pub address: String,
-    pub weight: f64,
-    pub dp_size: u32,
-}
+pub use tether_placement::Endpoint;
 
 /// Where an identity value is read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,26 +96,6 @@ impl Source {
     }
 }
 
-/// Retention interval per turn kind, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retention {
-    pub first: u64,
-    pub user: u64,
-    pub tool: u64,
-    pub handoff: u64,
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Self {
-            first: 300_000,
-            user: 300_000,
-            tool: 60_000,
-            handoff: 120_000,
-        }
-    }
-}
-
 /// Engine-native outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Engine {
@@ -155,7 +129,8 @@ pub struct Config {
     pub tenant_header: Option<String>,
     /// Secret of the keyed `cache_salt` hash; `None` = no salting.
     pub cache_salt: Option<Vec<u8>>,
-    pub retention_ms: Retention,
+    /// Interval sent per turn kind (`x-tether-retention-ms`); defaults from the wire contract.
+    pub retention_ms: RetentionMs,
     pub subagent_tools: Vec<String>,
     pub engine: Engine,
     pub max_body_bytes: usize,
@@ -219,7 +194,7 @@ impl Default for Config {
             parent_sources: sources(DEFAULT_PARENT_SOURCES),
             tenant_header: None,
             cache_salt: None,
-            retention_ms: Retention::default(),
+            retention_ms: RetentionMs::DEFAULT,
             subagent_tools: DEFAULT_SUBAGENT_TOOLS
                 .iter()
                 .map(|s| (*s).to_owned())
@@ -318,14 +293,11 @@ impl Config {
                 "retention_ms" => {
                     for (k, v) in object(name, v)? {
                         let path = format!("retention_ms.{k}");
-                        let slot = match k.as_str() {
-                            "first" => &mut cfg.retention_ms.first,
-                            "user" => &mut cfg.retention_ms.user,
-                            "tool" => &mut cfg.retention_ms.tool,
-                            "handoff" => &mut cfg.retention_ms.handoff,
-                            _ => return Err(ConfigError::new(path, "unknown field")),
-                        };
-                        *slot = field(&path, v)?;
+                        let kind = TurnKind::ALL
+                            .into_iter()
+                            .find(|kind| kind.name() == k)
+                            .ok_or_else(|| ConfigError::new(path.clone(), "unknown field"))?;
+                        *cfg.retention_ms.get_mut(kind) = field(&path, v)?;
                     }
                 }
                 "subagent_tools" => cfg.subagent_tools = field(name, v)?,

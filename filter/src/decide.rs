@@ -71,11 +71,7 @@ pub fn is_internal_header(name: &str) -> bool {
 
 /// [`is_internal_header`] on a raw header name.
 pub fn is_internal_header_bytes(n: &[u8]) -> bool {
-    n.get(..9)
-        .is_some_and(|p| p.eq_ignore_ascii_case(b"x-tether-"))
-        || n.eq_ignore_ascii_case(b"x-data-parallel-rank")
-        || n.eq_ignore_ascii_case(b"x-gateway-destination-endpoint")
-        || n.eq_ignore_ascii_case(b"x-prefiller-host-port")
+    tether_wire::headers::is_internal(n)
 }
 
 /// Every request header the decision reads: `:path`, the content headers,

@@ -4,59 +4,17 @@
 use crate::config::{Config, Origin, Source};
 use crate::json::Value;
 use crate::scan::{Doc, View};
+use tether_placement::keys;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-/// Fixed seed of every tether hash (keys must agree across gateway replicas).
-pub const SEED: u64 = 0x7e7e_4e52_5445_5448;
+pub use tether_placement::keys::{SEED, hash_parts};
+pub use tether_wire::hex::{hex16, hex16_bytes};
 
 /// Longest identity value accepted (header or body); longer ones are skipped as bad.
 pub const MAX_ID_BYTES: usize = 1024;
 
 /// Request headers as the host hands them over: (lower-case name, raw value).
 pub type Headers = [(String, Vec<u8>)];
-
-/// Hash of length-prefixed parts (so `("ab","c")` and `("a","bc")` differ).
-/// Built on the stack when it fits: this runs several times per request on
-/// the header path, where a heap allocation each time is measurable in V8.
-pub fn hash_parts(parts: &[&[u8]]) -> u64 {
-    let total: usize = parts.iter().map(|p| p.len() + 4).sum();
-    let mut stack = [0u8; 128];
-    if let Some(buf) = stack.get_mut(..total) {
-        let mut rest: &mut [u8] = buf;
-        for p in parts {
-            let len = u32::try_from(p.len()).unwrap_or(u32::MAX).to_le_bytes();
-            for chunk in [len.as_slice(), p] {
-                let (head, tail) = rest.split_at_mut(chunk.len());
-                head.copy_from_slice(chunk);
-                rest = tail;
-            }
-        }
-        return xxh3_64_with_seed(buf, SEED);
-    }
-    let mut buf = Vec::with_capacity(total);
-    for p in parts {
-        buf.extend_from_slice(&u32::try_from(p.len()).unwrap_or(u32::MAX).to_le_bytes());
-        buf.extend_from_slice(p);
-    }
-    xxh3_64_with_seed(&buf, SEED)
-}
-
-/// 16 lower-case hex digits, on the stack (no formatting machinery: the
-/// header path writes four or five of these per request).
-pub fn hex16_bytes(h: u64) -> [u8; 16] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0u8; 16];
-    for (i, d) in out.iter_mut().enumerate() {
-        let nibble = (h >> (60 - 4 * i)) & 0xf;
-        *d = DIGITS.get(nibble as usize).copied().unwrap_or(b'0');
-    }
-    out
-}
-
-/// 16 lower-case hex digits.
-pub fn hex16(h: u64) -> String {
-    hex16_bytes(h).iter().map(|&b| char::from(b)).collect()
-}
 
 /// What one source gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,32 +119,26 @@ pub struct Identity {
 impl Identity {
     /// `xxh3_64(tenant ‖ session ‖ subagent)`, length-prefixed, fixed seed.
     pub fn key(&self) -> u64 {
-        hash_parts(&[
-            &self.tenant,
-            &self.session,
-            self.subagent.as_deref().unwrap_or_default(),
-        ])
+        keys::routing_key(&self.tenant, &self.session, self.subagent.as_deref())
     }
 
     pub fn tenant_hash(&self) -> u64 {
-        hash_parts(&[b"tenant", &self.tenant])
+        keys::tenant_hash(&self.tenant)
     }
 
     pub fn session_hash(&self) -> u64 {
-        hash_parts(&[b"session", &self.tenant, &self.session])
+        keys::session_hash(&self.tenant, &self.session)
     }
 
     /// 0 for the main agent (no subagent part).
     pub fn subagent_hash(&self) -> u64 {
-        self.subagent
-            .as_ref()
-            .map_or(0, |s| hash_parts(&[b"subagent", &self.tenant, s]))
+        keys::subagent_hash(&self.tenant, self.subagent.as_deref())
     }
 
     pub fn parent_hash(&self) -> Option<u64> {
         self.parent
             .as_ref()
-            .map(|p| hash_parts(&[b"parent", &self.tenant, p]))
+            .map(|p| keys::parent_hash(&self.tenant, p))
     }
 }
 
@@ -304,35 +256,3 @@ pub fn fallback(tenant: Vec<u8>, body_prefix: &[u8], reason: crate::Reason) -> I
 
 /// Bytes of the raw body that feed the fallback key.
 pub const FALLBACK_PREFIX: usize = 4096;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The allocation-free helpers agree with the plain definitions.
-    #[test]
-    fn stack_hashing_and_hex_match_the_plain_definitions() {
-        let plain = |parts: &[&[u8]]| {
-            let mut buf = Vec::new();
-            for p in parts {
-                buf.extend_from_slice(&(p.len() as u32).to_le_bytes());
-                buf.extend_from_slice(p);
-            }
-            xxh3_64_with_seed(&buf, SEED)
-        };
-        let long = vec![b'x'; 300];
-        for parts in [
-            &[][..],
-            &[b"".as_slice()][..],
-            &[b"tenant".as_slice(), b"t1"][..],
-            &[b"a".as_slice(), b"bc", b""][..],
-            &[b"session".as_slice(), &long[..240]][..],
-            &[b"session".as_slice(), &long[..]][..],
-        ] {
-            assert_eq!(hash_parts(parts), plain(parts));
-        }
-        for h in [0, 1, 0xdead_beef, u64::MAX, 0x0123_4567_89ab_cdef] {
-            assert_eq!(hex16(h), format!("{h:016x}"));
-        }
-    }
-}

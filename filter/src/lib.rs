@@ -28,7 +28,7 @@ pub mod identity;
 pub mod json;
 pub mod markers;
 pub mod metrics;
-pub mod placement;
+pub use tether_placement as placement;
 pub mod rewrite;
 pub mod scan;
 pub mod turn;

@@ -7,23 +7,8 @@ use crate::identity::{hex16, hex16_bytes};
 use crate::placement::Placement;
 use crate::turn::TurnKind;
 
-/// Output header names (lower case, as Envoy stores them).
-pub mod names {
-    pub const KEY: &str = "x-tether-key";
-    pub const KEY_SOURCE: &str = "x-tether-key-source";
-    pub const TENANT: &str = "x-tether-tenant";
-    pub const SESSION: &str = "x-tether-session";
-    pub const SUBAGENT: &str = "x-tether-subagent";
-    pub const PARENT: &str = "x-tether-parent";
-    pub const PROMPT_END: &str = "x-tether-prompt-end";
-    pub const TURN_KIND: &str = "x-tether-turn-kind";
-    pub const TURN: &str = "x-tether-turn";
-    pub const RETENTION_MS: &str = "x-tether-retention-ms";
-    pub const DESTINATION: &str = "x-gateway-destination-endpoint";
-    pub const DP_RANK: &str = "x-data-parallel-rank";
-    pub const SESSION_ID: &str = "x-session-id";
-    pub const DEBUG: &str = "x-tether-debug";
-}
+/// Output header names: the wire contract's.
+pub use tether_wire::headers as names;
 
 /// Filter-state key (without Envoy's `wasm.` prefix) carrying `header` on the body path.
 pub fn state_key(header: &str) -> String {
@@ -136,13 +121,7 @@ impl Decimal {
 
 /// `retention_ms[kind]`.
 pub fn retention(cfg: &Config, kind: TurnKind) -> u64 {
-    let r = &cfg.retention_ms;
-    match kind {
-        TurnKind::First => r.first,
-        TurnKind::User => r.user,
-        TurnKind::Tool => r.tool,
-        TurnKind::Handoff => r.handoff,
-    }
+    cfg.retention_ms.get(kind)
 }
 
 /// `x-tether-debug` response value: `source=…;key=…;endpoint=…;rank=…;kind=…`.

@@ -6,29 +6,7 @@ use crate::api::Api;
 use crate::json::{Span, Value};
 use crate::scan::{Conv, Doc, View};
 
-/// What ended the prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TurnKind {
-    /// The first user message of a run.
-    First,
-    /// A user reply.
-    User,
-    /// A tool result.
-    Tool,
-    /// A subagent handing back (result of a `subagent_tools` call) or starting (its first turn).
-    Handoff,
-}
-
-impl TurnKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            TurnKind::First => "first",
-            TurnKind::User => "user",
-            TurnKind::Tool => "tool",
-            TurnKind::Handoff => "handoff",
-        }
-    }
-}
+pub use tether_wire::TurnKind;
 
 /// The turn markers of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

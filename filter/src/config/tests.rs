@@ -15,11 +15,11 @@ fn defaults_match_the_contract() {
     assert_eq!(c.parent_sources.len(), DEFAULT_PARENT_SOURCES.len());
     assert_eq!(
         c.retention_ms,
-        Retention {
+        RetentionMs {
             first: 300_000,
             user: 300_000,
-            tool: 60_000,
-            handoff: 120_000
+            tool: 120_000,
+            handoff: 300_000
         }
     );
     assert!(c.engine.session_header && !c.engine.body_session_id && !c.engine.routed_dp_rank);

@@ -598,3 +598,75 @@ fn read_headers_match_names_of_any_length_and_case() {
         assert!(!read.contains(no.as_bytes()), "{no}");
     }
 }
+
+/// The wire contract end to end: what the filter emits for a decision parses,
+/// with the engine's own reader, into the marker the engine must act on — for
+/// every turn kind on the body path and for the header path (no kind: the
+/// engine's user-reply default).
+#[test]
+fn emitted_markers_parse_into_the_engine_marker() {
+    use tether_wire::{HexId, RetentionMs, TurnKind, TurnMarker};
+    let c = cfg("");
+    let placement = Placement::new(&c.endpoints);
+    let parse = |d: &Decision| {
+        let out = crate::markers::request_headers(&c, &placement, d);
+        TurnMarker::from_headers(out.iter().map(|(k, v)| (*k, v.as_str())))
+            .expect("the filter's own headers parse")
+            .expect("a session is always named")
+    };
+    let call = |id: &str, tool: &str| Step::Tool {
+        id: id.into(),
+        tool: tool.into(),
+        result: "done".into(),
+    };
+    let cases = [
+        (Convo::new("sys", "task"), TurnKind::First, 1),
+        (
+            Convo::new("sys", "task").with(Step::User("more".into())),
+            TurnKind::User,
+            2,
+        ),
+        (
+            Convo::new("sys", "task").with(call("c1", "Read")),
+            TurnKind::Tool,
+            2,
+        ),
+        (
+            Convo::new("sys", "task").with(call("c1", "Task")),
+            TurnKind::Handoff,
+            2,
+        ),
+    ];
+    // Legacy completions carry one prompt string: no turn structure to read.
+    for api in [Api::Chat, Api::Responses, Api::Messages] {
+        for (convo, kind, turn) in &cases {
+            let body = convo
+                .clone()
+                .extra("metadata", json!({"session_id": "run-7"}))
+                .body(api, Order::Sdk);
+            let d = decide(&c, api, &[], &body);
+            let m = parse(&d);
+            let id = &d.identity;
+            assert_eq!(m.kind, *kind, "{api:?}");
+            assert!(m.prompt_end, "{api:?} {kind:?}");
+            assert_eq!(m.turn, Some(*turn), "{api:?} {kind:?}");
+            assert_eq!(m.retention_ms, Some(RetentionMs::DEFAULT.get(*kind)));
+            assert_eq!(m.key.session, HexId(u128::from(id.session_hash())));
+            assert_eq!(m.key.tenant, HexId(u128::from(id.tenant_hash())));
+            assert_eq!(m.key.subagent, HexId(u128::from(id.subagent_hash())));
+        }
+    }
+    // Header path: a prompt end without a kind, which the engine reads as `user`.
+    let body = Convo::new("sys", "task")
+        .with(call("c1", "Read"))
+        .body(Api::Chat, Order::Sdk);
+    let d = decide(&c, Api::Chat, &[("x-session-id", "run-7")], &body);
+    assert!(d.header_path);
+    let m = parse(&d);
+    assert!(m.prompt_end);
+    assert_eq!(
+        (m.kind, m.turn, m.retention_ms),
+        (TurnKind::User, None, None)
+    );
+    assert_eq!(m.key.session, HexId(u128::from(d.identity.session_hash())));
+}

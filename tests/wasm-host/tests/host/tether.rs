@@ -224,7 +224,7 @@ mod body_path {
         let (kind, tool_turn, retention, _) = turn(chat("sys", "go", 2));
         assert_eq!(
             (kind.as_deref(), retention.as_deref()),
-            (Some("tool"), Some("60000"))
+            (Some("tool"), Some("120000"))
         );
         let n = |t: Option<String>| t.and_then(|t| t.parse::<u32>().ok()).unwrap_or(0);
         assert!(

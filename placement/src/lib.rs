@@ -1,0 +1,31 @@
+//! tether's placement, as a plain library: the same code places a request in
+//! the gateway filter (wasm), in the ranks, in replay and in the fleet simulator.
+//!
+//! - [`keys`]: the routing key and the hashes the gateway sends
+//!   (`xxh3(tenant ‖ session ‖ subagent)`, fixed seed, so every gateway replica
+//!   agrees without shared state);
+//! - [`rendezvous`]: weighted rendezvous hashing of a key onto endpoints, with
+//!   an ordered fallback list (removing an endpoint moves only its own keys);
+//! - [`dp`]: the data-parallel rank on the chosen endpoint, from a hash
+//!   independent of the endpoint choice.
+//!
+//! Pure and deterministic; no allocation on the per-key path except the pick's
+//! order list. Documented for users in `docs/gateway.md` ("Placement").
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )
+)]
+
+pub mod dp;
+pub mod keys;
+pub mod rendezvous;
+
+pub use dp::dp_rank;
+pub use keys::{SEED, hash_parts};
+pub use rendezvous::{Endpoint, Pick, Placement};

@@ -1,0 +1,118 @@
+use super::*;
+
+fn eps(n: usize) -> Vec<Endpoint> {
+    (0..n)
+        .map(|i| Endpoint {
+            address: format!("10.0.0.{}:8000", i + 1),
+            weight: 1.0,
+            dp_size: 4,
+        })
+        .collect()
+}
+
+fn keys(n: u64) -> impl Iterator<Item = u64> {
+    (0..n).map(|i| crate::keys::hash_parts(&[b"session", &i.to_le_bytes()]))
+}
+
+fn primary(p: &Placement, k: u64) -> String {
+    let pick = p.pick(k, 0).unwrap();
+    p.endpoints()[pick.order[0]].address.clone()
+}
+
+#[test]
+fn picks_are_deterministic_and_ordered() {
+    let p = Placement::new(&eps(5));
+    let q = Placement::new(&eps(5));
+    for k in keys(1000) {
+        let a = p.pick(k, 2).unwrap();
+        assert_eq!(a, q.pick(k, 2).unwrap());
+        assert_eq!(a.order.len(), 3);
+        let mut uniq = a.order.clone();
+        uniq.dedup();
+        assert_eq!(uniq.len(), 3);
+        assert_eq!(p.destination(&a).split(',').count(), 3);
+    }
+}
+
+#[test]
+fn weights_are_respected() {
+    let mut e = eps(3);
+    e[0].weight = 2.0; // 2:1:1 → 50 %, 25 %, 25 %
+    let p = Placement::new(&e);
+    let n = 40_000;
+    let mut count = [0u32; 3];
+    for k in keys(n) {
+        count[p.pick(k, 0).unwrap().order[0]] += 1;
+    }
+    let share = |i: usize| f64::from(count[i]) / n as f64;
+    assert!((share(0) - 0.5).abs() < 0.015, "{count:?}");
+    assert!((share(1) - 0.25).abs() < 0.015, "{count:?}");
+    assert!((share(2) - 0.25).abs() < 0.015, "{count:?}");
+}
+
+#[test]
+fn removing_an_endpoint_moves_only_its_sessions() {
+    let n_eps = 8;
+    let all = eps(n_eps);
+    let before = Placement::new(&all);
+    let removed = all[3].address.clone();
+    let rest: Vec<Endpoint> = all
+        .iter()
+        .filter(|e| e.address != removed)
+        .cloned()
+        .collect();
+    let after = Placement::new(&rest);
+    let n = 20_000u64;
+    let mut moved = 0u64;
+    for k in keys(n) {
+        let (a, b) = (primary(&before, k), primary(&after, k));
+        if a != b {
+            assert_eq!(a, removed, "a session of a surviving endpoint moved");
+            moved += 1;
+        }
+        // Its first fallback is where it goes: the ordered list stays useful.
+        if a == removed {
+            let fb = before.pick(k, 1).unwrap();
+            assert_eq!(before.endpoints()[fb.order[1]].address, b);
+        }
+    }
+    let frac = moved as f64 / n as f64;
+    assert!((frac - 1.0 / n_eps as f64).abs() < 0.01, "moved {frac}");
+}
+
+#[test]
+fn adding_an_endpoint_moves_sessions_only_to_it() {
+    let before = Placement::new(&eps(6));
+    let after = Placement::new(&eps(7));
+    let n = 20_000u64;
+    let mut moved = 0u64;
+    for k in keys(n) {
+        let (a, b) = (primary(&before, k), primary(&after, k));
+        if a != b {
+            assert_eq!(b, "10.0.0.7:8000");
+            moved += 1;
+        }
+    }
+    let frac = moved as f64 / n as f64;
+    assert!((frac - 1.0 / 7.0).abs() < 0.01, "moved {frac}");
+}
+
+#[test]
+fn dp_rank_is_uniform_and_independent_of_the_endpoint() {
+    let p = Placement::new(&eps(4));
+    let n = 40_000u64;
+    let mut joint = [[0u32; 4]; 4];
+    for k in keys(n) {
+        let pick = p.pick(k, 0).unwrap();
+        assert!(pick.rank < 4);
+        joint[pick.order[0]][pick.rank as usize] += 1;
+    }
+    // Each (endpoint, rank) cell holds ≈ 1/16 of the keys: the rank does not follow the endpoint.
+    for row in &joint {
+        for &c in row {
+            let share = f64::from(c) / n as f64;
+            assert!((share - 1.0 / 16.0).abs() < 0.01, "{joint:?}");
+        }
+    }
+    assert_eq!(dp_rank(42, 1), 0);
+}
