@@ -14,6 +14,7 @@
 pub mod headers;
 pub mod hex;
 pub mod marker;
+pub mod params;
 pub mod retention;
 pub mod turn;
 

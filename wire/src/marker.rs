@@ -103,6 +103,20 @@ impl std::fmt::Display for MarkerError {
 impl std::error::Error for MarkerError {}
 
 impl TurnMarker {
+    /// Reads the markers from body fields (`kv_transfer_params.tether`, see
+    /// [`crate::params`]): the same grammar and outcomes as [`Self::from_headers`];
+    /// unknown fields are ignored.
+    pub fn from_fields<'a, I>(fields: I) -> Result<Option<TurnMarker>, MarkerError>
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)>,
+    {
+        Self::from_headers(
+            fields
+                .into_iter()
+                .filter_map(|(f, v)| crate::params::header_of(f).map(|h| (h, v))),
+        )
+    }
+
     /// Reads the `x-tether-*` headers of a request.
     ///
     /// Returns `Ok(None)` when the request carries no session header (not a

@@ -100,3 +100,25 @@ proptest! {
         let _ = TurnMarker::from_headers(h.iter().map(|(a, b)| (a.as_str(), b.as_str())));
     }
 }
+
+#[test]
+fn body_fields_read_like_headers() {
+    let m = TurnMarker::from_fields([
+        ("session", "ff"),
+        ("prompt_end", "1"),
+        ("turn_kind", "handoff"),
+        ("retention_ms", "9"),
+        ("unknown", "x"),
+    ])
+    .expect("valid")
+    .expect("present");
+    assert_eq!(m.key.session, HexId(0xff));
+    assert_eq!((m.kind, m.retention_ms), (TurnKind::Handoff, Some(9)));
+    assert!(matches!(
+        TurnMarker::from_fields([("session", "zz")]),
+        Err(MarkerError::BadValue {
+            header: SESSION,
+            ..
+        })
+    ));
+}
