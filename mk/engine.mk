@@ -10,7 +10,7 @@ ENGINE_TRACE ?= examples/traces/mooncake_synthetic_trace.jsonl
 test-engine:
 	$(CARGO) test --quiet -p tether-wire -p tether-placement -p tether-engine
 	$(CARGO) test --quiet -p tether-kvcopy --test offload_roundtrip
-	$(CARGO) test --quiet -p tether-fleet -p tether-rank
+	$(CARGO) test --quiet -p tether-fleet
 
 bench-engine:
 	$(CARGO) run --quiet --release -p tether-fleet --bin retention-bench -- --trace $(ENGINE_TRACE)

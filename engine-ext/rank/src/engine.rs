@@ -1,0 +1,746 @@
+//! The simulated engine of one (DP) rank: continuous batching over one
+//! [`RetentionCache`], timed by a [`LatencyModel`], stepped by the caller's
+//! clock. No tokio, no wall clock: the HTTP server and the fleet simulator run
+//! this same code, one instance per simulated rank.
+//!
+//! The step loop follows vLLM's V1 scheduler:
+//! - requests wait in arrival order (FCFS); at each step start the engine admits
+//!   waiting requests while fewer than `max_num_seqs` run and the cache can give
+//!   the prompt its blocks (`RetentionCache::admit`: device prefix hit, host-tier
+//!   restore, fresh slots). A request the cache cannot place blocks the queue
+//!   behind it until a running request finishes (no preemption);
+//! - a request whose prefix comes partly from the host tier first waits for its
+//!   restore on the engine's host link (one transfer at a time, in admission
+//!   order, `bytes / host_restore_gbps`); it does not stall the batch;
+//! - one step = every decoding request advances one token, plus prefill chunks of
+//!   admitted requests in admission order up to `max_num_batched_tokens` (chunked
+//!   prefill). Its duration comes from the latency model. The step that computes a
+//!   prompt's last chunk also yields its first token (as vLLM does) and retains the
+//!   prompt end when the request carries a prompt-end marker;
+//! - the simulated model answers exactly `max_tokens` tokens, then stops.
+//!
+//! Cached tokens follow vLLM: full blocks only, and when the whole prompt is
+//! cached the last token is recomputed (a block-aligned prompt then gets its last
+//! block recomputed), so at least one token is always prefilled.
+//!
+//! Driving it: [`Engine::submit`] a request at its arrival time, then call
+//! [`Engine::advance`] with the current time whenever time passes;
+//! [`Engine::next_wakeup`] says when something will happen next. A step begun at
+//! `t` sees only the requests that arrived by `t`, and its events carry the step's
+//! end time, so results do not depend on how late or often `advance` is called.
+
+use crate::latency::{LatencyModel, StepShape};
+use crate::metrics::{EngineGauges, EngineMetrics};
+use std::collections::VecDeque;
+use tether_engine::{
+    BlockHash, CacheError, MetadataOnly, PolicyConfig, RequestId, RetentionCache, TurnMarker,
+};
+use thiserror::Error;
+
+/// Simulated time in milliseconds since the engine's epoch.
+pub type SimMs = f64;
+
+/// How the engine batches (vLLM's scheduler limits).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// The retention policy and cache geometry.
+    pub policy: PolicyConfig,
+    /// Most requests running at once (vLLM `--max-num-seqs`).
+    pub max_num_seqs: usize,
+    /// Most tokens one step computes, decodes included (vLLM `--max-num-batched-tokens`).
+    pub max_num_batched_tokens: usize,
+}
+
+/// A configuration the engine cannot run with.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum EngineConfigError {
+    /// The cache policy is unusable.
+    #[error("cache policy: {0}")]
+    Policy(String),
+    /// A limit is zero or inconsistent.
+    #[error("{0}")]
+    Limits(String),
+}
+
+/// One request as the engine sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimRequest {
+    /// Unique while the request lives.
+    pub id: u64,
+    /// Chained hashes of the prompt's full blocks.
+    pub hashes: Vec<BlockHash>,
+    /// Prompt length in tokens (≥ 1).
+    pub prompt_tokens: usize,
+    /// Output length in tokens (≥ 1).
+    pub max_tokens: usize,
+    /// The gateway's turn marker, if any.
+    pub marker: Option<TurnMarker>,
+    /// Emit an event per output token (streaming clients); otherwise only the outcome.
+    pub stream: bool,
+}
+
+/// Why a request was refused at submission.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SubmitError {
+    /// Empty prompt or zero output tokens.
+    #[error("{0}")]
+    Empty(&'static str),
+    /// The prompt needs more KV blocks than the device has.
+    #[error("prompt needs {need} KV blocks but the device holds {capacity}")]
+    TooLarge {
+        /// Blocks the prompt needs.
+        need: usize,
+        /// Device blocks.
+        capacity: usize,
+    },
+    /// The id is already live.
+    #[error("request id {0} is already live")]
+    Duplicate(u64),
+}
+
+/// How a request's prompt was served and how long each phase took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens not computed: device hits plus host restores.
+    pub cached_tokens: usize,
+    /// Of the cached tokens, those found on the device.
+    pub device_cached_tokens: usize,
+    /// Of the cached tokens, those restored from the host tier.
+    pub restored_tokens: usize,
+    /// Output tokens generated.
+    pub output_tokens: usize,
+    /// When the request arrived.
+    pub arrival: SimMs,
+    /// When it was admitted (left the waiting queue).
+    pub admitted: SimMs,
+    /// When its first token was produced.
+    pub first_token: SimMs,
+    /// When its last token was produced.
+    pub finished: SimMs,
+    /// Host-link time of its restore (0 without one).
+    pub restore_ms: f64,
+    /// The host tier held data for it that could not be used.
+    pub restore_miss: bool,
+}
+
+impl Outcome {
+    /// Time to first token.
+    pub fn ttft_ms(&self) -> f64 {
+        self.first_token - self.arrival
+    }
+    /// End to end.
+    pub fn e2e_ms(&self) -> f64 {
+        self.finished - self.arrival
+    }
+    /// Time spent waiting for admission.
+    pub fn queue_ms(&self) -> f64 {
+        self.admitted - self.arrival
+    }
+    /// Mean inter-token latency (0 for a one-token answer).
+    pub fn itl_ms(&self) -> f64 {
+        if self.output_tokens > 1 {
+            (self.finished - self.first_token) / (self.output_tokens - 1) as f64
+        } else {
+            0.0
+        }
+    }
+    /// Prompt tokens computed by prefill.
+    pub fn computed_tokens(&self) -> usize {
+        self.prompt_tokens - self.cached_tokens
+    }
+}
+
+/// How a request was admitted: known from its first token on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Admitted {
+    /// When it arrived.
+    pub arrival: SimMs,
+    /// When it left the waiting queue.
+    pub admitted: SimMs,
+    /// Prompt tokens served from cache (device + host).
+    pub cached_tokens: usize,
+}
+
+/// What happened to a request, at simulated time `at`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// First output token (streaming requests only).
+    First {
+        /// Request.
+        id: u64,
+        /// When.
+        at: SimMs,
+        /// Its admission.
+        admitted: Admitted,
+    },
+    /// A further output token (streaming requests only).
+    Token {
+        /// Request.
+        id: u64,
+        /// When.
+        at: SimMs,
+    },
+    /// The request finished; for streaming requests this is also its last token
+    /// when `output_tokens > 1`.
+    Done {
+        /// Request.
+        id: u64,
+        /// How it went.
+        outcome: Outcome,
+    },
+    /// The engine could not serve it.
+    Failed {
+        /// Request.
+        id: u64,
+        /// Why.
+        why: String,
+    },
+}
+
+#[derive(Debug)]
+struct Waiting {
+    req: SimRequest,
+    arrival: SimMs,
+    /// Tokens expected to be computed (device prefix peeked at submission).
+    est_uncached: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    Restoring { ready_at: SimMs },
+    Prefill,
+    Decode,
+}
+
+#[derive(Debug)]
+struct Live {
+    req: SimRequest,
+    arrival: SimMs,
+    admitted: SimMs,
+    phase: Phase,
+    uncached: usize,
+    prefilled: usize,
+    generated: usize,
+    first_token: SimMs,
+    last_token: SimMs,
+    device_cached: usize,
+    restored: usize,
+    restore_ms: f64,
+    restore_miss: bool,
+    cancelled: bool,
+    done: bool,
+}
+
+#[derive(Debug)]
+struct Step {
+    start: SimMs,
+    end: SimMs,
+    decodes: Vec<usize>,
+    chunks: Vec<(usize, usize)>,
+}
+
+/// One simulated engine. See the module docs.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    model: LatencyModel,
+    cache: RetentionCache,
+    mover: MetadataOnly,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Live>,
+    in_flight: Option<Step>,
+    clock: SimMs,
+    link_free_at: SimMs,
+    blocked: bool,
+    metrics: EngineMetrics,
+}
+
+impl Engine {
+    /// An idle engine at time 0.
+    pub fn try_new(cfg: EngineConfig, model: LatencyModel) -> Result<Self, EngineConfigError> {
+        if cfg.max_num_seqs == 0 {
+            return Err(EngineConfigError::Limits(
+                "max_num_seqs must be at least 1".into(),
+            ));
+        }
+        if cfg.max_num_batched_tokens < cfg.max_num_seqs {
+            return Err(EngineConfigError::Limits(format!(
+                "max_num_batched_tokens ({}) must be at least max_num_seqs ({})",
+                cfg.max_num_batched_tokens, cfg.max_num_seqs
+            )));
+        }
+        let cache = RetentionCache::try_new(cfg.policy.clone())
+            .map_err(|e| EngineConfigError::Policy(e.to_string()))?;
+        let max_len = model
+            .profile()
+            .max_model_len
+            .unwrap_or(cfg.policy.device_blocks as u64 * cfg.policy.block_size as u64);
+        Ok(Self {
+            cfg,
+            model,
+            cache,
+            mover: MetadataOnly,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            in_flight: None,
+            clock: 0.0,
+            link_free_at: 0.0,
+            blocked: false,
+            metrics: EngineMetrics::new(max_len),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The latency model.
+    pub fn model(&self) -> &LatencyModel {
+        &self.model
+    }
+
+    /// The retention cache (read-only: stats, pool, host tier).
+    pub fn cache(&self) -> &RetentionCache {
+        &self.cache
+    }
+
+    /// Counters and histograms so far.
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
+    }
+
+    /// The time the engine's timeline has reached.
+    pub fn clock(&self) -> SimMs {
+        self.clock
+    }
+
+    /// Queues a request that arrived at `arrival` (not before the last `advance`).
+    pub fn submit(&mut self, req: SimRequest, arrival: SimMs) -> Result<(), SubmitError> {
+        if req.prompt_tokens == 0 {
+            return Err(SubmitError::Empty("the prompt is empty"));
+        }
+        if req.max_tokens == 0 {
+            return Err(SubmitError::Empty("max_tokens must be at least 1"));
+        }
+        let capacity = self.cfg.policy.device_blocks;
+        if req.hashes.len() > capacity {
+            return Err(SubmitError::TooLarge {
+                need: req.hashes.len(),
+                capacity,
+            });
+        }
+        if self.is_live(req.id) {
+            return Err(SubmitError::Duplicate(req.id));
+        }
+        let bs = self.cfg.policy.block_size;
+        let peek = self.cache.peek_prefix(&req.hashes) * bs;
+        let est_uncached = req.prompt_tokens - peek.min(cached_cap(req.prompt_tokens, bs));
+        let w = Waiting {
+            req,
+            arrival,
+            est_uncached,
+        };
+        // Keep arrival order (submissions normally come in order already).
+        let pos = self
+            .waiting
+            .iter()
+            .rposition(|x| x.arrival <= arrival)
+            .map_or(0, |p| p + 1);
+        self.waiting.insert(pos, w);
+        Ok(())
+    }
+
+    fn is_live(&self, id: u64) -> bool {
+        self.waiting.iter().any(|w| w.req.id == id)
+            || self.running.iter().any(|l| l.req.id == id && !l.done)
+    }
+
+    /// Cancels a request (its client went away); its KV pins are dropped. Returns
+    /// false if the id is not live.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if let Some(p) = self.waiting.iter().position(|w| w.req.id == id) {
+            self.waiting.remove(p);
+            self.metrics.aborted += 1;
+            return true;
+        }
+        let Some(l) = self
+            .running
+            .iter_mut()
+            .find(|l| l.req.id == id && !l.done && !l.cancelled)
+        else {
+            return false;
+        };
+        l.cancelled = true;
+        self.metrics.aborted += 1;
+        if self.in_flight.is_none() {
+            self.purge();
+        }
+        true
+    }
+
+    /// When the engine next has something to do: the end of the step in flight,
+    /// or the start of the next one; `None` when idle.
+    pub fn next_wakeup(&self) -> Option<SimMs> {
+        match &self.in_flight {
+            Some(s) => Some(s.end),
+            None => self.next_start(),
+        }
+    }
+
+    fn next_start(&self) -> Option<SimMs> {
+        let mut t: Option<SimMs> = None;
+        let mut consider = |x: SimMs| t = Some(t.map_or(x, |t| t.min(x)));
+        for l in self.running.iter().filter(|l| !l.cancelled && !l.done) {
+            match l.phase {
+                Phase::Prefill | Phase::Decode => return Some(self.clock),
+                Phase::Restoring { ready_at } => consider(ready_at.max(self.clock)),
+            }
+        }
+        if !self.blocked
+            && self.running.len() < self.cfg.max_num_seqs
+            && let Some(w) = self.waiting.front()
+        {
+            consider(w.arrival.max(self.clock));
+        }
+        t
+    }
+
+    /// Runs the engine up to `now`: completes the steps that end by `now` and
+    /// begins the steps that start by `now`, appending what happened to `out`.
+    pub fn advance(&mut self, now: SimMs, out: &mut Vec<Event>) {
+        loop {
+            if let Some(step) = &self.in_flight {
+                if step.end > now {
+                    return;
+                }
+                let step = self.in_flight.take().unwrap_or_else(|| unreachable!());
+                self.complete(step, out);
+                continue;
+            }
+            let Some(start) = self.next_start() else {
+                return;
+            };
+            if start > now {
+                return;
+            }
+            if !self.begin(start, out) {
+                // Nothing could run at `start` (e.g. every admission blocked):
+                // the next start is later, or there is none.
+                match self.next_start() {
+                    Some(t) if t > start => continue,
+                    _ => return,
+                }
+            }
+        }
+    }
+
+    /// Admits, forms a batch at `start` and puts it in flight. False if no step formed.
+    fn begin(&mut self, start: SimMs, out: &mut Vec<Event>) -> bool {
+        self.clock = self.clock.max(start);
+        let bs = self.cfg.policy.block_size;
+        for l in &mut self.running {
+            if let Phase::Restoring { ready_at } = l.phase
+                && ready_at <= start
+            {
+                l.phase = Phase::Prefill;
+            }
+        }
+        while !self.blocked && self.running.len() < self.cfg.max_num_seqs {
+            match self.waiting.front() {
+                Some(w) if w.arrival <= start => {}
+                _ => break,
+            }
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            let id = RequestId(w.req.id);
+            let key = w.req.marker.map(|m| m.key);
+            match self
+                .cache
+                .admit(id, &w.req.hashes, key, start as u64, &mut self.mover)
+            {
+                Ok(adm) => {
+                    let p = w.req.prompt_tokens;
+                    let raw = adm.cached_blocks * bs;
+                    let cached = raw.min(cached_cap(p, bs));
+                    let restored_raw = adm.restored_blocks * bs;
+                    let restored = restored_raw - (raw - cached).min(restored_raw);
+                    let device_cached = cached - restored;
+                    let m = &mut self.metrics;
+                    m.prompt_tokens += p as u64;
+                    m.prefix_queries += p as u64;
+                    m.prefix_hits += device_cached as u64;
+                    if self.cache.host().capacity() > 0 {
+                        m.external_queries += (p - device_cached) as u64;
+                        m.external_hits += restored as u64;
+                    }
+                    m.computed_tokens += (p - cached) as u64;
+                    m.queue.observe((start - w.arrival) / 1000.0);
+                    let (phase, restore_ms) = if adm.restored_blocks > 0 {
+                        let ms = self
+                            .model
+                            .restore_ms(adm.restored_blocks as u64 * self.cfg.policy.block_bytes);
+                        let begin = self.link_free_at.max(start);
+                        self.link_free_at = begin + ms;
+                        m.restore_ms += ms;
+                        (
+                            Phase::Restoring {
+                                ready_at: self.link_free_at,
+                            },
+                            ms,
+                        )
+                    } else {
+                        (Phase::Prefill, 0.0)
+                    };
+                    self.running.push(Live {
+                        arrival: w.arrival,
+                        admitted: start,
+                        phase,
+                        uncached: p - cached,
+                        prefilled: 0,
+                        generated: 0,
+                        first_token: 0.0,
+                        last_token: 0.0,
+                        device_cached,
+                        restored,
+                        restore_ms,
+                        restore_miss: adm.miss.is_some(),
+                        cancelled: false,
+                        done: false,
+                        req: w.req,
+                    });
+                }
+                Err(CacheError::OutOfBlocks { .. }) => {
+                    self.waiting.push_front(w);
+                    self.blocked = true;
+                }
+                Err(e) => out.push(Event::Failed {
+                    id: w.req.id,
+                    why: e.to_string(),
+                }),
+            }
+        }
+        let decodes: Vec<usize> = (0..self.running.len())
+            .filter(|&i| {
+                let l = &self.running[i];
+                l.phase == Phase::Decode && !l.cancelled && !l.done
+            })
+            .collect();
+        let mut budget = self
+            .cfg
+            .max_num_batched_tokens
+            .saturating_sub(decodes.len());
+        let mut chunks = Vec::new();
+        let mut prefill_ms = 0.0;
+        for (i, l) in self.running.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            if l.phase != Phase::Prefill || l.cancelled || l.done {
+                continue;
+            }
+            let c = (l.uncached - l.prefilled).min(budget);
+            budget -= c;
+            prefill_ms += self.model.chunk_ms(c, l.uncached);
+            chunks.push((i, c));
+        }
+        if decodes.is_empty() && chunks.is_empty() {
+            return false;
+        }
+        let mean_context = if decodes.is_empty() {
+            0.0
+        } else {
+            decodes
+                .iter()
+                .map(|&i| (self.running[i].req.prompt_tokens + self.running[i].generated) as f64)
+                .sum::<f64>()
+                / decodes.len() as f64
+        };
+        let d = self.model.step_ms(&StepShape {
+            decodes: decodes.len(),
+            mean_context,
+            prefill_ms,
+        });
+        self.in_flight = Some(Step {
+            start,
+            end: start + d,
+            decodes,
+            chunks,
+        });
+        true
+    }
+
+    /// Applies a finished step at its end time.
+    fn complete(&mut self, step: Step, out: &mut Vec<Event>) {
+        let at = step.end;
+        self.clock = self.clock.max(at);
+        self.metrics.steps += 1;
+        debug_assert!(step.start <= step.end);
+        for &(i, c) in &step.chunks {
+            let l = &mut self.running[i];
+            if l.cancelled {
+                continue;
+            }
+            l.prefilled += c;
+            if l.prefilled < l.uncached {
+                continue;
+            }
+            // Prompt computed: publish (and retain) its blocks; the step yields token 1.
+            let marker = l.req.marker;
+            let id = RequestId(l.req.id);
+            let n_blocks = l.req.hashes.len();
+            match self
+                .cache
+                .finish_prefill(id, marker.as_ref(), at as u64, &mut self.mover)
+            {
+                Ok(_) => {
+                    if marker.is_some_and(|m| m.prompt_end) && self.cfg.policy.retention {
+                        self.metrics.retained_blocks += n_blocks as u64;
+                    }
+                }
+                Err(e) => {
+                    out.push(Event::Failed {
+                        id: id.0,
+                        why: e.to_string(),
+                    });
+                    l.cancelled = true;
+                    continue;
+                }
+            }
+            l.phase = Phase::Decode;
+            l.generated = 1;
+            l.first_token = at;
+            l.last_token = at;
+            self.metrics.generation_tokens += 1;
+            self.metrics.ttft.observe((at - l.arrival) / 1000.0);
+            if l.req.stream {
+                out.push(Event::First {
+                    id: l.req.id,
+                    at,
+                    admitted: Admitted {
+                        arrival: l.arrival,
+                        admitted: l.admitted,
+                        cached_tokens: l.device_cached + l.restored,
+                    },
+                });
+            }
+            if l.generated >= l.req.max_tokens {
+                l.done = true;
+            }
+        }
+        for &i in &step.decodes {
+            let l = &mut self.running[i];
+            if l.cancelled || l.done {
+                continue;
+            }
+            l.generated += 1;
+            self.metrics.generation_tokens += 1;
+            self.metrics.itl.observe((at - l.last_token) / 1000.0);
+            l.last_token = at;
+            if l.generated >= l.req.max_tokens {
+                l.done = true;
+            } else if l.req.stream {
+                out.push(Event::Token { id: l.req.id, at });
+            }
+        }
+        for l in self.running.iter().filter(|l| l.done && !l.cancelled) {
+            let o = Outcome {
+                prompt_tokens: l.req.prompt_tokens,
+                cached_tokens: l.device_cached + l.restored,
+                device_cached_tokens: l.device_cached,
+                restored_tokens: l.restored,
+                output_tokens: l.generated,
+                arrival: l.arrival,
+                admitted: l.admitted,
+                first_token: l.first_token,
+                finished: l.last_token,
+                restore_ms: l.restore_ms,
+                restore_miss: l.restore_miss,
+            };
+            let m = &mut self.metrics;
+            m.finished += 1;
+            m.e2e.observe(o.e2e_ms() / 1000.0);
+            m.prefill.observe((o.first_token - o.admitted) / 1000.0);
+            m.decode.observe((o.finished - o.first_token) / 1000.0);
+            m.inference.observe((o.finished - o.admitted) / 1000.0);
+            m.prompt_len.observe(o.prompt_tokens as f64);
+            m.output_len.observe(o.output_tokens as f64);
+            m.computed_len.observe(o.computed_tokens() as f64);
+            if o.output_tokens > 1 {
+                m.tpot.observe(o.itl_ms() / 1000.0);
+            }
+            out.push(Event::Done {
+                id: l.req.id,
+                outcome: o,
+            });
+        }
+        self.purge();
+    }
+
+    /// Releases finished and cancelled requests.
+    fn purge(&mut self) {
+        let mut released = false;
+        let cache = &mut self.cache;
+        self.running.retain(|l| {
+            if l.done || l.cancelled {
+                // Unknown = already released (a failed finish_prefill); nothing to undo.
+                let _ = cache.release(RequestId(l.req.id));
+                released = true;
+                false
+            } else {
+                true
+            }
+        });
+        if released {
+            self.blocked = false;
+        }
+    }
+
+    /// Point-in-time gauges (running, waiting, queued prefill, KV usage).
+    pub fn gauges(&self) -> EngineGauges {
+        let pool = self.cache.pool();
+        let cap = pool.capacity().max(1);
+        let used = cap.saturating_sub(pool.empty_slots() + pool.evictable());
+        let live = self.running.iter().filter(|l| !l.cancelled && !l.done);
+        let mut running = 0;
+        let mut restoring = 0;
+        let mut queued = 0u64;
+        for l in live {
+            running += 1;
+            if matches!(l.phase, Phase::Restoring { .. }) {
+                restoring += 1;
+            }
+            queued += (l.uncached - l.prefilled) as u64;
+        }
+        queued += self
+            .waiting
+            .iter()
+            .map(|w| w.est_uncached as u64)
+            .sum::<u64>();
+        EngineGauges {
+            running,
+            waiting: self.waiting.len(),
+            restoring,
+            queued_prefill_tokens: queued,
+            kv_usage: used as f64 / cap as f64,
+            kv_cached_blocks: pool.cached(),
+            kv_blocks: pool.capacity(),
+            device_retentions: self.cache.device_records(),
+            host_bytes_used: self.cache.host().used(),
+            host_bytes: self.cache.host().capacity(),
+            sim_ms: self.clock,
+        }
+    }
+}
+
+/// Most prompt tokens a cache hit may cover: full blocks within `prompt - 1`
+/// tokens (vLLM recomputes the last token of a fully cached prompt).
+pub fn cached_cap(prompt_tokens: usize, block_size: usize) -> usize {
+    prompt_tokens.saturating_sub(1) / block_size * block_size
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,380 @@
+use super::*;
+use crate::profile::{Profile, test_profile};
+use tether_engine::{BlockHasher, RequestKeys, RetentionKey, TurnKind};
+use tether_wire::HexId;
+
+const BS: usize = 16;
+
+fn profile() -> Profile {
+    test_profile(
+        &[(1000.0, 100.0), (4000.0, 500.0)],
+        &[(1000.0, &[(1.0, 10.0), (11.0, 20.0)])],
+        1 << 10,
+        1.0,
+    )
+}
+
+fn engine_with(
+    device_blocks: usize,
+    host_bytes: u64,
+    retention: bool,
+    seqs: usize,
+    budget: usize,
+) -> Engine {
+    let policy = PolicyConfig {
+        block_size: BS,
+        device_blocks,
+        block_bytes: (BS as u64) << 10,
+        host_bytes,
+        retention,
+        ..PolicyConfig::default()
+    };
+    Engine::try_new(
+        EngineConfig {
+            policy,
+            max_num_seqs: seqs,
+            max_num_batched_tokens: budget,
+        },
+        LatencyModel::new(profile()),
+    )
+    .unwrap()
+}
+
+fn engine() -> Engine {
+    engine_with(4096, 0, true, 64, 8192)
+}
+
+/// Tokens `base..base+n`: prompts sharing `base` share a prefix.
+fn toks(base: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| base.wrapping_mul(1_000_003).wrapping_add(i))
+        .collect()
+}
+
+fn req(id: u64, tokens: &[u32], max_tokens: usize, marker: Option<TurnMarker>) -> SimRequest {
+    SimRequest {
+        id,
+        hashes: BlockHasher::try_new(BS)
+            .unwrap()
+            .hash_prompt(tokens, &RequestKeys::default()),
+        prompt_tokens: tokens.len(),
+        max_tokens,
+        marker,
+        stream: true,
+    }
+}
+
+fn marker(session: u128) -> Option<TurnMarker> {
+    Some(TurnMarker {
+        key: RetentionKey {
+            tenant: HexId(0),
+            session: HexId(session),
+            subagent: HexId(0),
+        },
+        prompt_end: true,
+        kind: TurnKind::Tool,
+        turn: None,
+        retention_ms: None,
+    })
+}
+
+/// Runs until idle, calling `advance` at every wakeup; returns every event.
+fn run(e: &mut Engine) -> Vec<Event> {
+    let mut out = Vec::new();
+    let mut guard = 0;
+    while let Some(t) = e.next_wakeup() {
+        e.advance(t, &mut out);
+        guard += 1;
+        assert!(guard < 1_000_000, "engine does not settle");
+    }
+    out
+}
+
+fn done(events: &[Event], id: u64) -> Outcome {
+    events
+        .iter()
+        .find_map(|ev| match ev {
+            Event::Done { id: i, outcome } if *i == id => Some(*outcome),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("request {id} did not finish: {events:?}"))
+}
+
+#[test]
+fn a_lone_cold_request_takes_the_profiles_ttft() {
+    let mut e = engine();
+    let t = toks(1, 2000);
+    e.submit(req(1, &t, 3, None), 5.0).unwrap();
+    let ev = run(&mut e);
+    let o = done(&ev, 1);
+    assert_eq!(o.cached_tokens, 0);
+    assert!((o.ttft_ms() - 100.0 - 400.0 / 3.0).abs() < 1e-9, "{o:?}");
+    // Two decode steps of one sequence at context ~2000 (the surface has one context: 10 ms).
+    assert!((o.e2e_ms() - o.ttft_ms() - 20.0).abs() < 1e-9);
+    assert_eq!(o.output_tokens, 3);
+    // Streaming: First, one Token, then Done carries the last token.
+    let kinds: Vec<_> = ev
+        .iter()
+        .map(|e| match e {
+            Event::First { .. } => 'f',
+            Event::Token { .. } => 't',
+            Event::Done { .. } => 'd',
+            Event::Failed { .. } => 'x',
+        })
+        .collect();
+    assert_eq!(kinds, vec!['f', 't', 'd']);
+    assert_eq!(e.gauges().running, 0);
+    e.cache().check().unwrap();
+}
+
+#[test]
+fn a_returning_turn_is_served_from_cache_and_starts_sooner() {
+    let mut e = engine();
+    let t1 = toks(7, 3000);
+    e.submit(req(1, &t1, 2, marker(9)), 0.0).unwrap();
+    let first = done(&run(&mut e), 1);
+    let mut t2 = t1.clone();
+    t2.extend(toks(8, 200));
+    let at = e.clock() + 1000.0;
+    e.submit(req(2, &t2, 2, marker(9)), at).unwrap();
+    let second = done(&run(&mut e), 2);
+    assert_eq!(second.cached_tokens, 3000 / BS * BS);
+    assert_eq!(second.device_cached_tokens, second.cached_tokens);
+    assert!(
+        second.ttft_ms() * 5.0 < first.ttft_ms(),
+        "{first:?} {second:?}"
+    );
+    assert_eq!(e.metrics().prefix_hits, second.cached_tokens as u64);
+    assert_eq!(e.metrics().retained_blocks, (3000 / BS + 3200 / BS) as u64);
+}
+
+#[test]
+fn a_fully_cached_prompt_recomputes_its_last_token_as_vllm_does() {
+    let mut e = engine();
+    let t = toks(3, 64); // block aligned
+    e.submit(req(1, &t, 1, None), 0.0).unwrap();
+    run(&mut e);
+    e.submit(req(2, &t, 1, None), e.clock()).unwrap();
+    let o = done(&run(&mut e), 2);
+    assert_eq!(o.cached_tokens, 48);
+    assert_eq!(o.computed_tokens(), 16);
+}
+
+#[test]
+fn batching_slows_decode_and_queueing_shows_in_ttft() {
+    // Two requests together: each decode step carries both.
+    let mut e = engine();
+    e.submit(req(1, &toks(1, 100), 5, None), 0.0).unwrap();
+    e.submit(req(2, &toks(2, 100), 5, None), 0.0).unwrap();
+    let ev = run(&mut e);
+    let (a, b) = (done(&ev, 1), done(&ev, 2));
+    assert!((a.itl_ms() - 11.0).abs() < 1e-9, "{a:?}");
+    assert!((b.itl_ms() - 11.0).abs() < 1e-9);
+    // One sequence at a time: the second waits for the first to finish.
+    let mut e = engine_with(4096, 0, true, 1, 8192);
+    e.submit(req(1, &toks(1, 100), 5, None), 0.0).unwrap();
+    e.submit(req(2, &toks(2, 100), 5, None), 0.0).unwrap();
+    let ev = run(&mut e);
+    let (a, b) = (done(&ev, 1), done(&ev, 2));
+    assert!((a.itl_ms() - 10.0).abs() < 1e-9);
+    assert!((b.queue_ms() - a.e2e_ms()).abs() < 1e-9, "{a:?} {b:?}");
+    assert!(b.ttft_ms() > a.ttft_ms() + a.e2e_ms() - 1e-9);
+}
+
+#[test]
+fn chunked_prefill_takes_the_same_time_alone_and_shares_steps_with_decodes() {
+    let mut e = engine_with(4096, 0, true, 64, 512);
+    e.submit(req(1, &toks(1, 2000), 2, None), 0.0).unwrap();
+    let ev = run(&mut e);
+    let o = done(&ev, 1);
+    let whole = e.model().prefill_ms(2000);
+    assert!((o.ttft_ms() - whole).abs() < 1e-9);
+    assert_eq!(e.metrics().steps, 4 + 1);
+    // A decoding request slows down while a long prefill is chunked beside it.
+    let mut e = engine_with(4096, 0, true, 64, 512);
+    e.submit(req(1, &toks(1, 100), 50, None), 0.0).unwrap();
+    e.submit(req(2, &toks(2, 4000), 2, None), 20.0).unwrap();
+    let ev = run(&mut e);
+    let alone = 10.0;
+    assert!(done(&ev, 1).itl_ms() > alone + 1.0);
+}
+
+#[test]
+fn results_do_not_depend_on_how_often_time_is_advanced() {
+    let schedule: Vec<(u64, SimMs, usize)> = (0..20)
+        .map(|i| {
+            (
+                i + 1,
+                (i * 37 % 200) as f64 + i as f64 * 30.0,
+                40 + (i as usize % 3) * 500,
+            )
+        })
+        .collect();
+    let outcomes = |step: f64| {
+        let mut e = engine_with(4096, 0, true, 4, 1024);
+        let mut out = Vec::new();
+        let mut t = 0.0;
+        let mut next = 0;
+        while next < schedule.len() || e.next_wakeup().is_some() {
+            while next < schedule.len() && schedule[next].1 <= t {
+                let (id, at, n) = schedule[next];
+                e.submit(
+                    req(id, &toks(id as u32 % 5, n), 4, None),
+                    at.max(e.clock().min(t)),
+                )
+                .unwrap();
+                next += 1;
+            }
+            e.advance(t, &mut out);
+            t += step;
+        }
+        let mut d: Vec<(u64, u64, u64)> = out
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Done { id, outcome } => Some((
+                    *id,
+                    (outcome.ttft_ms() * 1e6) as u64,
+                    (outcome.e2e_ms() * 1e6) as u64,
+                )),
+                _ => None,
+            })
+            .collect();
+        d.sort();
+        d
+    };
+    let fine = outcomes(0.5);
+    assert_eq!(fine.len(), 20);
+    assert_eq!(fine, outcomes(7.0));
+}
+
+#[test]
+fn retention_keeps_a_session_through_a_flood_that_lru_loses() {
+    let flood = |e: &mut Engine| {
+        for i in 0..40 {
+            let at = e.clock();
+            e.submit(req(100 + i, &toks(1000 + i as u32, 640), 1, None), at)
+                .unwrap();
+            run(e);
+        }
+    };
+    let hits = |retention: bool| {
+        // 256 blocks = 4096 tokens; the flood brings 40 × 640 tokens.
+        let mut e = engine_with(256, 0, retention, 64, 8192);
+        let t1 = toks(5, 1600);
+        e.submit(req(1, &t1, 1, marker(5)), 0.0).unwrap();
+        run(&mut e);
+        flood(&mut e);
+        let mut t2 = t1.clone();
+        t2.extend(toks(6, 100));
+        let at = e.clock() + 1000.0;
+        e.submit(req(2, &t2, 1, marker(5)), at).unwrap();
+        let o = done(&run(&mut e), 2);
+        e.cache().check().unwrap();
+        o.cached_tokens
+    };
+    assert_eq!(hits(false), 0);
+    assert_eq!(hits(true), 1600 / BS * BS);
+}
+
+#[test]
+fn a_host_tier_restore_is_counted_and_costs_link_time() {
+    // Device of 160 blocks (2560 tokens); every session retains 1280 tokens, so the
+    // third retention pushes the oldest to the host tier.
+    let mut e = engine_with(160, 64 << 20, true, 64, 8192);
+    let a = toks(11, 1280);
+    e.submit(req(1, &a, 1, marker(1)), 0.0).unwrap();
+    run(&mut e);
+    for s in 2..5u64 {
+        let at = e.clock() + 10.0;
+        e.submit(
+            req(s, &toks(20 + s as u32, 1280), 1, marker(u128::from(s))),
+            at,
+        )
+        .unwrap();
+        run(&mut e);
+    }
+    assert!(e.cache().stats().offloaded >= 1, "{:?}", e.cache().stats());
+    let mut a2 = a.clone();
+    a2.extend(toks(12, 64));
+    let at = e.clock() + 10.0;
+    e.submit(req(9, &a2, 1, marker(1)), at).unwrap();
+    let o = done(&run(&mut e), 9);
+    assert_eq!(o.restored_tokens, 1280);
+    assert_eq!(o.cached_tokens, 1280);
+    // 80 blocks × 16 KiB at 1 GB/s.
+    let bytes = 80.0 * 16.0 * 1024.0;
+    assert!((o.restore_ms - bytes / 1e6).abs() < 1e-9);
+    let compute = e.model().prefill_ms(64);
+    assert!((o.ttft_ms() - o.restore_ms - compute).abs() < 1e-9, "{o:?}");
+    assert_eq!(e.metrics().external_hits, 1280);
+    assert_eq!(e.cache().stats().restored_blocks, 80);
+    e.cache().check().unwrap();
+}
+
+#[test]
+fn cancelling_releases_the_requests_blocks() {
+    let mut e = engine();
+    e.submit(req(1, &toks(1, 1000), 100, None), 0.0).unwrap();
+    e.submit(req(2, &toks(2, 1000), 100, None), 0.0).unwrap();
+    let mut out = Vec::new();
+    e.advance(200.0, &mut out);
+    assert_eq!(e.gauges().running, 2);
+    assert!(e.cancel(1));
+    assert!(!e.cancel(1));
+    let out = run(&mut e);
+    assert!(
+        out.iter()
+            .all(|ev| !matches!(ev, Event::Done { id: 1, .. }))
+    );
+    done(&out, 2);
+    assert_eq!(e.gauges().kv_usage, 0.0);
+    assert_eq!(e.metrics().aborted, 1);
+    e.cache().check().unwrap();
+    // A waiting request can be cancelled too.
+    e.submit(req(3, &toks(3, 10), 1, None), e.clock() + 5.0)
+        .unwrap();
+    assert!(e.cancel(3));
+    assert!(run(&mut e).is_empty());
+}
+
+#[test]
+fn submissions_the_engine_cannot_hold_are_refused() {
+    let mut e = engine_with(4, 0, true, 4, 64);
+    assert!(matches!(
+        e.submit(req(1, &toks(1, 100), 1, None), 0.0),
+        Err(SubmitError::TooLarge {
+            need: 6,
+            capacity: 4
+        })
+    ));
+    assert!(matches!(
+        e.submit(req(1, &[], 1, None), 0.0),
+        Err(SubmitError::Empty(_))
+    ));
+    assert!(matches!(
+        e.submit(req(1, &[1], 0, None), 0.0),
+        Err(SubmitError::Empty(_))
+    ));
+    e.submit(req(2, &toks(1, 10), 1, None), 0.0).unwrap();
+    assert!(matches!(
+        e.submit(req(2, &toks(1, 10), 1, None), 0.0),
+        Err(SubmitError::Duplicate(2))
+    ));
+    // A prompt that fits only when others leave waits, then runs.
+    e.submit(req(3, &toks(3, 60), 1, None), 0.0).unwrap();
+    e.submit(req(4, &toks(4, 60), 1, None), 0.0).unwrap();
+    let ev = run(&mut e);
+    let (o3, o4) = (done(&ev, 3), done(&ev, 4));
+    assert!(o4.queue_ms() >= o3.e2e_ms() - 1e-9, "{o3:?} {o4:?}");
+    assert!(
+        Engine::try_new(
+            EngineConfig {
+                policy: PolicyConfig::default(),
+                max_num_seqs: 8,
+                max_num_batched_tokens: 4
+            },
+            LatencyModel::new(profile())
+        )
+        .is_err()
+    );
+}

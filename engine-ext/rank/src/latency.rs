@@ -1,0 +1,150 @@
+//! The latency model: how long one engine step, one prefill chunk and one host
+//! restore take, computed from a [`Profile`]. Pure arithmetic, no clock.
+//!
+//! - **Prefill** of a request with `n` uncached tokens takes the profile's
+//!   `ttft(n)`; cached tokens (device hits and restored blocks) cost nothing.
+//!   Chunked prefill splits that time in proportion to the tokens of each chunk,
+//!   so a request prefilled alone in one chunk takes exactly `ttft(n)`, and in
+//!   several chunks the same total. Below the first profile point the time
+//!   scales in proportion to `n` (no fixed overhead is charged twice when short
+//!   prefills ride in a decode step).
+//! - **Decode**: one step over `b` sequences of mean context `c` takes
+//!   `itl(b, c)` from the profile's decode surface.
+//! - **Mixed step** (decodes and prefill chunks in one batch): the sum of the
+//!   decode step time and the chunks' prefill times — prefill is compute-bound,
+//!   decode memory-bound, and an engine step runs both kernels in sequence.
+//! - **Restore**: `bytes / host_restore_gbps`, on a host link the engine
+//!   serializes (see the engine module); it delays the restoring request's
+//!   prefill, not the batch.
+
+use crate::profile::Profile;
+
+/// Smallest step the model ever returns, in ms, so simulated time always advances.
+pub const MIN_STEP_MS: f64 = 1e-3;
+
+/// Step and transfer times of one engine, from its profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatencyModel {
+    profile: Profile,
+}
+
+/// What one engine step computes.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepShape {
+    /// Sequences decoding one token each.
+    pub decodes: usize,
+    /// Mean context (prompt + generated tokens) of the decoding sequences.
+    pub mean_context: f64,
+    /// Prefill time of the chunks in the step, already summed ([`LatencyModel::chunk_ms`]).
+    pub prefill_ms: f64,
+}
+
+impl LatencyModel {
+    /// A model over `profile`.
+    pub fn new(profile: Profile) -> Self {
+        Self { profile }
+    }
+
+    /// The profile.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// Prefill time in ms of a lone request with `uncached` tokens to compute.
+    pub fn prefill_ms(&self, uncached: usize) -> f64 {
+        if uncached == 0 {
+            return 0.0;
+        }
+        let n = uncached as f64;
+        let curve = &self.profile.prefill_ttft_ms;
+        let (x0, y0) = curve.points()[0];
+        if n < x0 { y0 * n / x0 } else { curve.at(n) }
+    }
+
+    /// Time in ms of a prefill chunk of `chunk` tokens of a request whose
+    /// uncached prompt is `total` tokens: its share of `prefill_ms(total)`.
+    pub fn chunk_ms(&self, chunk: usize, total: usize) -> f64 {
+        if chunk == 0 || total == 0 {
+            return 0.0;
+        }
+        self.prefill_ms(total) * chunk as f64 / total as f64
+    }
+
+    /// Decode inter-token latency in ms for `batch` sequences of mean context `context`.
+    pub fn decode_ms(&self, batch: usize, context: f64) -> f64 {
+        if batch == 0 {
+            return 0.0;
+        }
+        self.profile.decode_itl_ms.itl_ms(batch as f64, context)
+    }
+
+    /// Duration in ms of one engine step.
+    pub fn step_ms(&self, s: &StepShape) -> f64 {
+        (self.decode_ms(s.decodes, s.mean_context) + s.prefill_ms).max(MIN_STEP_MS)
+    }
+
+    /// Host → device transfer time in ms of `bytes`.
+    pub fn restore_ms(&self, bytes: u64) -> f64 {
+        bytes as f64 / (self.profile.host_restore_gbps * 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::test_profile;
+
+    fn profile() -> Profile {
+        test_profile(
+            &[(1000.0, 10.0), (3000.0, 40.0)],
+            &[
+                (1000.0, &[(1.0, 4.0), (101.0, 8.0)]),
+                (3000.0, &[(1.0, 5.0), (101.0, 14.0)]),
+            ],
+            1 << 17,
+            50.0,
+        )
+    }
+
+    #[test]
+    fn prefill_follows_the_curve_and_scales_below_it() {
+        let m = LatencyModel::new(profile());
+        assert_eq!(m.prefill_ms(0), 0.0);
+        assert_eq!(m.prefill_ms(500), 5.0);
+        assert_eq!(m.prefill_ms(1000), 10.0);
+        assert_eq!(m.prefill_ms(2000), 25.0);
+        // Extended beyond the last point along the last segment.
+        assert_eq!(m.prefill_ms(5000), 70.0);
+        // Chunks add up to the whole.
+        let whole = m.prefill_ms(3000);
+        let parts = m.chunk_ms(1000, 3000) + m.chunk_ms(2000, 3000);
+        assert!((whole - parts).abs() < 1e-9);
+    }
+
+    #[test]
+    fn decode_interpolates_in_batch_and_context() {
+        let m = LatencyModel::new(profile());
+        assert_eq!(m.decode_ms(0, 1000.0), 0.0);
+        assert_eq!(m.decode_ms(1, 1000.0), 4.0);
+        assert_eq!(m.decode_ms(51, 1000.0), 6.0);
+        assert_eq!(m.decode_ms(51, 3000.0), 9.5);
+        assert_eq!(m.decode_ms(51, 2000.0), 7.75);
+        // More load, longer steps.
+        assert!(m.decode_ms(200, 3000.0) > m.decode_ms(100, 3000.0));
+        assert!(m.decode_ms(50, 8000.0) > m.decode_ms(50, 3000.0));
+        let mixed = m.step_ms(&StepShape {
+            decodes: 51,
+            mean_context: 1000.0,
+            prefill_ms: 3.0,
+        });
+        assert_eq!(mixed, 9.0);
+        assert_eq!(m.step_ms(&StepShape::default()), MIN_STEP_MS);
+    }
+
+    #[test]
+    fn restore_is_bytes_over_bandwidth() {
+        let m = LatencyModel::new(profile());
+        // 50 GB/s: 1 GB in 20 ms.
+        assert!((m.restore_ms(1_000_000_000) - 20.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,74 @@
+use super::*;
+
+fn examples() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/profiles")
+}
+
+#[test]
+fn shipped_profiles_parse_and_hit_their_published_points() {
+    let llama = Profile::from_file(&examples().join("llama-3.1-8b-fp8-h200-tp1.json")).unwrap();
+    assert_eq!(llama.prefill_ttft_ms.at(3000.0), 27.0);
+    assert!((llama.decode_itl_ms.itl_ms(100.0, 3075.0) - 9.8).abs() < 1e-9);
+    assert!(!llama.sources.is_empty());
+    let qwen = Profile::from_file(&examples().join("qwen3-32b-fp8-h200-tp4.json")).unwrap();
+    assert_eq!(qwen.gpus_per_engine, 4);
+    for (b, itl) in [(44.0, 7.786), (52.0, 7.983), (60.0, 8.317)] {
+        assert!((qwen.decode_itl_ms.itl_ms(b, 4250.0) - itl).abs() < 1e-9);
+    }
+    assert_eq!(qwen.engine_hour_usd(), 14.0);
+}
+
+fn base() -> serde_json::Value {
+    serde_json::json!({
+        "name": "x", "model": "m", "gpu": "g", "gpus_per_engine": 1, "gpu_hour_usd": 2.0,
+        "max_kv_tokens": 1000, "kv_bytes_per_token": 1024, "host_restore_gbps": 10.0,
+        "prefill": {"points": [{"isl": 100, "ttft_ms": 5.0}, {"isl": 1000, "ttft_ms": 40.0}]},
+        "decode": {"points": [{"context": 100, "batch": 1, "itl_ms": 3.0},
+                              {"context": 100, "batch": 8, "itl_ms": 4.0}]}
+    })
+}
+
+fn err(edit: impl FnOnce(&mut serde_json::Value)) -> String {
+    let mut v = base();
+    edit(&mut v);
+    Profile::from_json(&v.to_string()).unwrap_err().to_string()
+}
+
+#[test]
+fn a_bad_profile_is_refused_naming_the_field() {
+    assert!(Profile::from_json(&base().to_string()).is_ok());
+    assert!(
+        err(|v| {
+            v.as_object_mut().unwrap().remove("max_kv_tokens");
+        })
+        .contains("max_kv_tokens")
+    );
+    assert!(err(|v| v["prefil"] = serde_json::json!(1)).contains("prefil"));
+    assert!(err(|v| v["gpus_per_engine"] = serde_json::json!(0)).contains("gpus_per_engine"));
+    assert!(err(|v| v["host_restore_gbps"] = serde_json::json!(0.0)).contains("host_restore_gbps"));
+    let e = err(|v| v["gpu_hour_usd"] = serde_json::json!("cheap"));
+    assert!(e.contains("`gpu_hour_usd`"), "{e}");
+    let e = err(|v| v["decode"]["points"][0]["context"] = serde_json::json!(null));
+    assert!(e.contains("decode.points[0].context"), "{e}");
+    let e = err(|v| v["prefill"]["points"][1]["isl"] = serde_json::json!(50));
+    assert!(e.contains("prefill.points[1]"), "{e}");
+    let e = err(|v| v["prefill"]["points"] = serde_json::json!([]));
+    assert!(e.contains("prefill.points"), "{e}");
+    let e = err(|v| v["decode"]["points"][1]["itl_ms"] = serde_json::json!(-1.0));
+    assert!(e.contains("decode.points[1].itl_ms"), "{e}");
+    let e = err(|v| v["decode"]["points"][1]["batch"] = serde_json::json!(1));
+    assert!(e.contains("decode.points"), "{e}");
+    assert!(Profile::from_json("not json").is_err());
+}
+
+#[test]
+fn curves_interpolate_and_extend() {
+    let c = Curve::try_new("c", vec![(1.0, 2.0), (3.0, 6.0)]).unwrap();
+    assert_eq!(c.at(2.0), 4.0);
+    assert_eq!(c.at(5.0), 10.0);
+    assert_eq!(c.at(0.0), 0.0);
+    assert_eq!(c.at(-10.0), 0.0);
+    let one = Curve::try_new("c", vec![(1.0, 2.0)]).unwrap();
+    assert_eq!(one.at(100.0), 2.0);
+    assert!(Curve::try_new("c", vec![(1.0, f64::NAN)]).is_err());
+}

@@ -1,0 +1,136 @@
+//! The retention policy through the server: hits, retention vs LRU, the host tier.
+
+use crate::harness::{Server, chat, has, total, words};
+use serde_json::Value;
+
+fn marker_headers(session: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("x-tether-session", session.to_owned()),
+        ("x-tether-prompt-end", "1".to_owned()),
+        ("x-tether-turn-kind", "tool".to_owned()),
+    ]
+}
+
+async fn turn(s: &Server, session: Option<&str>, body: &Value) -> Value {
+    let h = session.map(marker_headers).unwrap_or_default();
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = s.post("/v1/chat/completions", &h, body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["usage"].clone()
+}
+
+#[tokio::test]
+async fn a_returning_turn_is_cached_and_starts_sooner() {
+    let s = Server::start(&[]).await;
+    let sys = words("agent", 3000);
+    let u1 = turn(&s, Some("a1"), &chat(&sys, &["read the file"], 4)).await;
+    let u2 = turn(
+        &s,
+        Some("a1"),
+        &chat(&sys, &["read the file", "done", "now run the tests"], 4),
+    )
+    .await;
+    let (c1, c2) = (
+        u1["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+        u2["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    );
+    assert_eq!(c1, 0);
+    let p1 = u1["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        c2 >= p1 / 16 * 16 - 16,
+        "cached {c2} of the first turn's {p1}"
+    );
+    let (t1, t2) = (
+        u1["tether"]["sim_ttft_ms"].as_f64().unwrap(),
+        u2["tether"]["sim_ttft_ms"].as_f64().unwrap(),
+    );
+    assert!(t2 * 5.0 < t1, "ttft {t1} then {t2}");
+    assert_eq!(u2["tether"]["device_cached_tokens"].as_u64(), Some(c2));
+}
+
+async fn returning_hit_after_flood(cache: &str) -> u64 {
+    let s = Server::start(&["--cache", cache, "--kv-tokens", "8192"]).await;
+    let sys = words("keep", 3000);
+    turn(&s, Some("b7"), &chat(&sys, &["start"], 2)).await;
+    // 20 unrelated prompts of ~1000 tokens: 2.5× the device, no markers.
+    for i in 0..20 {
+        turn(
+            &s,
+            None,
+            &chat(&words(&format!("flood{i}x"), 1000), &["go"], 2),
+        )
+        .await;
+    }
+    let u = turn(&s, Some("b7"), &chat(&sys, &["start", "ok", "continue"], 2)).await;
+    u["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn retention_keeps_a_session_through_a_flood_that_lru_loses() {
+    let lru = returning_hit_after_flood("lru").await;
+    let kept = returning_hit_after_flood("retention").await;
+    assert_eq!(lru, 0);
+    assert!(kept >= 2992, "retention served {kept} cached tokens");
+}
+
+#[tokio::test]
+async fn host_tier_restores_show_in_usage_and_metrics() {
+    // 4096 device tokens; each session retains ~1280; the fourth pushes the first out.
+    let s = Server::start(&[
+        "--cache",
+        "retention-host",
+        "--kv-tokens",
+        "4096",
+        "--host-gib",
+        "2",
+    ])
+    .await;
+    let first = words("first", 1270);
+    turn(&s, Some("c1"), &chat(&first, &["a"], 1)).await;
+    for i in 2..6 {
+        turn(
+            &s,
+            Some(&format!("c{i}")),
+            &chat(&words(&format!("other{i}x"), 1270), &["a"], 1),
+        )
+        .await;
+    }
+    let m = s.metrics().await;
+    assert!(total(&m, "tether_offloaded_total", &[]) >= 1.0);
+    let u = turn(&s, Some("c1"), &chat(&first, &["a", "b", "c"], 1)).await;
+    let restored = u["tether"]["restored_tokens"].as_u64().unwrap();
+    let cached = u["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(restored >= 1264, "{u}");
+    assert_eq!(
+        cached,
+        restored + u["tether"]["device_cached_tokens"].as_u64().unwrap()
+    );
+    assert!(u["tether"]["sim_restore_ms"].as_f64().unwrap() > 0.0);
+    let m = s.metrics().await;
+    assert_eq!(
+        total(&m, "tether_restored_blocks_total", &[]),
+        (restored / 16) as f64
+    );
+    assert_eq!(
+        total(&m, "vllm:external_prefix_cache_hits_total", &[]),
+        restored as f64
+    );
+    assert_eq!(
+        total(
+            &m,
+            "vllm:prompt_tokens_by_source_total",
+            &[("source", "external_kv_transfer")]
+        ),
+        restored as f64
+    );
+    assert!(total(&m, "tether_restore_seconds_total", &[]) > 0.0);
+    assert!(has(&m, "tether_host_bytes_used"));
+}

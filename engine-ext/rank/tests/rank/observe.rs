@@ -1,0 +1,128 @@
+//! `/metrics` and `/load` parse and agree with what requests were told.
+
+use crate::harness::{Server, chat, has, total, words};
+use tether_rank::load::LoadReport;
+
+#[tokio::test]
+async fn metrics_use_vllm_names_and_match_usage() {
+    let s = Server::start(&[]).await;
+    let sys = words("obs", 500);
+    let mut cached = 0;
+    let mut prompt = 0;
+    for t in 0..4 {
+        let turns: Vec<String> = (0..=t).map(|i| format!("turn {i}")).collect();
+        let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
+        let v = s
+            .post("/v1/chat/completions", &[], &chat(&sys, &turns, 3))
+            .await
+            .json();
+        cached += v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        prompt += v["usage"]["prompt_tokens"].as_u64().unwrap();
+    }
+    let m = s.metrics().await;
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum",
+        "tether_retained_total",
+        "tether_offloaded_total",
+        "tether_restored_blocks_total",
+        "tether_restore_misses_total",
+    ] {
+        assert!(has(&m, name), "{name} missing");
+    }
+    assert_eq!(
+        total(&m, "vllm:prefix_cache_hits_total", &[]),
+        cached as f64
+    );
+    assert_eq!(
+        total(&m, "vllm:prefix_cache_queries_total", &[]),
+        prompt as f64
+    );
+    assert_eq!(
+        total(&m, "vllm:prompt_tokens_cached_total", &[]),
+        cached as f64
+    );
+    assert_eq!(total(&m, "vllm:generation_tokens_total", &[]), 12.0);
+    assert_eq!(
+        total(&m, "vllm:time_to_first_token_seconds_count", &[]),
+        4.0
+    );
+    assert_eq!(
+        total(
+            &m,
+            "vllm:request_success_total",
+            &[("finished_reason", "stop")]
+        ),
+        4.0
+    );
+    let running = m
+        .iter()
+        .find(|s| s.name == "vllm:num_requests_running")
+        .unwrap();
+    assert_eq!(running.labels.get("engine").map(String::as_str), Some("0"));
+    assert!(running.labels.contains_key("model_name"));
+}
+
+#[tokio::test]
+async fn the_load_endpoint_reports_queues_under_load() {
+    // Real time, one sequence at a time: concurrent requests queue.
+    let s = std::sync::Arc::new(
+        Server::start(&[
+            "--speedup",
+            "1",
+            "--max-num-seqs",
+            "1",
+            "--max-num-batched-tokens",
+            "2048",
+        ])
+        .await,
+    );
+    let idle: LoadReport = serde_json::from_slice(&s.get("/load").await.body).unwrap();
+    assert_eq!(idle.server_load, 0);
+    assert_eq!(idle.ranks[0].running, 0);
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            s.post(
+                "/v1/chat/completions",
+                &[],
+                &chat(&words(&format!("load{i}x"), 2000), &["go"], 30),
+            )
+            .await
+        }));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let busy = loop {
+        let l: LoadReport = serde_json::from_slice(&s.get("/load").await.body).unwrap();
+        if l.ranks[0].waiting >= 1 && l.ranks[0].running == 1 {
+            break l;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never saw a queue: {l:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    };
+    assert!(busy.ranks[0].queued_prefill_tokens >= 2000);
+    assert!(busy.ranks[0].kv_usage > 0.0);
+    assert_eq!(
+        busy.server_load,
+        busy.ranks[0].running + busy.ranks[0].waiting
+    );
+    for t in tasks {
+        assert_eq!(t.await.unwrap().status, 200);
+    }
+    let m = s.metrics().await;
+    assert!(total(&m, "vllm:request_queue_time_seconds_sum", &[]) > 0.0);
+}
