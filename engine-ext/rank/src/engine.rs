@@ -31,7 +31,7 @@
 
 use crate::latency::{LatencyModel, StepShape};
 use crate::metrics::{EngineGauges, EngineMetrics};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use tether_engine::{
     BlockHash, CacheError, MetadataOnly, PolicyConfig, RequestId, RetentionCache, TurnMarker,
 };
@@ -250,6 +250,8 @@ pub struct Engine {
     mover: MetadataOnly,
     waiting: VecDeque<Waiting>,
     running: Vec<Live>,
+    /// Ids of waiting and running requests.
+    live: HashSet<u64>,
     in_flight: Option<Step>,
     clock: SimMs,
     link_free_at: SimMs,
@@ -284,6 +286,7 @@ impl Engine {
             mover: MetadataOnly,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            live: HashSet::new(),
             in_flight: None,
             clock: 0.0,
             link_free_at: 0.0,
@@ -332,7 +335,7 @@ impl Engine {
                 capacity,
             });
         }
-        if self.is_live(req.id) {
+        if self.live.contains(&req.id) {
             return Err(SubmitError::Duplicate(req.id));
         }
         let bs = self.cfg.policy.block_size;
@@ -343,6 +346,7 @@ impl Engine {
             arrival,
             est_uncached,
         };
+        self.live.insert(w.req.id);
         // Keep arrival order (submissions normally come in order already).
         let pos = self
             .waiting
@@ -353,9 +357,9 @@ impl Engine {
         Ok(())
     }
 
-    fn is_live(&self, id: u64) -> bool {
-        self.waiting.iter().any(|w| w.req.id == id)
-            || self.running.iter().any(|l| l.req.id == id && !l.done)
+    /// Requests waiting or running (what vLLM's `/load` calls server load).
+    pub fn in_flight(&self) -> usize {
+        self.live.len()
     }
 
     /// Cancels a request (its client went away); its KV pins are dropped. Returns
@@ -363,6 +367,7 @@ impl Engine {
     pub fn cancel(&mut self, id: u64) -> bool {
         if let Some(p) = self.waiting.iter().position(|w| w.req.id == id) {
             self.waiting.remove(p);
+            self.live.remove(&id);
             self.metrics.aborted += 1;
             return true;
         }
@@ -517,10 +522,13 @@ impl Engine {
                     self.waiting.push_front(w);
                     self.blocked = true;
                 }
-                Err(e) => out.push(Event::Failed {
-                    id: w.req.id,
-                    why: e.to_string(),
-                }),
+                Err(e) => {
+                    self.live.remove(&w.req.id);
+                    out.push(Event::Failed {
+                        id: w.req.id,
+                        why: e.to_string(),
+                    });
+                }
             }
         }
         let decodes: Vec<usize> = (0..self.running.len())
@@ -684,8 +692,10 @@ impl Engine {
     fn purge(&mut self) {
         let mut released = false;
         let cache = &mut self.cache;
+        let live = &mut self.live;
         self.running.retain(|l| {
             if l.done || l.cancelled {
+                live.remove(&l.req.id);
                 // Unknown = already released (a failed finish_prefill); nothing to undo.
                 let _ = cache.release(RequestId(l.req.id));
                 released = true;

@@ -469,11 +469,11 @@ fn pick_dp(rank: &Rank, req: &Request<Incoming>) -> Result<usize, Refusal> {
     let mut vals = req.headers().get_all(tether_wire::headers::DP_RANK).iter();
     let Some(v) = vals.next() else {
         // vLLM's internal balancing when no rank is named: fewest requests in flight.
+        if n == 1 {
+            return Ok(0);
+        }
         return Ok((0..n)
-            .min_by_key(|&i| {
-                let g = lock(&rank.slots[i]).engine.gauges();
-                (g.running + g.waiting, i)
-            })
+            .min_by_key(|&i| (lock(&rank.slots[i]).engine.in_flight(), i))
             .unwrap_or(0));
     };
     let bad = |why: String| Refusal::new(BadReason::BadDpRank, why);

@@ -126,3 +126,19 @@ async fn the_load_endpoint_reports_queues_under_load() {
     let m = s.metrics().await;
     assert!(total(&m, "vllm:request_queue_time_seconds_sum", &[]) > 0.0);
 }
+
+#[tokio::test]
+async fn tokens_are_not_released_before_their_simulated_time() {
+    // At 10× a ~4,000-token prompt and 40 tokens take ~150 ms simulated, 15 ms of wall time.
+    let s = Server::start(&["--speedup", "10"]).await;
+    let body = chat(&words("wall", 4000), &["go"], 40);
+    let t0 = std::time::Instant::now();
+    let r = s.post("/v1/chat/completions", &[], &body).await;
+    let wall_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let sim_e2e: f64 = r.header("x-tether-sim-e2e-ms").unwrap().parse().unwrap();
+    assert!(sim_e2e > 100.0, "{sim_e2e}");
+    assert!(
+        wall_ms >= sim_e2e / 10.0 - 1.0,
+        "answered after {wall_ms} ms wall, simulated {sim_e2e} ms at 10×"
+    );
+}
