@@ -1,13 +1,12 @@
 //! The rank's command line (`tether-rank --help`, `docs/rank.md`) and the
 //! validated configuration built from it. Every refusal names its flag.
 
-use crate::engine::EngineConfig;
+use crate::engine::{EngineConfig, EngineSettings};
 use crate::profile::{Profile, ProfileError};
 use clap::{Parser, ValueEnum};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use tether_engine::PolicyConfig;
 use thiserror::Error;
 
 /// Which KV-cache policy the simulated engine runs.
@@ -242,25 +241,19 @@ impl RankConfig {
         })
     }
 
-    /// The retention policy of one DP rank.
-    pub fn policy(&self) -> PolicyConfig {
-        PolicyConfig {
-            block_size: self.args.block_size,
-            device_blocks: self.device_blocks,
-            block_bytes: self.profile.kv_bytes_per_token * self.args.block_size as u64,
-            host_bytes: self.host_bytes,
-            retention: self.args.cache != CacheMode::Lru,
-            ..PolicyConfig::default()
-        }
-    }
-
     /// The engine configuration of one DP rank.
     pub fn engine(&self) -> EngineConfig {
-        EngineConfig {
-            policy: self.policy(),
-            max_num_seqs: self.args.max_num_seqs,
-            max_num_batched_tokens: self.args.max_num_batched_tokens,
-        }
+        EngineConfig::for_profile(
+            &self.profile,
+            &EngineSettings {
+                block_size: self.args.block_size,
+                device_kv_tokens: Some(self.device_blocks as u64 * self.args.block_size as u64),
+                host_bytes: self.host_bytes,
+                retention: self.args.cache != CacheMode::Lru,
+                max_num_seqs: self.args.max_num_seqs,
+                max_num_batched_tokens: self.args.max_num_batched_tokens,
+            },
+        )
     }
 
     /// The effective configuration as JSON (`GET /tether/config`), with a hash

@@ -51,6 +51,60 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: usize,
 }
 
+impl EngineConfig {
+    /// The engine of one rank serving `profile`: `device_kv_tokens` of device KV
+    /// (the profile's `max_kv_tokens` unless shrunk), blocks of `block_size`
+    /// tokens sized from the profile's `kv_bytes_per_token`, a host tier of
+    /// `host_bytes` (0 = none), retention on or off (plain LRU). The server and
+    /// the fleet simulator both build their engines here.
+    pub fn for_profile(profile: &crate::profile::Profile, s: &EngineSettings) -> Self {
+        let device_kv_tokens = s.device_kv_tokens.unwrap_or(profile.max_kv_tokens);
+        Self {
+            policy: PolicyConfig {
+                block_size: s.block_size,
+                device_blocks: usize::try_from(device_kv_tokens / s.block_size.max(1) as u64)
+                    .unwrap_or(usize::MAX),
+                block_bytes: profile.kv_bytes_per_token * s.block_size as u64,
+                host_bytes: s.host_bytes,
+                retention: s.retention,
+                ..PolicyConfig::default()
+            },
+            max_num_seqs: s.max_num_seqs,
+            max_num_batched_tokens: s.max_num_batched_tokens,
+        }
+    }
+}
+
+/// The serving settings of one engine, besides its profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineSettings {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Device KV tokens; `None` = the profile's `max_kv_tokens`.
+    pub device_kv_tokens: Option<u64>,
+    /// Host-tier bytes (0 = no host tier).
+    pub host_bytes: u64,
+    /// Turn-boundary retention (false = plain LRU prefix caching).
+    pub retention: bool,
+    /// vLLM `--max-num-seqs`.
+    pub max_num_seqs: usize,
+    /// vLLM `--max-num-batched-tokens`.
+    pub max_num_batched_tokens: usize,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            device_kv_tokens: None,
+            host_bytes: 0,
+            retention: true,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+        }
+    }
+}
+
 /// A configuration the engine cannot run with.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum EngineConfigError {

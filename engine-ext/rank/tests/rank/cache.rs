@@ -1,7 +1,7 @@
 //! The retention policy through the server: hits, retention vs LRU, the host tier.
 
 use crate::harness::{Server, chat, has, total, words};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn marker_headers(session: &str) -> Vec<(&'static str, String)> {
     vec![
@@ -52,20 +52,35 @@ async fn a_returning_turn_is_cached_and_starts_sooner() {
     assert_eq!(u2["tether"]["device_cached_tokens"].as_u64(), Some(c2));
 }
 
-async fn returning_hit_after_flood(cache: &str) -> u64 {
+/// Adds the markers as body fields (`kv_transfer_params.tether`) instead of headers.
+fn with_body_marker(mut body: Value, session: &str) -> Value {
+    body["kv_transfer_params"] =
+        json!({"tether": {"session": session, "prompt_end": "1", "turn_kind": "user"}});
+    body
+}
+
+async fn returning_hit_after_flood(cache: &str, in_body: bool) -> u64 {
     let s = Server::start(&["--cache", cache, "--kv-tokens", "8192"]).await;
     let sys = words("keep", 3000);
-    turn(&s, Some("b7"), &chat(&sys, &["start"], 2)).await;
+    let (first, back) = (
+        chat(&sys, &["start"], 2),
+        chat(&sys, &["start", "ok", "continue"], 2),
+    );
+    if in_body {
+        turn(&s, None, &with_body_marker(first, "b7")).await;
+    } else {
+        turn(&s, Some("b7"), &first).await;
+    }
     // 20 unrelated prompts of ~1000 tokens: 2.5× the device, no markers.
     for i in 0..20 {
-        turn(
-            &s,
-            None,
-            &chat(&words(&format!("flood{i}x"), 1000), &["go"], 2),
-        )
-        .await;
+        let flood = chat(&words(&format!("flood{i}x"), 1000), &["go"], 2);
+        turn(&s, None, &flood).await;
     }
-    let u = turn(&s, Some("b7"), &chat(&sys, &["start", "ok", "continue"], 2)).await;
+    let u = if in_body {
+        turn(&s, None, &with_body_marker(back, "b7")).await
+    } else {
+        turn(&s, Some("b7"), &back).await
+    };
     u["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap()
@@ -73,10 +88,39 @@ async fn returning_hit_after_flood(cache: &str) -> u64 {
 
 #[tokio::test]
 async fn retention_keeps_a_session_through_a_flood_that_lru_loses() {
-    let lru = returning_hit_after_flood("lru").await;
-    let kept = returning_hit_after_flood("retention").await;
+    let lru = returning_hit_after_flood("lru", false).await;
+    let kept = returning_hit_after_flood("retention", false).await;
     assert_eq!(lru, 0);
     assert!(kept >= 2992, "retention served {kept} cached tokens");
+    // The same through body markers (engines that see no custom headers).
+    let kept = returning_hit_after_flood("retention", true).await;
+    assert!(
+        kept >= 2992,
+        "retention (body markers) served {kept} cached tokens"
+    );
+}
+
+#[tokio::test]
+async fn cache_salt_separates_tenants() {
+    let s = Server::start(&[]).await;
+    let sys = words("salted", 600);
+    let salted = |salt: &str| {
+        let mut b = chat(&sys, &["q"], 1);
+        b["cache_salt"] = json!(salt);
+        b
+    };
+    turn(&s, None, &salted("tenant-a")).await;
+    let other = turn(&s, None, &salted("tenant-b")).await;
+    assert_eq!(other["prompt_tokens_details"]["cached_tokens"], 0);
+    let unsalted = turn(&s, None, &chat(&sys, &["q"], 1)).await;
+    assert_eq!(unsalted["prompt_tokens_details"]["cached_tokens"], 0);
+    let same = turn(&s, None, &salted("tenant-a")).await;
+    assert!(
+        same["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 592
+    );
 }
 
 #[tokio::test]
