@@ -75,7 +75,7 @@ async fn metrics_use_vllm_names_and_match_usage() {
 
 #[tokio::test]
 async fn the_load_endpoint_reports_queues_under_load() {
-    // Real time, one sequence at a time: concurrent requests queue.
+    // Real time, one sequence at a time: concurrent requests queue (each runs ~0.5 s).
     let s = std::sync::Arc::new(
         Server::start(&[
             "--speedup",
@@ -97,7 +97,7 @@ async fn the_load_endpoint_reports_queues_under_load() {
             s.post(
                 "/v1/chat/completions",
                 &[],
-                &chat(&words(&format!("load{i}x"), 2000), &["go"], 30),
+                &chat(&words(&format!("load{i}x"), 2000), &["go"], 150),
             )
             .await
         }));
