@@ -6,6 +6,7 @@
 .PHONY: test-engine bench-engine
 
 ENGINE_TRACE ?= examples/traces/mooncake_synthetic_trace.jsonl
+ENGINE_TRACE_FORMAT ?= mooncake
 
 test-engine:
 	$(CARGO) test --quiet -p tether-wire -p tether-placement -p tether-engine
@@ -13,5 +14,5 @@ test-engine:
 	$(CARGO) test --quiet -p tether-fleet
 
 bench-engine:
-	$(CARGO) run --quiet --release -p tether-fleet --bin retention-bench -- --trace $(ENGINE_TRACE)
+	$(CARGO) run --quiet --release -p tether-fleet --bin retention-bench -- --trace $(ENGINE_TRACE) --format $(ENGINE_TRACE_FORMAT)
 	$(CARGO) bench --quiet -p tether-engine --bench retention-throughput

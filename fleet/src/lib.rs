@@ -1,9 +1,18 @@
-//! tether's fleet tools: agent traces (model, importers, generator), replay and
-//! compare, the fleet simulator and the P/D planner — the `tether` CLI.
+//! tether's fleet tools: agent traces (model, importers, generator, request
+//! synthesis), replay and compare, the fleet simulator and the P/D planner —
+//! the `tether` CLI.
 //!
 //! Everything here runs the *same* placement ([`tether_placement`]) and
 //! retention policy ([`tether_engine`]) as the gateway and the ranks; nothing
 //! is re-implemented.
+//!
+//! - [`trace`]: the agent-trace model, its JSONL format (`docs/trace-format.md`)
+//!   and content hash;
+//! - [`import`]: Mooncake, Qwen-Bailian and AgentX/WEKA importers, with the
+//!   conversation derivation for session-less traces;
+//! - [`sim`]: trace replay through the engine's retention policy.
 
+pub mod cli;
+pub mod import;
 pub mod sim;
 pub mod trace;

@@ -4,18 +4,16 @@
 
 use anyhow::Result;
 use tether_engine::PolicyConfig;
+use tether_fleet::import::{Format, ImportOptions, import};
 use tether_fleet::sim::{SimReport, replay};
-use tether_fleet::trace::{derive_sessions, parse_jsonl};
 
 fn run(cfg: &PolicyConfig) -> Result<SimReport> {
-    let text = std::fs::read_to_string(concat!(
+    let path = std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/mooncake_head400.jsonl"
-    ))?;
-    let mut records = parse_jsonl(&text)?;
-    records.sort_by_key(|r| r.timestamp);
-    let turns = derive_sessions(&records, 30_000);
-    Ok(replay(&turns, 2, cfg)?)
+    ));
+    let trace = import(Format::Mooncake, path, &ImportOptions::default())?;
+    Ok(replay(&trace, 2, cfg)?)
 }
 
 #[test]

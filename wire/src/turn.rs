@@ -25,7 +25,7 @@ impl TurnKind {
         TurnKind::Handoff,
     ];
 
-    /// The wire name (`x-tether-turn-kind` value, trace `ended_by` value).
+    /// The wire name (`x-tether-turn-kind` value, trace `opened_by` value).
     pub const fn name(self) -> &'static str {
         match self {
             TurnKind::First => "first",

@@ -2,21 +2,32 @@
 //! caching, (b) interval retention on the device tier, (c) retention + host tier — one run,
 //! the same policy code for all three.
 //!
-//! Run: `cargo run --release -p tether-engine --bin retention-bench -- --trace examples/traces/mooncake_synthetic_trace.jsonl`
+//! The trace is any format `tether trace import` reads (`--format`, default: a
+//! tether trace, or a Mooncake file whose conversations are derived as
+//! `docs/trace-format.md` says). It prints its own verdict against the target:
+//! retention + host tier must leave at least 5× less avoidable re-prefill than LRU.
+//!
+//! Run: `cargo run --release -p tether-fleet --bin retention-bench -- --trace examples/traces/mooncake_synthetic_trace.jsonl --format mooncake`
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use std::time::Instant;
 use tether_engine::PolicyConfig;
+use tether_fleet::import::{Format, ImportOptions, import, mooncake};
 use tether_fleet::sim::{SimReport, replay};
-use tether_fleet::trace::{derive_sessions, parse_jsonl};
+
+/// The benchmark's target: LRU's avoidable re-prefill ÷ retention + host's.
+const TARGET_RATIO: f64 = 5.0;
 
 #[derive(Parser, Debug)]
 #[command(about = "Avoidable re-prefill: LRU vs retention vs retention + host tier")]
 struct Args {
-    /// Mooncake-format JSONL trace.
+    /// The trace.
     #[arg(long)]
     trace: std::path::PathBuf,
+    /// Its format: tether, mooncake, bailian or agentx.
+    #[arg(long, default_value = "tether", value_parser = Format::parse)]
+    format: Format,
     /// Ranks the sessions are spread over.
     #[arg(long, default_value_t = 8)]
     ranks: usize,
@@ -44,22 +55,25 @@ struct Args {
     /// Value decay: a retention loses a factor e of value per this many idle ms.
     #[arg(long, default_value_t = PolicyConfig::default().idle_decay_ms)]
     idle_decay_ms: u64,
-    /// A continuation within this many ms of its predecessor is a tool turn.
-    #[arg(long, default_value_t = 30_000)]
+    /// Import: a continuation within this many ms of its predecessor is a tool turn.
+    #[arg(long, default_value_t = ImportOptions::default().tool_gap_ms)]
     tool_gap_ms: u64,
+    /// Import (Mooncake): common-head fan-out of the conversation derivation.
+    #[arg(long, default_value_t = ImportOptions::default().head_fanout)]
+    head_fanout: u32,
 }
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    let text = std::fs::read_to_string(&a.trace)
-        .with_context(|| format!("reading {}", a.trace.display()))?;
-    let mut records = parse_jsonl(&text)?;
-    records.sort_by_key(|r| r.timestamp);
-    let turns = derive_sessions(&records, a.tool_gap_ms);
-    let sessions = turns
-        .iter()
-        .filter(|t| t.kind == tether_engine::TurnKind::First)
-        .count();
+    let opts = ImportOptions {
+        tool_gap_ms: a.tool_gap_ms,
+        head_fanout: a.head_fanout,
+        ..ImportOptions::default()
+    };
+    let trace = import(a.format, &a.trace, &opts)?;
+    if let Some(d) = mooncake::derivation_of(&trace) {
+        println!("{d}");
+    }
     let device_blocks = a.device_tokens / a.block_size;
     let block_bytes = a.bytes_per_token * a.block_size as u64;
     let base = PolicyConfig {
@@ -100,10 +114,11 @@ fn main() -> Result<()> {
         ),
     ];
     println!(
-        "trace {}: {} requests, {} derived sessions, {} ranks, device {} tokens/rank, host {}x device, block {} tokens, state {} B",
+        "trace {}: {} requests, {} sessions ({} agents), {} ranks, device {} tokens/rank, host {}x device, block {} tokens, state {} B",
         a.trace.display(),
-        turns.len(),
-        sessions,
+        trace.requests().len(),
+        trace.sessions().len(),
+        trace.agents().len(),
         a.ranks,
         a.device_tokens,
         a.host_factor,
@@ -113,7 +128,7 @@ fn main() -> Result<()> {
     let mut reports: Vec<(&str, SimReport, f64)> = Vec::new();
     for (name, cfg) in modes {
         let t0 = Instant::now();
-        let r = replay(&turns, a.ranks, &cfg)?;
+        let r = replay(&trace, a.ranks, &cfg)?;
         reports.push((name, r, t0.elapsed().as_secs_f64()));
     }
     let lru = reports[0].1.avoidable_tokens.max(1) as f64;
@@ -156,5 +171,19 @@ fn main() -> Result<()> {
             r.stats.restore_misses
         );
     }
+    let host_ratio = lru / reports[2].1.avoidable_tokens.max(1) as f64;
+    let dev_ratio = lru / reports[1].1.avoidable_tokens.max(1) as f64;
+    println!(
+        "verdict: retention + host leaves {host_ratio:.1}x less avoidable re-prefill than LRU (target >= {TARGET_RATIO}x): {}",
+        if host_ratio >= TARGET_RATIO {
+            "MET"
+        } else {
+            "MISSED"
+        }
+    );
+    println!(
+        "verdict: device-only retention {dev_ratio:.2}x LRU (must not be worse than LRU, >= 1.0x): {}",
+        if dev_ratio >= 1.0 { "MET" } else { "MISSED" }
+    );
     Ok(())
 }

@@ -1,0 +1,29 @@
+//! `tether`: agent traces, replay, compare, gateway, simulation and planning.
+//! Each subcommand lives in its own module under `tether_fleet::cli`; flags
+//! are documented in `docs/cli.md`.
+
+use clap::{Parser, Subcommand};
+use tether_fleet::cli;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tether",
+    version,
+    about = "Agent-aware serving: traces, replay, simulation, planning"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Agent traces: import, generate, stats, synth.
+    Trace(cli::trace::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Command::Trace(a) => cli::trace::run(a),
+    }
+}

@@ -1,0 +1,5 @@
+//! The `tether` command line, one module per subcommand (each exposes its
+//! clap `Args` and a `run`); `src/bin/tether.rs` only dispatches. Every flag
+//! is documented in `docs/cli.md`.
+
+pub mod trace;
