@@ -23,7 +23,6 @@ use crate::payload::{MoveError, Mover, SlotId, StateSlot, split};
 use crate::pool::{BlockPool, KvEvent};
 use crate::record::{DeviceRecord, HostRecord, RecordMeta};
 use crate::states::StatePool;
-use crate::value;
 use crate::victims::{Class, VictimIndex};
 use std::collections::HashMap;
 use thiserror::Error;
@@ -482,13 +481,6 @@ impl RetentionCache {
         let chain: Vec<SlotId> = run.canonical.iter().map_while(|c| *c).collect();
         let n = chain.len();
         let mut out = Retained::default();
-        let prior_gap = self.cfg.kind(m.kind).expected_gap_ms;
-        let observed = self
-            .records
-            .get(&m.key)
-            .map(|r| r.meta.observed_gap_ms)
-            .or_else(|| self.host.record(&m.key).map(|r| r.meta.observed_gap_ms))
-            .flatten();
         for s in &chain {
             self.pool.retain(*s);
         }
@@ -519,9 +511,7 @@ impl RetentionCache {
             created_ms: now,
             last_use_ms: now,
             expires_ms: now.saturating_add(interval),
-            expected_gap_ms: observed.map_or(prior_gap, |g| value::update_gap(prior_gap, g)),
             bytes,
-            observed_gap_ms: None,
         };
         let hashes = run.hashes[..n].to_vec();
         self.insert_record(DeviceRecord {
@@ -559,13 +549,13 @@ impl RetentionCache {
             r.meta.refresh(now, r.interval_ms);
             self.insert_record(r);
             self.stats.refreshed += 1;
-        } else if self.host.refresh(key, &self.cfg, now) {
+        } else if self.host.refresh(key, now) {
             self.stats.refreshed += 1;
         }
     }
 
     fn insert_record(&mut self, rec: DeviceRecord) {
-        self.victims.insert(&self.cfg, &rec.meta);
+        self.victims.insert(&rec.meta);
         let replaced = self.records.insert(rec.meta.key, rec);
         debug_assert!(replaced.is_none(), "insert_record over a live record");
     }
@@ -699,7 +689,7 @@ impl RetentionCache {
         };
         let need = missing_b.len() as u64 * self.cfg.block_bytes
             + missing_s.len() as u64 * self.cfg.state_bytes;
-        let v = rec.meta.priority(&self.cfg);
+        let v = rec.meta.priority();
         if !self.host.make_room(need, v, Some(rec.meta.key), now) {
             unpin_present(&mut self.host);
             return Err(MoveError("host tier full of more valuable state".into()));
@@ -739,26 +729,20 @@ impl RetentionCache {
         for (h, p) in missing_s.iter().zip(sp) {
             self.host.put(HostKind::State, *h, p, self.cfg.state_bytes);
         }
-        self.host.insert_record(
-            &self.cfg,
-            HostRecord {
-                meta: rec.meta.clone(),
-                hashes: rec.hashes.clone(),
-                states: state_hashes,
-                interval_ms: rec.interval_ms,
-            },
-        );
+        self.host.insert_record(HostRecord {
+            meta: rec.meta.clone(),
+            hashes: rec.hashes.clone(),
+            states: state_hashes,
+            interval_ms: rec.interval_ms,
+        });
         Ok(())
     }
 
     /// Checks every accounting invariant across pool, states, records and host tier.
     pub fn check(&self) -> Result<(), String> {
         self.pool.check()?;
-        self.host.check(&self.cfg)?;
-        if !self
-            .victims
-            .matches(&self.cfg, self.records.values().map(|r| &r.meta))
-        {
+        self.host.check()?;
+        if !self.victims.matches(self.records.values().map(|r| &r.meta)) {
             return Err("device victim index disagrees with records".into());
         }
         let mut retains: HashMap<SlotId, u32> = HashMap::new();

@@ -1,4 +1,4 @@
-//! Policy configuration: capacities, block geometry, retention intervals and the value model's priors.
+//! Policy configuration: capacities, block geometry and retention intervals.
 
 use crate::marker::TurnKind;
 use tether_wire::RetentionMs;
@@ -7,15 +7,6 @@ use thiserror::Error;
 /// Milliseconds on the caller's clock. The policy never reads a wall clock: every
 /// operation takes `now`, so simulation and tests are deterministic.
 pub type Millis = u64;
-
-/// Retention interval and expected time-to-return for one turn kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KindPolicy {
-    /// How long a prompt end of this kind stays pinned (refreshed by a hit).
-    pub interval_ms: Millis,
-    /// Prior for how long until the session returns, before its own gaps are observed.
-    pub expected_gap_ms: Millis,
-}
 
 /// Everything the retention policy is configured with.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,18 +29,8 @@ pub struct PolicyConfig {
     pub checkpoint_every_tokens: usize,
     /// Upper bound on any interval, including an explicit `x-tether-retention-ms`.
     pub max_interval_ms: Millis,
-    /// Per-kind intervals; `first` falls back to `user` unless set.
-    pub first: Option<KindPolicy>,
-    /// Waiting for a human reply.
-    pub user: KindPolicy,
-    /// Waiting for a tool result.
-    pub tool: KindPolicy,
-    /// A subagent handoff.
-    pub handoff: KindPolicy,
-    /// Prefill cost model: cost(t) = t + t² / `attention_knee_tokens` (token-equivalents).
-    pub attention_knee_tokens: u64,
-    /// A retention's value decays by e every this many ms without a hit (same for all records).
-    pub idle_decay_ms: Millis,
+    /// Retention interval per turn kind (the wire contract's table by default).
+    pub intervals: RetentionMs,
 }
 
 impl Default for PolicyConfig {
@@ -64,24 +45,7 @@ impl Default for PolicyConfig {
             retention: true,
             checkpoint_every_tokens: 0,
             max_interval_ms: 3_600_000,
-            first: Some(KindPolicy {
-                interval_ms: RetentionMs::DEFAULT.first,
-                expected_gap_ms: 120_000,
-            }),
-            user: KindPolicy {
-                interval_ms: RetentionMs::DEFAULT.user,
-                expected_gap_ms: 120_000,
-            },
-            tool: KindPolicy {
-                interval_ms: RetentionMs::DEFAULT.tool,
-                expected_gap_ms: 15_000,
-            },
-            handoff: KindPolicy {
-                interval_ms: RetentionMs::DEFAULT.handoff,
-                expected_gap_ms: 60_000,
-            },
-            attention_knee_tokens: 32_768,
-            idle_decay_ms: 300_000,
+            intervals: RetentionMs::DEFAULT,
         }
     }
 }
@@ -106,12 +70,6 @@ impl PolicyConfig {
         if self.device_blocks == 0 {
             return Err(ConfigError::Zero("device_blocks"));
         }
-        if self.attention_knee_tokens == 0 {
-            return Err(ConfigError::Zero("attention_knee_tokens"));
-        }
-        if self.idle_decay_ms == 0 {
-            return Err(ConfigError::Zero("idle_decay_ms"));
-        }
         if (self.state_bytes == 0) != (self.device_state_slots == 0) {
             return Err(ConfigError::StateSlots);
         }
@@ -124,20 +82,10 @@ impl PolicyConfig {
         self.state_bytes > 0
     }
 
-    /// The policy for a turn kind.
-    pub fn kind(&self, kind: TurnKind) -> KindPolicy {
-        match kind {
-            TurnKind::First => self.first.unwrap_or(self.user),
-            TurnKind::User => self.user,
-            TurnKind::Tool => self.tool,
-            TurnKind::Handoff => self.handoff,
-        }
-    }
-
     /// The interval a marker gets: its explicit value if present, else its kind's, clamped.
     pub fn interval(&self, kind: TurnKind, explicit_ms: Option<Millis>) -> Millis {
         explicit_ms
-            .unwrap_or(self.kind(kind).interval_ms)
+            .unwrap_or(self.intervals.get(kind))
             .min(self.max_interval_ms)
     }
 }

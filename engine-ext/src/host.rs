@@ -6,7 +6,7 @@
 //! one coming in; if that is not enough the incoming record is refused (dropped),
 //! so used bytes never exceed capacity.
 
-use crate::config::{Millis, PolicyConfig};
+use crate::config::Millis;
 use crate::hash::BlockHash;
 use crate::marker::RetentionKey;
 use crate::payload::{ChecksumMismatch, Payload};
@@ -88,12 +88,12 @@ impl HostTier {
     }
 
     /// A hit on `key`: refreshes its record's interval; false when there is none.
-    pub(crate) fn refresh(&mut self, key: &RetentionKey, cfg: &PolicyConfig, now: Millis) -> bool {
+    pub(crate) fn refresh(&mut self, key: &RetentionKey, now: Millis) -> bool {
         let Some(r) = self.records.get_mut(key) else {
             return false;
         };
         r.meta.refresh(now, r.interval_ms);
-        self.victims.insert(cfg, &r.meta);
+        self.victims.insert(&r.meta);
         true
     }
 
@@ -173,13 +173,13 @@ impl HostTier {
     }
 
     /// Frees at least `need` bytes: expired records first (earliest expiry), then live
-    /// records whose priority is below `incoming_priority` (least valuable first).
+    /// records used less recently than the incoming one (least recently used first).
     /// Records of `spare` are never chosen. Returns false, having evicted what it chose,
     /// when it cannot make enough room.
     pub(crate) fn make_room(
         &mut self,
         need: u64,
-        incoming_priority: f64,
+        incoming_priority: Millis,
         spare: Option<RetentionKey>,
         now: Millis,
     ) -> bool {
@@ -201,9 +201,9 @@ impl HostTier {
 
     /// Inserts a record whose payload references are already taken, replacing (and
     /// releasing) any previous record of the same key.
-    pub(crate) fn insert_record(&mut self, cfg: &PolicyConfig, rec: HostRecord) {
+    pub(crate) fn insert_record(&mut self, rec: HostRecord) {
         let key = rec.meta.key;
-        self.victims.insert(cfg, &rec.meta);
+        self.victims.insert(&rec.meta);
         if let Some(old) = self.records.insert(key, rec) {
             self.unpin(HostKind::Block, &old.hashes);
             self.unpin(HostKind::State, &old.states);
@@ -264,11 +264,8 @@ impl HostTier {
     }
 
     /// Checks accounting: used = Σ payload bytes ≤ capacity; refs = record references.
-    pub fn check(&self, cfg: &PolicyConfig) -> Result<(), String> {
-        if !self
-            .victims
-            .matches(cfg, self.records.values().map(|r| &r.meta))
-        {
+    pub fn check(&self) -> Result<(), String> {
+        if !self.victims.matches(self.records.values().map(|r| &r.meta)) {
             return Err("host victim index disagrees with records".into());
         }
         let sum: u64 = self

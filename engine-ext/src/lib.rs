@@ -19,11 +19,10 @@ pub mod payload;
 pub mod pool;
 pub mod record;
 pub mod states;
-pub mod value;
 mod victims;
 
 pub use cache::{Admission, CacheError, RequestId, RestoreMiss, Retained, RetentionCache, Stats};
-pub use config::{KindPolicy, Millis, PolicyConfig};
+pub use config::{Millis, PolicyConfig};
 pub use hash::{BlockHash, BlockHasher, RequestKeys};
 pub use marker::{MarkerError, RetentionKey, TurnKind, TurnMarker};
 pub use payload::{MetadataOnly, Mover, Payload, SlotId, StateSlot};

@@ -1,42 +1,21 @@
-//! Ordered index of retention records for eviction: expired first by expiry, then by value.
+//! Ordered index of retention records for eviction: expired first by expiry, then
+//! least recently used.
 //!
-//! Both orders are fixed while a record is untouched (see [`crate::value::priority`]),
+//! Both orders are fixed while a record is untouched (see [`RecordMeta::priority`]),
 //! so picking a victim is a look at the front of a `BTreeSet`. Callers must remove a
 //! record before changing its expiry or last use and insert it again afterwards.
 
-use crate::config::{Millis, PolicyConfig};
+use crate::config::Millis;
 use crate::marker::RetentionKey;
 use crate::record::RecordMeta;
-use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
-
-/// A priority with a total order (`f64::total_cmp`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Prio(pub f64);
-
-impl PartialEq for Prio {
-    fn eq(&self, o: &Self) -> bool {
-        self.0.total_cmp(&o.0) == Ordering::Equal
-    }
-}
-impl Eq for Prio {}
-impl PartialOrd for Prio {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Prio {
-    fn cmp(&self, o: &Self) -> Ordering {
-        self.0.total_cmp(&o.0)
-    }
-}
 
 /// Why a record was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Class {
     /// Its interval ran out.
     Expired,
-    /// Live, and the least valuable.
+    /// Live, and the least recently used.
     Live,
 }
 
@@ -44,15 +23,15 @@ pub(crate) enum Class {
 #[derive(Debug, Default)]
 pub(crate) struct VictimIndex {
     by_expiry: BTreeSet<(Millis, RetentionKey)>,
-    by_prio: BTreeSet<(Prio, RetentionKey)>,
-    entries: HashMap<RetentionKey, (Millis, Prio)>,
+    by_prio: BTreeSet<(Millis, RetentionKey)>,
+    entries: HashMap<RetentionKey, (Millis, Millis)>,
 }
 
 impl VictimIndex {
     /// Indexes a record (replacing any entry of its key).
-    pub(crate) fn insert(&mut self, cfg: &PolicyConfig, m: &RecordMeta) {
+    pub(crate) fn insert(&mut self, m: &RecordMeta) {
         self.remove(&m.key);
-        let p = Prio(m.priority(cfg));
+        let p = m.priority();
         self.by_expiry.insert((m.expires_ms, m.key));
         self.by_prio.insert((p, m.key));
         self.entries.insert(m.key, (m.expires_ms, p));
@@ -71,7 +50,7 @@ impl VictimIndex {
     pub(crate) fn pick(
         &self,
         now: Millis,
-        below: Option<f64>,
+        below: Option<Millis>,
         mut eligible: impl FnMut(&RetentionKey) -> bool,
     ) -> Option<(Class, RetentionKey)> {
         let expired = self
@@ -84,21 +63,17 @@ impl VictimIndex {
         }
         self.by_prio
             .iter()
-            .take_while(|(p, _)| below.is_none_or(|b| p.0 < b))
+            .take_while(|(p, _)| below.is_none_or(|b| *p < b))
             .find(|(_, k)| eligible(k))
             .map(|(_, k)| (Class::Live, *k))
     }
 
     /// True when the index holds exactly these records with their current orders.
-    pub(crate) fn matches<'a>(
-        &self,
-        cfg: &PolicyConfig,
-        metas: impl Iterator<Item = &'a RecordMeta>,
-    ) -> bool {
+    pub(crate) fn matches<'a>(&self, metas: impl Iterator<Item = &'a RecordMeta>) -> bool {
         let mut n = 0;
         for m in metas {
             n += 1;
-            if self.entries.get(&m.key) != Some(&(m.expires_ms, Prio(m.priority(cfg)))) {
+            if self.entries.get(&m.key) != Some(&(m.expires_ms, m.priority())) {
                 return false;
             }
         }

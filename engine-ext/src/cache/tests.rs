@@ -172,7 +172,7 @@ fn next_turn_supersedes_and_frees_the_old_tail() {
 fn a_hit_refreshes_and_an_unrefreshed_retention_expires_first() {
     let mut c = RetentionCache::try_new(cfg(8, 0)).expect("cfg");
     let mut m = VecMover::new(8, 0);
-    let tool = c.config().tool.interval_ms;
+    let tool = c.config().intervals.tool;
     turn(
         &mut c,
         &mut m,
@@ -232,10 +232,11 @@ fn unretained_blocks_go_before_any_retention() {
 }
 
 #[test]
-fn least_valuable_retention_is_evicted_first() {
+fn least_recently_used_retention_is_evicted_first() {
     let mut c = RetentionCache::try_new(cfg(8, 0)).expect("cfg");
     let mut m = VecMover::new(8, 0);
-    // Same size; a user wait is expected to last longer than a tool wait, so it is worth less.
+    // Kind does not order live records (it acts through the interval): a tool wait
+    // retained first goes first, and a hit makes a record the most recently used.
     turn(
         &mut c,
         &mut m,
@@ -250,45 +251,28 @@ fn least_valuable_retention_is_evicted_first() {
         2,
         &chain(2, 3),
         Some(marker(2, TurnKind::User)),
-        0,
+        5,
     );
     turn(
         &mut c,
         &mut m,
         3,
         &chain(3, 4),
-        Some(marker(3, TurnKind::Tool)),
-        1,
+        Some(marker(3, TurnKind::User)),
+        10,
     );
-    assert!(
-        c.device_record(&key(2)).is_none(),
-        "user-wait retention should go first"
-    );
-    assert!(c.device_record(&key(1)).is_some());
+    assert!(c.device_record(&key(1)).is_none(), "oldest retention goes first");
+    assert!(c.device_record(&key(2)).is_some());
     assert_eq!(c.stats().dropped, 1);
-    // A longer prefix in the same bytes per block is worth more: session 4 (6 blocks)
-    // outlives session 1 (3 blocks) when room is needed again.
-    let mut c = RetentionCache::try_new(cfg(12, 0)).expect("cfg");
-    let mut m = VecMover::new(12, 0);
-    turn(
-        &mut c,
-        &mut m,
-        1,
-        &chain(1, 3),
-        Some(marker(1, TurnKind::Tool)),
-        0,
-    );
-    turn(
-        &mut c,
-        &mut m,
-        4,
-        &chain(4, 6),
-        Some(marker(4, TurnKind::Tool)),
-        0,
-    );
-    turn(&mut c, &mut m, 5, &chain(5, 4), None, 1);
-    assert!(c.device_record(&key(1)).is_none());
-    assert!(c.device_record(&key(4)).is_some());
+    // Session 2 returns (a hit without a new prompt end), so session 3 is now the older.
+    let hit = TurnMarker {
+        prompt_end: false,
+        ..marker(2, TurnKind::User)
+    };
+    turn(&mut c, &mut m, 4, &chain(2, 3), Some(hit), 20);
+    turn(&mut c, &mut m, 5, &chain(5, 4), None, 30);
+    assert!(c.device_record(&key(3)).is_none());
+    assert!(c.device_record(&key(2)).is_some());
 }
 
 #[test]
@@ -388,8 +372,8 @@ fn a_failed_copy_is_a_miss() {
 }
 
 #[test]
-fn host_tier_refuses_what_is_worth_less_than_it_holds() {
-    // Host holds 5 blocks: one 5-block retention fits, a second cannot displace a more valuable one.
+fn host_tier_refuses_what_was_used_less_recently_than_it_holds() {
+    // Host holds 5 blocks: one 5-block retention fits; an older one cannot displace it.
     let mut c = RetentionCache::try_new(cfg(6, 5)).expect("cfg");
     let mut m = VecMover::new(6, 0);
     turn(
@@ -409,10 +393,16 @@ fn host_tier_refuses_what_is_worth_less_than_it_holds() {
         1,
     );
     assert!(c.host().record(&key(1)).is_some());
-    turn(&mut c, &mut m, 3, &chain(3, 5), None, 2);
+    // Session 1 sends an unrelated short request: its host record is refreshed (used at 2).
+    let hit = TurnMarker {
+        prompt_end: false,
+        ..marker(1, TurnKind::Tool)
+    };
+    turn(&mut c, &mut m, 3, &chain(9, 1), Some(hit), 2);
+    turn(&mut c, &mut m, 4, &chain(3, 5), None, 3);
     assert!(
         c.host().record(&key(1)).is_some(),
-        "tool-wait record is worth more than the user-wait one"
+        "the more recently used record stays on the host"
     );
     assert!(c.host().record(&key(2)).is_none());
     assert_eq!(c.stats().dropped, 1);
@@ -712,8 +702,8 @@ fn a_hit_refreshes_a_retention_held_on_the_host() {
     let r = c.host().record(&key(1)).expect("still on host");
     assert_eq!(
         r.meta.expires_ms,
-        before.max(100_000 + c.config().user.interval_ms)
+        before.max(100_000 + c.config().intervals.user)
     );
-    assert_eq!(r.meta.observed_gap_ms, Some(100_000));
+    assert_eq!(r.meta.last_use_ms, 100_000);
     assert_eq!(c.stats().refreshed, 1);
 }

@@ -52,9 +52,6 @@ struct Args {
     /// Hybrid models: extra state checkpoints every this many tokens (0 = prompt end only).
     #[arg(long, default_value_t = 0)]
     checkpoint_tokens: usize,
-    /// Value decay: a retention loses a factor e of value per this many idle ms.
-    #[arg(long, default_value_t = PolicyConfig::default().idle_decay_ms)]
-    idle_decay_ms: u64,
     /// Import: a continuation within this many ms of its predecessor is a tool turn.
     #[arg(long, default_value_t = ImportOptions::default().tool_gap_ms)]
     tool_gap_ms: u64,
@@ -83,7 +80,6 @@ fn main() -> Result<()> {
         state_bytes: a.state_bytes,
         device_state_slots: if a.state_bytes > 0 { a.state_slots } else { 0 },
         checkpoint_every_tokens: a.checkpoint_tokens,
-        idle_decay_ms: a.idle_decay_ms,
         ..PolicyConfig::default()
     };
     let host = (device_blocks as f64 * block_bytes as f64 * a.host_factor) as u64;
