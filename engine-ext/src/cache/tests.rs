@@ -261,7 +261,10 @@ fn least_recently_used_retention_is_evicted_first() {
         Some(marker(3, TurnKind::User)),
         10,
     );
-    assert!(c.device_record(&key(1)).is_none(), "oldest retention goes first");
+    assert!(
+        c.device_record(&key(1)).is_none(),
+        "oldest retention goes first"
+    );
     assert!(c.device_record(&key(2)).is_some());
     assert_eq!(c.stats().dropped, 1);
     // Session 2 returns (a hit without a new prompt end), so session 3 is now the older.
