@@ -92,9 +92,18 @@ fn start_envoy_with(
     Ok((envoy, rank))
 }
 
-fn harness(config: &serde_json::Value) -> anyhow::Result<tether_wasm_host::FilterVm> {
+/// The floor filter compiled once per test binary (a debug-build compile takes seconds).
+fn floor_plugin() -> anyhow::Result<&'static Plugin> {
+    static PLUGIN: std::sync::OnceLock<Plugin> = std::sync::OnceLock::new();
+    if let Some(p) = PLUGIN.get() {
+        return Ok(p);
+    }
     let plugin = Plugin::from_file(paths::require_floor_wasm()?)?;
-    Ok(plugin.start(HostOptions {
+    Ok(PLUGIN.get_or_init(|| plugin))
+}
+
+fn harness(config: &serde_json::Value) -> anyhow::Result<tether_wasm_host::FilterVm> {
+    Ok(floor_plugin()?.start(HostOptions {
         plugin_config: config.to_string().into_bytes(),
         ..HostOptions::default()
     })?)
@@ -239,5 +248,107 @@ async fn original_dst_filter_state_is_accepted_and_routes() -> anyhow::Result<()
         out.filter_state_value("envoy.network.transport_socket.original_dst_address"),
         Some(rank.addr().to_string().as_str())
     );
+    Ok(())
+}
+
+/// What one local reply looked like to a client and in the module's logs.
+#[derive(Debug, PartialEq)]
+struct LocalSeen {
+    status: u16,
+    /// `x-floor-response-seen`: what the module's response-header callback saw.
+    seen: Option<String>,
+    content_type: Option<String>,
+    content_length: Option<String>,
+    body: Vec<u8>,
+    /// `floor local: …` log lines, in order.
+    logs: Vec<String>,
+}
+
+fn floor_local_lines<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<String> {
+    lines
+        .filter_map(|l| l.find("floor local: ").map(|i| l[i..].trim().to_owned()))
+        .collect()
+}
+
+/// A local reply from the module goes through the module's own response
+/// callbacks in Envoy: the response-header callback sees `:status`, the
+/// module's headers, `content-length`/`content-type` for a non-empty body and
+/// `response.code_details` (whitespace as `_`); the body callback sees and may
+/// rewrite the body (the floor upper-cases it); no request callback runs after
+/// a reply sent from the headers; `on_log` sees the final code and details.
+/// The harness must show the client exactly what Envoy shows.
+#[tokio::test(flavor = "multi_thread")]
+async fn local_reply_goes_through_the_modules_response_callbacks() -> anyhow::Result<()> {
+    let cases = [
+        serde_json::json!({"mode": "local", "at": "headers"}),
+        serde_json::json!({"mode": "local", "at": "body"}),
+        serde_json::json!({"mode": "local", "at": "headers", "details": "has some spaces", "body": ""}),
+        serde_json::json!({"mode": "local", "at": "body", "body": "{}",
+            "headers": [["content-type", "application/json"], ["x-envoy-from-module", "1"], ["content-length", "99"]]}),
+    ];
+    for config in cases {
+        let (envoy, _rank) = start_envoy(&config)?;
+        let req = Request::post_bytes("/v1/chat/completions", "application/json", body(40_000))
+            .chunked(8 * 1024);
+        let resp = HttpClient::new().send(envoy.listen_addr(), req).await?;
+        assert!(
+            envoy.wait_for_log("floor local: log", Duration::from_secs(5)),
+            "no on_log line: {}",
+            tether_e2e::envoy::tail(&envoy.log(), 20)
+        );
+        let header = |n: &str| resp.header(n).map(str::to_owned);
+        let in_envoy = LocalSeen {
+            status: resp.status,
+            seen: header("x-floor-response-seen"),
+            content_type: header("content-type"),
+            content_length: header("content-length"),
+            body: resp.body.to_vec(),
+            logs: floor_local_lines(envoy.log().lines()),
+        };
+
+        let mut vm = harness(&config)?;
+        let out = vm.run(&tether_wasm_host::Request {
+            body_chunks: tether_wasm_host::Request::chunked(&body(40_000), 8 * 1024),
+            ..tether_wasm_host::Request::post(
+                "/v1/chat/completions",
+                &[("content-type", "application/json")],
+                &[],
+            )
+        })?;
+        let down = out
+            .downstream
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("harness gave no response: {out:?}"))?;
+        assert!(
+            down.local,
+            "{config}: the harness did not mark the reply local"
+        );
+        let get = |n: &str| down.headers.get_str(n).map(str::to_owned);
+        // An empty body gets its `content-length: 0` from the HTTP/1 codec,
+        // after every filter: not part of what the module or the harness sees.
+        let content_length = get("content-length").or_else(|| {
+            down.body
+                .is_empty()
+                .then(|| in_envoy.content_length.clone())
+                .flatten()
+        });
+        let in_harness = LocalSeen {
+            status: get(":status").and_then(|s| s.parse().ok()).unwrap_or(0),
+            seen: get("x-floor-response-seen"),
+            content_type: get("content-type"),
+            content_length,
+            body: down.body.clone(),
+            logs: floor_local_lines(out.logs.iter().map(|l| l.message.as_str())),
+        };
+        assert_eq!(in_harness, in_envoy, "{config}: harness vs Envoy");
+        assert_eq!(in_envoy.status, 418);
+        assert!(
+            in_envoy
+                .seen
+                .as_deref()
+                .is_some_and(|s| s.starts_with("status=418;")),
+            "{config}: the response-header callback did not run on the local reply"
+        );
+    }
     Ok(())
 }

@@ -17,6 +17,15 @@
 //!   buffered body size as response headers.
 //! - `{"mode":"pause"}`: pause in the request-header callback; a body callback,
 //!   if the host ever delivers one, answers with a local `200 body delivered`.
+//! - `{"mode":"local","at":"headers"|"body"}`: answer locally (`418`, details
+//!   `floor_local`, header `x-floor-local: 1`, body `local reply`) from the
+//!   request-header callback or at the body's end, and report what the
+//!   response callbacks then see: the response-header callback adds
+//!   `x-floor-response-seen` (status, details, the local header, the names of
+//!   the headers present) and the response body callback upper-cases the body
+//!   — so a client sees which callbacks ran; `on_log` logs the final
+//!   `response.code` and `response.code_details`. Optional `details`, `body`,
+//!   `headers` (`[[name, value], …]`) shape the local reply.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -35,10 +44,21 @@ proxy_wasm::main! {{
 #[derive(Clone, Debug)]
 enum Mode {
     Header,
-    Body { dst: String },
-    BodyState { key: String },
+    Body {
+        dst: String,
+    },
+    BodyState {
+        key: String,
+    },
     Probe,
     Pause,
+    /// Answer locally from the request headers (`true`) or at the body's end.
+    Local {
+        at_headers: bool,
+        details: String,
+        body: String,
+        headers: Vec<(String, String)>,
+    },
 }
 
 struct FloorRoot {
@@ -70,6 +90,7 @@ impl RootContext for FloorRoot {
             set_status: None,
             get_status: None,
             body_size: 0,
+            response_body: 0,
         }))
     }
 
@@ -90,6 +111,35 @@ fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
         "header" => Ok(Mode::Header),
         "probe" => Ok(Mode::Probe),
         "pause" => Ok(Mode::Pause),
+        "local" => {
+            let at_headers = match value.get("at").and_then(|a| a.as_str()) {
+                Some("headers") => true,
+                Some("body") => false,
+                _ => return Err("field `at` must be \"headers\" or \"body\" (mode `local`)".into()),
+            };
+            let text = |name: &str, default: &str| -> Result<String, String> {
+                match value.get(name) {
+                    None => Ok(default.to_owned()),
+                    Some(v) => v
+                        .as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| format!("field `{name}` must be a string (mode `local`)")),
+                }
+            };
+            Ok(Mode::Local {
+                at_headers,
+                details: text("details", "floor_local")?,
+                body: text("body", "local reply")?,
+                headers: match value.get("headers") {
+                    None => vec![("x-floor-local".to_owned(), "1".to_owned())],
+                    Some(h) => serde_json::from_value(h.clone()).map_err(|e| {
+                        format!(
+                            "field `headers` must be a list of [name, value] (mode `local`): {e}"
+                        )
+                    })?,
+                },
+            })
+        }
         "body-state" => {
             let key = value
                 .get("key")
@@ -112,7 +162,7 @@ fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
             })
         }
         other => Err(format!(
-            "field `mode` has unknown value {other:?} (expected header, body, body-state, probe or pause)"
+            "field `mode` has unknown value {other:?} (expected header, body, body-state, probe, pause or local)"
         )),
     }
 }
@@ -123,13 +173,20 @@ struct FloorHttp {
     set_status: Option<u32>,
     get_status: Option<u32>,
     body_size: usize,
+    /// Response body bytes seen by the response body callback (local mode).
+    response_body: usize,
+}
+
+/// The local reply of mode `local`.
+fn send_local(details: &str, body: &str, headers: &[(String, String)]) {
+    raw::send_local_response(418, details, body.as_bytes(), headers);
 }
 
 impl Context for FloorHttp {}
 
 impl HttpContext for FloorHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
-        match self.mode {
+        match &self.mode {
             Mode::Header => {
                 if let Err(s) =
                     hostcalls::set_map_value(MapType::HttpRequestHeaders, "x-floor", Some("1"))
@@ -139,7 +196,18 @@ impl HttpContext for FloorHttp {
                 Action::Continue
             }
             Mode::Pause => Action::Pause,
-            Mode::Body { .. } | Mode::BodyState { .. } | Mode::Probe => Action::Continue,
+            Mode::Local {
+                at_headers: true,
+                details,
+                body,
+                headers,
+            } => {
+                send_local(details, body, headers);
+                Action::Pause
+            }
+            Mode::Body { .. } | Mode::BodyState { .. } | Mode::Probe | Mode::Local { .. } => {
+                Action::Continue
+            }
         }
     }
 
@@ -151,8 +219,28 @@ impl HttpContext for FloorHttp {
                 let _ = hostcalls::send_http_response(200, vec![], Some(b"body delivered"));
                 Action::Pause
             }
+            Mode::Local {
+                at_headers: true, ..
+            } => {
+                let _ = hostcalls::log(
+                    LogLevel::Info,
+                    &format!(
+                        "floor local: request body callback after the local reply ({body_size} bytes)"
+                    ),
+                );
+                Action::Continue
+            }
             Mode::Header => Action::Continue,
             _ if !end_of_stream => Action::Pause,
+            Mode::Local {
+                details,
+                body,
+                headers,
+                ..
+            } => {
+                send_local(details, body, headers);
+                Action::Pause
+            }
             Mode::Body { dst } => {
                 let args = filter_state_args(ORIGINAL_DST_KEY, dst);
                 if let Err(s) =
@@ -179,6 +267,16 @@ impl HttpContext for FloorHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _eos: bool) -> Action {
+        if let Mode::Local { .. } = self.mode {
+            let seen = local_seen();
+            if let Err(s) = hostcalls::add_map_value(
+                MapType::HttpResponseHeaders,
+                "x-floor-response-seen",
+                &seen,
+            ) {
+                log_status("add x-floor-response-seen", s);
+            }
+        }
         if let Mode::Probe = self.mode {
             let report = [
                 ("x-floor-body-calls", self.body_calls.to_string()),
@@ -196,6 +294,85 @@ impl HttpContext for FloorHttp {
         }
         Action::Continue
     }
+
+    fn on_log(&mut self) {
+        if let Mode::Local { .. } = self.mode {
+            log_local_end();
+        }
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if let Mode::Local { .. } = self.mode {
+            self.response_body = body_size;
+            if !end_of_stream {
+                return Action::Pause;
+            }
+            // Same length, so the content-length Envoy already sent stays right.
+            let body = hostcalls::get_buffer(
+                proxy_wasm::types::BufferType::HttpResponseBody,
+                0,
+                body_size,
+            )
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+            if let Err(s) = hostcalls::set_buffer(
+                proxy_wasm::types::BufferType::HttpResponseBody,
+                0,
+                body_size,
+                &body.to_ascii_uppercase(),
+            ) {
+                log_status("set response body", s);
+            }
+        }
+        Action::Continue
+    }
+}
+
+/// Logs what the stream's last callback sees (mode `local`): `floor local: log
+/// code=… details=…`.
+fn log_local_end() {
+    let prop = |path: Vec<&str>| {
+        hostcalls::get_property(path)
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    };
+    let code = prop(vec!["response", "code"]);
+    let code = <[u8; 8]>::try_from(code.as_slice()).map_or(-1, i64::from_le_bytes);
+    let details = String::from_utf8_lossy(&prop(vec!["response", "code_details"])).into_owned();
+    let _ = hostcalls::log(
+        LogLevel::Info,
+        &format!("floor local: log code={code} details={details}"),
+    );
+}
+
+/// What the response-header callback sees of a local reply:
+/// `status=…;details=…;local=…;names=<sorted names>`.
+fn local_seen() -> String {
+    let get = |name: &str| {
+        hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| "-".to_owned())
+    };
+    let details = hostcalls::get_property(vec!["response", "code_details"])
+        .ok()
+        .flatten()
+        .map_or_else(
+            || "-".to_owned(),
+            |d| String::from_utf8_lossy(&d).into_owned(),
+        );
+    let mut names: Vec<String> = hostcalls::get_map(MapType::HttpResponseHeaders)
+        .map(|m| m.into_iter().map(|(k, _)| k).collect())
+        .unwrap_or_default();
+    names.sort();
+    format!(
+        "status={};details={details};local={};names={}",
+        get(":status"),
+        get("x-floor-local"),
+        names.join(",")
+    )
 }
 
 fn status_text(status: Option<u32>) -> String {
@@ -240,6 +417,16 @@ mod raw {
             return_value_data: *mut *mut u8,
             return_value_size: *mut usize,
         ) -> u32;
+        fn proxy_send_local_response(
+            status: u32,
+            details: *const u8,
+            details_size: usize,
+            body: *const u8,
+            body_size: usize,
+            headers: *const u8,
+            headers_size: usize,
+            grpc_status: i32,
+        ) -> u32;
         fn proxy_replace_header_map_value(
             map_type: MapType,
             key_data: *const u8,
@@ -247,6 +434,40 @@ mod raw {
             value_data: *const u8,
             value_size: usize,
         ) -> u32;
+    }
+
+    /// `proxy_send_local_response` with details (the SDK's wrapper sends none).
+    pub fn send_local_response(
+        status: u32,
+        details: &str,
+        body: &[u8],
+        headers: &[(String, String)],
+    ) {
+        let mut map = Vec::new();
+        map.extend_from_slice(&(headers.len() as u32).to_le_bytes());
+        for (k, v) in headers {
+            map.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            map.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        }
+        for (k, v) in headers {
+            map.extend_from_slice(k.as_bytes());
+            map.push(0);
+            map.extend_from_slice(v.as_bytes());
+            map.push(0);
+        }
+        // SAFETY: the host only reads the byte ranges passed, all live for the call.
+        let _ = unsafe {
+            proxy_send_local_response(
+                status,
+                details.as_ptr(),
+                details.len(),
+                body.as_ptr(),
+                body.len(),
+                map.as_ptr(),
+                map.len(),
+                -1,
+            )
+        };
     }
 
     pub fn get_request_header(name: &str) -> u32 {

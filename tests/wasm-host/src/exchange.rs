@@ -9,8 +9,12 @@
 //! - `Pause` from a body callback before end of stream buffers: the next body
 //!   callback sees everything buffered so far (`body_size` = total), and
 //!   `get_buffer_bytes` can read any range of it.
-//! - A local response ends the request; the module's response callbacks are not
-//!   run for it.
+//! - A local response ends the request (no later request callback) and is then
+//!   delivered through the module's own response callbacks, as Envoy 1.40 does:
+//!   the response-header callback sees `:status`, the module's headers and, for a
+//!   non-empty body, `content-length` (the body's) and `content-type: text/plain`
+//!   (unless given); the body callback sees the body; `response.code_details` is
+//!   the details with whitespace as `_` (`via_upstream` for upstream responses).
 
 use crate::abi::Action;
 use crate::error::HostError;
@@ -203,7 +207,11 @@ impl FilterVm {
             }
         }
         let stop = match self.request_path(ctx, request, &mut out)? {
-            None => self.response_path(ctx, &request.response, &mut out)?,
+            None => {
+                self.stream(ctx)?.response_code_details = Some("via_upstream".into());
+                self.response_path(ctx, &request.response, &mut out)?
+            }
+            Some(Stop::Local) => self.local_reply(ctx, &mut out)?,
             stop => stop,
         };
         let stream = self.finish_stream(ctx)?;
@@ -219,17 +227,15 @@ impl FilterVm {
             .collect();
         match stop {
             Some(Stop::Local) => {
-                let local = stream.local_response.clone();
-                if let Some(l) = &local {
-                    let mut headers = l.headers.clone();
-                    headers.replace(b":status", l.status.to_string().as_bytes());
+                // A second local reply from a response callback of the first:
+                // the client gets the first as sent.
+                if let Some(l) = &out.local_response {
                     out.downstream = Some(Downstream {
-                        headers,
+                        headers: local_reply_headers(l),
                         body: l.body.clone(),
                         local: true,
                     });
                 }
-                out.local_response = local;
             }
             Some(Stop::Stalled(why)) => out.stalled = Some(why),
             None => {}
@@ -250,6 +256,33 @@ impl FilterVm {
             .collect();
         out.wasm_nanos = s.fuel.nanos_by_callback.values().sum::<u64>() - marks.nanos;
         Ok(out)
+    }
+
+    /// Delivers the filter's local reply through its own response callbacks
+    /// (Envoy runs the encoder chain on it), then reports it downstream.
+    fn local_reply(&mut self, ctx: u32, out: &mut Outcome) -> Result<Option<Stop>, HostError> {
+        let stream = self.stream(ctx)?;
+        let Some(local) = stream.local_response.take() else {
+            return Ok(None);
+        };
+        stream.response_code_details = Some(
+            local
+                .details
+                .chars()
+                .map(|c| if c.is_whitespace() { '_' } else { c })
+                .collect(),
+        );
+        let reply = UpstreamResponse {
+            headers: local_reply_headers(&local),
+            body_chunks: Request::chunked(&local.body, local.body.len()),
+            trailers: HeaderMap::new(),
+        };
+        out.local_response = Some(local);
+        let stop = self.response_path(ctx, &reply, out)?;
+        if let Some(down) = &mut out.downstream {
+            down.local = true;
+        }
+        Ok(stop)
     }
 
     fn stream(&mut self, ctx: u32) -> Result<&mut StreamState, HostError> {
@@ -472,6 +505,25 @@ impl FilterVm {
         }
         Ok(None)
     }
+}
+
+/// The headers of a local reply as Envoy hands them to the encoder filters:
+/// `:status`, the module's headers, and for a non-empty body its
+/// `content-length` and (unless the module gave one) `content-type: text/plain`.
+fn local_reply_headers(local: &LocalResponse) -> HeaderMap {
+    let mut headers = HeaderMap::from_pairs([(":status", local.status.to_string().as_str())]);
+    for (k, v) in local.headers.iter() {
+        if k != ":status" {
+            headers.add(k.as_bytes(), v);
+        }
+    }
+    if !local.body.is_empty() {
+        headers.replace(b"content-length", local.body.len().to_string().as_bytes());
+        if headers.get(b"content-type").is_none() {
+            headers.add(b"content-type", b"text/plain");
+        }
+    }
+    headers
 }
 
 /// Moves released bytes on: a swap when nothing went before (no copy).

@@ -57,6 +57,10 @@ pub fn lookup(state: &HostState, path: &[String]) -> Option<Vec<u8>> {
                 .ok()?;
             Some(status.to_le_bytes().to_vec())
         }
+        ["response", "code_details"] => stream?
+            .response_code_details
+            .as_ref()
+            .map(|d| d.clone().into_bytes()),
         ["metadata", "filter_metadata", ns, rest @ ..] | ["metadata", ns, rest @ ..] => {
             let meta = stream?.properties.get(&vec!["$metadata".to_owned()])?;
             let root: serde_json::Value = serde_json::from_slice(meta).ok()?;

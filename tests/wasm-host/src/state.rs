@@ -151,6 +151,8 @@ pub struct StreamState {
     /// `proxy_close_stream` asked for.
     pub closed: bool,
     pub local_response: Option<LocalResponse>,
+    /// `response.code_details`: `via_upstream`, or a local reply's details.
+    pub response_code_details: Option<String>,
 }
 
 /// Work queued by host calls, run after the current callback returns (as Envoy

@@ -158,6 +158,47 @@ fn pause_in_header_callback_stops_body_delivery() {
     assert!(out.stalled.unwrap().contains("request headers paused"));
 }
 
+/// A local reply runs the module's response callbacks (Envoy's behaviour,
+/// conformance-tested in tests/e2e/tests/host_conformance.rs): the header
+/// callback sees the reply's headers and details, the body callback rewrites
+/// the body, and no request callback runs after a reply sent from the headers.
+#[test]
+fn local_reply_runs_the_response_callbacks() {
+    for at in ["headers", "body"] {
+        let config = format!(r#"{{"mode":"local","at":"{at}","details":"no entry"}}"#);
+        let mut vm = floor_plugin().start(options(&config)).unwrap();
+        let out = vm
+            .run(&Request::post("/l", &[], &[b"abc", b"def"]))
+            .unwrap();
+        let down = out.downstream.expect("a reply");
+        assert!(down.local, "{at}");
+        assert_eq!(down.body, b"LOCAL REPLY", "{at}: body callback ran");
+        assert_eq!(
+            down.headers.get_str("x-floor-response-seen"),
+            Some(
+                "status=418;details=no_entry;local=1;names=:status,content-length,content-type,x-floor-local"
+            ),
+            "{at}"
+        );
+        assert_eq!(down.headers.get_str("content-length"), Some("11"));
+        assert_eq!(down.headers.get_str("content-type"), Some("text/plain"));
+        let body_calls = out
+            .callbacks
+            .iter()
+            .filter(|c| c.callback == "proxy_on_request_body")
+            .count();
+        assert_eq!(body_calls, if at == "headers" { 0 } else { 2 }, "{at}");
+        assert!(
+            out.logs
+                .iter()
+                .any(|l| l.message == "floor local: log code=418 details=no_entry"),
+            "{at}: {:?}",
+            out.logs
+        );
+        assert_eq!(out.local_response.map(|l| l.status), Some(418));
+    }
+}
+
 #[test]
 fn invalid_configurations_name_the_field() {
     for (config, needle) in [
@@ -168,6 +209,11 @@ fn invalid_configurations_name_the_field() {
         (r#"{"mode":"body","dst":"localhost"}"#, "`dst`"),
         (r#"{"mode":"body-state"}"#, "`key`"),
         (r#"{"mode":"body-state","key":""}"#, "`key`"),
+        (r#"{"mode":"local"}"#, "`at`"),
+        (
+            r#"{"mode":"local","at":"headers","headers":{"a":"b"}}"#,
+            "`headers`",
+        ),
     ] {
         let err = floor_plugin().start(options(config)).unwrap_err();
         assert!(
