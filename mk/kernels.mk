@@ -25,6 +25,7 @@ test-kernels: $(KVCOPY_NVRTC_STAMP)
 	$(KVCOPY_ENV) $(CARGO) run --quiet -p tether-kvcopy --bin kvcopy-ptx -- kernels --arch compute_90
 	$(CARGO) test --quiet -p tether-kvcopy --lib
 	$(CARGO) test --quiet -p tether-kvcopy --test copy_cpu
+	$(CARGO) test --quiet -p tether-kvcopy --test paged_layout
 	$(CARGO) test --quiet -p tether-kvcopy --doc
 	$(CARGO) test --quiet -p tether-kvcopy --test gpu_copy -- --include-ignored --nocapture
 

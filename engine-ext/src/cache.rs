@@ -51,6 +51,18 @@ pub enum CacheError {
     Unknown(RequestId),
 }
 
+impl CacheError {
+    /// Who failed: a full pool is transient, everything else is the caller's mistake.
+    pub fn fault(&self) -> crate::Fault {
+        match self {
+            CacheError::OutOfBlocks { .. } => crate::Fault::Transient,
+            CacheError::Config(_) | CacheError::Duplicate(_) | CacheError::Unknown(_) => {
+                crate::Fault::Caller
+            }
+        }
+    }
+}
+
 /// Why the host tier could not serve what it held.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RestoreMiss {
@@ -58,6 +70,14 @@ pub enum RestoreMiss {
     Checksum,
     /// The copy into device memory failed part-way; the restored range was discarded.
     Copy(String),
+}
+
+impl RestoreMiss {
+    /// Both misses are device-side: corrupt host memory or a failed copy. The blocks are
+    /// recomputed; the request itself is fine.
+    pub fn fault(&self) -> crate::Fault {
+        crate::Fault::Device
+    }
 }
 
 /// What [`RetentionCache::admit`] gives the engine.

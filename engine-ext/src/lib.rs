@@ -12,6 +12,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod fault;
 pub mod hash;
 pub mod host;
 pub mod marker;
@@ -23,6 +24,7 @@ mod victims;
 
 pub use cache::{Admission, CacheError, RequestId, RestoreMiss, Retained, RetentionCache, Stats};
 pub use config::{Millis, PolicyConfig};
+pub use fault::Fault;
 pub use hash::{BlockHash, BlockHasher, RequestKeys};
 pub use marker::{MarkerError, RetentionKey, TurnKind, TurnMarker};
 pub use payload::{MetadataOnly, Mover, Payload, SlotId, StateSlot};

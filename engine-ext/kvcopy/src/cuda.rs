@@ -25,12 +25,6 @@ pub fn cuda_driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// True when an NVRTC library can be loaded (NVRTC calls panic inside `cudarc` without it).
-pub(crate) fn nvrtc_present() -> bool {
-    // SAFETY: only tries to dlopen the NVRTC library; calls no NVRTC function.
-    unsafe { cudarc::nvrtc::sys::is_culib_present() }
-}
-
 /// How the CUDA backend launches and where its kernels come from.
 #[derive(Clone, Debug)]
 pub struct CudaCopyConfig {
@@ -324,6 +318,7 @@ impl CudaCopy {
             pending: None,
         };
         let mut dptr: CUdeviceptr = 0;
+        self.ctx.bind_to_thread()?;
         // SAFETY: `ptr` was allocated with DEVICEMAP in this context; flags must be 0.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr.cast(), 0) }.result()?;
         buf.device_ptr = dptr;
@@ -351,6 +346,9 @@ impl CudaCopy {
             false,
         )?;
         self.launch(&self.gather_fn, map, tensors, blocks, staging.ptr)?;
+        // Raw driver calls act on the calling thread's current context (a Python worker
+        // thread may have none bound): bind ours first.
+        self.ctx.bind_to_thread()?;
         // SAFETY: the host range was checked above and stays allocated until `pending`
         // completes (Drop and every host view wait for it); the device range is staging.
         unsafe {
@@ -379,6 +377,7 @@ impl CudaCopy {
         let bytes = map.staging_bytes(blocks.len())?;
         check_host_range(host, host_offset, bytes)?;
         map.validate(tensors.iter().map(|t| t.bytes), blocks, staging.bytes, true)?;
+        self.ctx.bind_to_thread()?;
         // SAFETY: ranges checked above; the host buffer is kept alive and unwritten from the
         // host side until `pending` completes.
         unsafe {
@@ -434,6 +433,7 @@ impl CudaCopy {
         host: &mut PinnedBuffer,
     ) -> Result<(), CopyError> {
         map.validate(tensors.iter().map(|t| t.bytes), blocks, host.len, false)?;
+        self.ctx.bind_to_thread()?;
         for (tensor_off, staging_off, len, tensor) in runs(map, blocks) {
             // SAFETY: validate() proved both ranges lie inside their buffers.
             unsafe {
@@ -459,6 +459,7 @@ impl CudaCopy {
         host: &mut PinnedBuffer,
     ) -> Result<(), CopyError> {
         map.validate(tensors.iter().map(|t| t.bytes), blocks, host.len, true)?;
+        self.ctx.bind_to_thread()?;
         for (tensor_off, staging_off, len, tensor) in runs(map, blocks) {
             // SAFETY: validate() proved both ranges lie inside their buffers.
             unsafe {
@@ -475,6 +476,69 @@ impl CudaCopy {
         Ok(())
     }
 
+    /// Validates a request and uploads its kernel arguments once, so it can be launched
+    /// repeatedly with nothing but the launch on the host path (what the benchmark
+    /// times). `scatter` applies the scatter checks (no duplicate ids).
+    pub fn prepare<'a>(
+        &self,
+        map: &ChunkMap,
+        tensors: &[DeviceTensor<'a>],
+        blocks: &[BlockId],
+        staging_bytes: usize,
+        scatter: bool,
+    ) -> Result<PreparedCopy<'a>, CopyError> {
+        map.validate(
+            tensors.iter().map(|t| t.bytes),
+            blocks,
+            staging_bytes,
+            scatter,
+        )?;
+        let ptrs: Vec<u64> = tensors.iter().map(|t| t.ptr).collect();
+        let params = KernelParams::new(map, &ptrs, blocks.len())?;
+        let (d_base, d_blocks) = if blocks.is_empty() {
+            (None, None)
+        } else {
+            (
+                Some(self.stream.clone_htod(&params.layer_base)?),
+                Some(self.stream.clone_htod(blocks)?),
+            )
+        };
+        Ok(PreparedCopy {
+            params,
+            d_base,
+            d_blocks,
+            staging_bytes: map.staging_bytes(blocks.len())?,
+            scatter,
+            _tensors: PhantomData,
+        })
+    }
+
+    /// Launches a prepared gather (cache → `staging`).
+    pub fn gather_prepared(
+        &self,
+        p: &PreparedCopy<'_>,
+        staging: &mut DeviceTensor<'_>,
+    ) -> Result<(), CopyError> {
+        if p.scatter {
+            return Err(CopyError::InvalidShape(
+                "request was prepared for a scatter",
+            ));
+        }
+        self.launch_prepared(&self.gather_fn, p, staging.ptr, staging.bytes)
+    }
+
+    /// Launches a prepared scatter (`staging` → cache).
+    pub fn scatter_prepared(
+        &self,
+        p: &PreparedCopy<'_>,
+        staging: &DeviceTensor<'_>,
+    ) -> Result<(), CopyError> {
+        if !p.scatter {
+            return Err(CopyError::InvalidShape("request was prepared for a gather"));
+        }
+        self.launch_prepared(&self.scatter_fn, p, staging.ptr, staging.bytes)
+    }
+
     /// Launches `func` over a validated request; `staging` is any device-addressable pointer.
     fn launch(
         &self,
@@ -488,15 +552,41 @@ impl CudaCopy {
             return Ok(());
         }
         let ptrs: Vec<u64> = tensors.iter().map(|t| t.ptr).collect();
-        let p = KernelParams::new(map, &ptrs, blocks.len())?;
+        let params = KernelParams::new(map, &ptrs, blocks.len())?;
+        let p = PreparedCopy {
+            d_base: Some(self.stream.clone_htod(&params.layer_base)?),
+            d_blocks: Some(self.stream.clone_htod(blocks)?),
+            staging_bytes: 0,
+            params,
+            scatter: false,
+            _tensors: PhantomData,
+        };
+        self.launch_prepared(func, &p, staging, usize::MAX)
+    }
+
+    fn launch_prepared(
+        &self,
+        func: &CudaFunction,
+        prepared: &PreparedCopy<'_>,
+        staging: CUdeviceptr,
+        staging_len: usize,
+    ) -> Result<(), CopyError> {
+        let (Some(d_base), Some(d_blocks)) = (&prepared.d_base, &prepared.d_blocks) else {
+            return Ok(());
+        };
+        if staging_len < prepared.staging_bytes {
+            return Err(CopyError::StagingTooSmall {
+                need: prepared.staging_bytes,
+                have: staging_len,
+            });
+        }
+        let p = &prepared.params;
         let grid = p.items().min(u64::from(self.config.max_ctas)) as u32;
-        let d_base = self.stream.clone_htod(&p.layer_base)?;
-        let d_blocks = self.stream.clone_htod(blocks)?;
         let (num_entries, num_layers, planes) = (p.num_entries, p.num_layers, p.planes);
         let (chunk, plane_stride, block_stride) = (p.chunk_bytes, p.plane_stride, p.block_stride);
         let mut args = self.stream.launch_builder(func);
-        args.arg(&d_base)
-            .arg(&d_blocks)
+        args.arg(d_base)
+            .arg(d_blocks)
             .arg(&staging)
             .arg(&num_entries)
             .arg(&num_layers)
@@ -510,11 +600,25 @@ impl CudaCopy {
             shared_mem_bytes: 0,
         };
         // SAFETY: the argument list matches the kernel signature in kernels/kv_copy.cu
-        // (u64*, u32*, u8*, u32, u32, u32, u64, u64, u64); the caller validated every
-        // block id and that every tensor and the staging range are large enough.
+        // (u64*, u32*, u8*, u32, u32, u32, u64, u64, u64); the request was validated
+        // (every block id, every tensor and the staging range large enough).
         unsafe { args.launch(cfg) }?;
         Ok(())
     }
+}
+
+/// A validated copy request with its kernel arguments already in device memory
+/// ([`CudaCopy::prepare`]); launch it with [`CudaCopy::gather_prepared`] or
+/// [`CudaCopy::scatter_prepared`] as often as needed. The tensors it was prepared for
+/// must outlive every launch.
+#[derive(Debug)]
+pub struct PreparedCopy<'a> {
+    params: KernelParams,
+    d_base: Option<CudaSlice<u64>>,
+    d_blocks: Option<CudaSlice<u32>>,
+    staging_bytes: usize,
+    scatter: bool,
+    _tensors: PhantomData<&'a ()>,
 }
 
 /// Staging is a [`DeviceTensor`] too, so a serving engine's own buffer (a torch tensor)

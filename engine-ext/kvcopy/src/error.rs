@@ -1,5 +1,8 @@
 //! Typed errors of the copy engine: what a caller did wrong, or what CUDA refused.
 
+use cudarc::driver::sys::cudaError_enum as CuResult;
+use tether_engine::Fault;
+
 /// Why a copy was refused or failed. Validation errors are raised before any byte moves.
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {
@@ -34,4 +37,82 @@ pub enum CopyError {
     /// NVRTC is missing or a kernel did not compile.
     #[error("kernel compilation failed: {0}")]
     Compile(String),
+}
+
+impl CopyError {
+    /// Who failed ([`Fault`]): validation errors are the caller's; an exhausted device
+    /// memory or a not-yet-ready resource is transient; every other CUDA or NVRTC failure
+    /// is the device's.
+    pub fn fault(&self) -> Fault {
+        match self {
+            CopyError::InvalidShape(_)
+            | CopyError::BlockOutOfRange { .. }
+            | CopyError::DuplicateBlock { .. }
+            | CopyError::StagingTooSmall { .. }
+            | CopyError::TensorCount { .. }
+            | CopyError::TensorTooSmall { .. } => Fault::Caller,
+            CopyError::Driver(e) => match e.0 {
+                CuResult::CUDA_ERROR_OUT_OF_MEMORY | CuResult::CUDA_ERROR_NOT_READY => {
+                    Fault::Transient
+                }
+                CuResult::CUDA_ERROR_INVALID_VALUE => Fault::Caller,
+                _ => Fault::Device,
+            },
+            CopyError::CudaUnavailable(_) | CopyError::Compile(_) => Fault::Device,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::DriverError;
+
+    #[test]
+    fn every_error_names_who_failed() {
+        assert_eq!(CopyError::InvalidShape("x").fault(), Fault::Caller);
+        assert_eq!(
+            CopyError::BlockOutOfRange {
+                block: 9,
+                num_blocks: 4
+            }
+            .fault(),
+            Fault::Caller
+        );
+        assert_eq!(
+            CopyError::DuplicateBlock { block: 1 }.fault(),
+            Fault::Caller
+        );
+        assert_eq!(
+            CopyError::StagingTooSmall { need: 2, have: 1 }.fault(),
+            Fault::Caller
+        );
+        assert_eq!(
+            CopyError::TensorCount {
+                expected: 2,
+                got: 1
+            }
+            .fault(),
+            Fault::Caller
+        );
+        assert_eq!(
+            CopyError::TensorTooSmall {
+                index: 0,
+                need: 2,
+                have: 1
+            }
+            .fault(),
+            Fault::Caller
+        );
+        assert_eq!(
+            CopyError::CudaUnavailable("none".into()).fault(),
+            Fault::Device
+        );
+        assert_eq!(CopyError::Compile("log".into()).fault(), Fault::Device);
+        let driver = |r| CopyError::Driver(DriverError(r)).fault();
+        assert_eq!(driver(CuResult::CUDA_ERROR_OUT_OF_MEMORY), Fault::Transient);
+        assert_eq!(driver(CuResult::CUDA_ERROR_INVALID_VALUE), Fault::Caller);
+        assert_eq!(driver(CuResult::CUDA_ERROR_ILLEGAL_ADDRESS), Fault::Device);
+        assert_eq!(driver(CuResult::CUDA_ERROR_INVALID_CONTEXT), Fault::Device);
+    }
 }

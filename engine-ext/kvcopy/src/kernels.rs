@@ -26,11 +26,17 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[KernelSource {
     entry_points: &KERNEL_ENTRY_POINTS,
 }];
 
+/// True when an NVRTC library can be loaded (NVRTC calls panic inside `cudarc` without it).
+pub(crate) fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the NVRTC library; calls no NVRTC function.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
 /// Compiles one source to PTX for `arch` (a virtual architecture such as `compute_90`).
 ///
 /// Fails with [`CopyError::Compile`] (never panics) when no NVRTC library can be loaded.
 pub fn compile_kernels_ptx(kernel: &KernelSource, arch: &str) -> Result<String, CopyError> {
-    if !crate::cuda::nvrtc_present() {
+    if !nvrtc_present() {
         return Err(CopyError::Compile(
             "no NVRTC library found (libnvrtc.so.12 on LD_LIBRARY_PATH; `make nvrtc` installs one)"
                 .into(),

@@ -29,8 +29,10 @@ impl Dtype {
 /// How a paged KV cache is laid out in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvLayout {
-    /// vLLM FlashAttention: one tensor per layer,
+    /// vLLM's *pre-0.33* FlashAttention layout: one tensor per layer,
     /// `[2, num_blocks, block_size, num_kv_heads, head_dim]` (K plane, then V plane).
+    /// vLLM 0.33 caches are [`KvLayout::Paged`]; this layout on a 0.33 cache saves the
+    /// wrong bytes.
     Flash {
         num_kv_heads: usize,
         head_dim: usize,
@@ -45,6 +47,11 @@ pub enum KvLayout {
     /// `[num_blocks, block_size, latent_dim]`, one latent vector per token
     /// (576 for DeepSeek-V3: 512 kv_lora + 64 rope).
     Mla { latent_dim: usize },
+    /// vLLM 0.33 (and later): one strided view per layer, logical
+    /// `[num_blocks, num_kv_heads, block_size, 2 * head_size]` (K then V on the last
+    /// axis), physical order given by the view's strides (`KVCacheLayout`: NHD by default).
+    /// A block's page of one layer is one or more dense runs; see [`PagedView`].
+    Paged(PagedView),
     /// Cross-layer contiguous: one tensor for all layers,
     /// `[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]`, so a block is
     /// one contiguous run of bytes — what makes offload a single large transfer.
@@ -52,6 +59,81 @@ pub enum KvLayout {
         num_kv_heads: usize,
         head_dim: usize,
     },
+}
+
+/// Physical order of a dense vLLM page (`KVCacheLayout` of vLLM 0.33).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PageOrder {
+    /// Token-major `[block_size, num_kv_heads, 2 * head_size]` (vLLM `LBNHC`, alias `NHD`, the default).
+    Nhd,
+    /// Head-major `[num_kv_heads, block_size, 2 * head_size]` (vLLM `LBHNC`, alias `HND`).
+    Hnd,
+}
+
+/// One layer's view of a vLLM 0.33 cache: logical `[num_blocks, num_kv_heads,
+/// block_size, 2 * head_size]` with the given element strides (the last axis has
+/// stride 1). Views of all layers share these strides; each layer is its own tensor
+/// (its base address), so views into one shared allocation (vLLM's cross-layer
+/// `BLNHC` / `BHLNC`, where `block_stride` spans every layer's page) work too.
+///
+/// A (block, layer) page is copied as dense runs: the whole page when heads and tokens
+/// are dense in either order (NHD, HND), else one run per head (`LHBNC`, `BHLNC`).
+/// Staging holds each page in that physical order (heads outer when they are runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PagedView {
+    /// KV heads (after tensor-parallel split).
+    pub num_kv_heads: usize,
+    /// Head size; the last axis holds `2 * head_size` elements (K then V).
+    pub head_size: usize,
+    /// Elements between consecutive blocks.
+    pub block_stride: usize,
+    /// Elements between consecutive heads.
+    pub head_stride: usize,
+    /// Elements between consecutive tokens.
+    pub token_stride: usize,
+}
+
+impl PagedView {
+    /// The dense layer-compact view vLLM allocates by default (`LBNHC` or `LBHNC`).
+    pub fn dense(
+        num_kv_heads: usize,
+        head_size: usize,
+        block_size: usize,
+        order: PageOrder,
+    ) -> Self {
+        let c = 2 * head_size;
+        let (head_stride, token_stride) = match order {
+            PageOrder::Nhd => (c, num_kv_heads * c),
+            PageOrder::Hnd => (block_size * c, c),
+        };
+        Self {
+            num_kv_heads,
+            head_size,
+            block_stride: num_kv_heads * block_size * c,
+            head_stride,
+            token_stride,
+        }
+    }
+
+    /// Elements of one token of one head (K and V).
+    pub fn content(&self) -> usize {
+        2 * self.head_size
+    }
+
+    /// (planes, elements per run, plane stride in elements): how a page splits into
+    /// dense runs, or `None` when the strides are not one of the supported shapes.
+    fn runs(&self, block_size: usize) -> Option<(usize, usize, usize)> {
+        let (h, n, c) = (self.num_kv_heads, block_size, self.content());
+        // A size-1 axis has no meaningful stride.
+        let tokens_dense = n == 1 || self.token_stride == c;
+        let nhd = (h == 1 || self.head_stride == c) && (n == 1 || self.token_stride == h * c);
+        let hnd = tokens_dense && (h == 1 || self.head_stride == n * c);
+        if nhd || hnd {
+            return Some((1, h * n * c, 0));
+        }
+        // Tokens of a head dense, heads elsewhere (head-major outside the block).
+        tokens_dense.then_some((h, n * c, self.head_stride))
+    }
 }
 
 /// Shape of a paged KV cache; validated by [`KvCacheSpec::try_new`].
@@ -94,9 +176,33 @@ impl KvCacheSpec {
                 head_dim,
             } => (num_kv_heads, head_dim),
             KvLayout::Mla { latent_dim } => (latent_dim, 1),
+            KvLayout::Paged(v) => (v.num_kv_heads, v.head_size),
         };
         if [a, b, num_layers, num_blocks, block_size].contains(&0) {
             return Err(CopyError::InvalidShape("every dimension must be non-zero"));
+        }
+        if let KvLayout::Paged(v) = layout {
+            if v.runs(block_size).is_none() {
+                return Err(CopyError::InvalidShape(
+                    "paged view: tokens of a head must be dense (token stride = 2 * head_size) or the page dense in NHD/HND order",
+                ));
+            }
+            let page = v.num_kv_heads as u128 * block_size as u128 * v.content() as u128;
+            let (planes, run, plane_stride) = v.runs(block_size).unwrap_or((1, 0, 0));
+            // Runs of one page must not overlap, and pages of two blocks must not either.
+            if planes > 1 && (plane_stride as u128) < run as u128 {
+                return Err(CopyError::InvalidShape("paged view: head runs overlap"));
+            }
+            if num_blocks > 1 && planes == 1 && (v.block_stride as u128) < page {
+                return Err(CopyError::InvalidShape(
+                    "paged view: block stride smaller than a page",
+                ));
+            }
+            if num_blocks > 1 && planes > 1 && v.block_stride < run {
+                return Err(CopyError::InvalidShape(
+                    "paged view: block stride smaller than a run",
+                ));
+            }
         }
         // Build the map once to prove every size (incl. whole tensors) fits.
         ChunkMap::try_from_parts(spec.parts())?;
@@ -148,6 +254,7 @@ impl KvCacheSpec {
                 head_dim,
             } => (num_kv_heads as u128 * head_dim as u128, 2),
             KvLayout::Mla { latent_dim } => (latent_dim as u128, 1),
+            KvLayout::Paged(_) => (0, 1),
         };
         let chunk = per_token * self.block_size as u128 * self.dtype.size() as u128;
         let (layers, blocks) = (self.num_layers as u128, self.num_blocks as u128);
@@ -172,6 +279,20 @@ impl KvCacheSpec {
                 plane_stride: chunk,
                 block_stride: planes * chunk,
             },
+            KvLayout::Paged(v) => {
+                let es = self.dtype.size() as u128;
+                let (planes, run, plane_stride) = v.runs(self.block_size).unwrap_or((1, 0, 0));
+                MapParts {
+                    per_layer_tensors: true,
+                    num_layers: layers,
+                    num_blocks: blocks,
+                    planes: planes as u128,
+                    chunk: run as u128 * es,
+                    layer_stride: 0,
+                    plane_stride: plane_stride as u128 * es,
+                    block_stride: v.block_stride as u128 * es,
+                }
+            }
             KvLayout::CrossLayer { .. } => MapParts {
                 per_layer_tensors: false,
                 num_layers: layers,
@@ -271,8 +392,17 @@ impl ChunkMap {
         let fit = |v: u128| {
             usize::try_from(v).map_err(|_| CopyError::InvalidShape("sizes overflow usize"))
         };
-        let layers_in_tensor = if p.per_layer_tensors { 1 } else { p.num_layers };
-        let tensor_bytes = layers_in_tensor * p.planes * p.num_blocks * p.chunk;
+        // The furthest byte a chunk of the tensor reaches (dense layouts: their size;
+        // strided views: their extent inside a shared allocation).
+        let last_layer = if p.per_layer_tensors {
+            0
+        } else {
+            p.num_layers - 1
+        };
+        let tensor_bytes = last_layer * p.layer_stride
+            + (p.planes - 1) * p.plane_stride
+            + (p.num_blocks - 1) * p.block_stride
+            + p.chunk;
         // Offsets are also computed in i64 on the GPU and staging sizes may cover every block.
         let staging_all = p.num_blocks * p.num_layers * p.planes * p.chunk;
         if tensor_bytes.max(staging_all) > i64::MAX as u128 {
@@ -308,7 +438,7 @@ impl ChunkMap {
         }
     }
 
-    /// Bytes each tensor must hold at least.
+    /// Bytes each tensor must hold at least (from its base address to its last chunk's end).
     pub fn tensor_bytes(&self) -> usize {
         self.tensor_bytes
     }

@@ -16,18 +16,21 @@ mod cpu;
 )]
 mod cuda;
 mod error;
+#[allow(unsafe_code, reason = "FFI edge: a dlopen probe of the NVRTC library")]
 mod kernels;
 mod layout;
 pub mod naive;
 
 pub use cpu::CpuCopy;
 pub use cuda::{
-    CudaCopy, CudaCopyConfig, DeviceBuffer, DeviceTensor, PTX_ENV, PinnedBuffer,
+    CudaCopy, CudaCopyConfig, DeviceBuffer, DeviceTensor, PTX_ENV, PinnedBuffer, PreparedCopy,
     cuda_driver_present,
 };
 pub use error::CopyError;
 pub use kernels::{KERNEL_ENTRY_POINTS, KERNEL_SOURCES, KernelSource, compile_kernels_ptx};
-pub use layout::{BlockId, ChunkMap, Dtype, KvCacheSpec, KvLayout, StateSpec};
+pub use layout::{
+    BlockId, ChunkMap, Dtype, KvCacheSpec, KvLayout, PageOrder, PagedView, StateSpec,
+};
 
 /// Moves whole blocks between a paged cache and a contiguous staging buffer.
 ///

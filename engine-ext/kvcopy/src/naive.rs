@@ -1,7 +1,7 @@
 //! Naive per-element gather/scatter written from the tensor shapes alone: the independent
 //! reference that tests check both backends against and benchmarks compare to.
 
-use crate::{BlockId, KvCacheSpec, KvLayout, StateSpec};
+use crate::{BlockId, KvCacheSpec, KvLayout, PagedView, StateSpec};
 
 /// Element offset of (block, layer, plane, token, element-in-token) in its tensor, and
 /// which tensor, straight from the documented nd shapes.
@@ -33,6 +33,7 @@ fn source_index(
         }
         // [num_blocks, block_size, latent_dim]
         KvLayout::Mla { latent_dim } => (layer, (block * bs + token) * latent_dim + e),
+        KvLayout::Paged(_) => unreachable!("paged views are walked by for_each_paged_element"),
         // [num_blocks, num_layers, 2, block_size, heads, head_dim]
         KvLayout::CrossLayer {
             num_kv_heads,
@@ -62,6 +63,41 @@ fn per_token(spec: &KvCacheSpec) -> (usize, usize) {
             head_dim,
         } => (num_kv_heads * head_dim, 2),
         KvLayout::Mla { latent_dim } => (latent_dim, 1),
+        KvLayout::Paged(v) => (v.num_kv_heads * v.content(), 1),
+    }
+}
+
+/// A vLLM 0.33 view, element by element: source offset `block·block_stride +
+/// head·head_stride + token·token_stride + c` (what `torch.as_strided` means), staging
+/// = each page in physical order (of head and token, the one with the larger stride
+/// outer), entries then layers outer.
+fn for_each_paged_element(
+    spec: &KvCacheSpec,
+    v: &PagedView,
+    blocks: &[BlockId],
+    mut f: impl FnMut(usize, usize, usize, usize),
+) {
+    let es = spec.dtype().size();
+    let (h, n, c) = (v.num_kv_heads, spec.block_size(), v.content());
+    let heads_outer = n == 1 || (h > 1 && v.head_stride > v.token_stride);
+    let mut dst = 0;
+    for &block in blocks {
+        for layer in 0..spec.num_layers() {
+            let (outer, inner) = if heads_outer { (h, n) } else { (n, h) };
+            for o in 0..outer {
+                for i in 0..inner {
+                    let (head, token) = if heads_outer { (o, i) } else { (i, o) };
+                    for e in 0..c {
+                        let src = block as usize * v.block_stride
+                            + head * v.head_stride
+                            + token * v.token_stride
+                            + e;
+                        f(layer, src * es, dst * es, es);
+                        dst += 1;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -72,6 +108,9 @@ fn for_each_element(
     blocks: &[BlockId],
     mut f: impl FnMut(usize, usize, usize, usize),
 ) {
+    if let KvLayout::Paged(v) = spec.layout() {
+        return for_each_paged_element(spec, &v, blocks, f);
+    }
     let (pt, planes) = per_token(spec);
     let es = spec.dtype().size();
     let (nl, bs) = (spec.num_layers(), spec.block_size());

@@ -116,7 +116,7 @@ proptest! {
             KvLayout::Flash { num_kv_heads, head_dim }
             | KvLayout::FlashInfer { num_kv_heads, head_dim }
             | KvLayout::CrossLayer { num_kv_heads, head_dim } => (num_kv_heads, head_dim),
-            KvLayout::Mla { .. } => return Ok(()),
+            KvLayout::Mla { .. } | KvLayout::Paged(_) => return Ok(()),
         };
         let mk = |layout| KvCacheSpec::try_new(layout, spec.dtype(), spec.num_layers(), spec.num_blocks(), spec.block_size()).unwrap();
         let flash = mk(KvLayout::Flash { num_kv_heads: heads, head_dim });

@@ -2,7 +2,7 @@
 //! data, for every layout, element type and transfer path.
 //!
 //! Ignored by default (CI has no GPU). Run on a machine with a CUDA driver:
-//! `cargo test -p tether-engine --test gpu_copy -- --ignored --test-threads=1`
+//! `cargo test -p tether-kvcopy --test gpu_copy -- --ignored --test-threads=1`
 //! Without a driver or device each test prints why and passes, unless
 //! `TETHER_REQUIRE_GPU=1` (set by scripts/gpu-check.sh), which turns a skip into a failure.
 
@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use tether_kvcopy::naive::fill_random;
 use tether_kvcopy::{
     BlockId, ChunkMap, CopyError, CpuCopy, CudaCopy, CudaCopyConfig, DeviceBuffer, DeviceTensor,
-    Dtype, KvCacheSpec, KvCopy, KvLayout, StateSpec, cuda_driver_present,
+    Dtype, KvCacheSpec, KvCopy, KvLayout, PageOrder, PagedView, StateSpec, cuda_driver_present,
 };
 
 /// The backend, or `None` after printing why the test is skipped.
@@ -67,6 +67,19 @@ fn cases() -> Vec<Case> {
                 num_kv_heads: heads,
                 head_dim,
             },
+            // vLLM 0.33's per-layer views (head_dim plays head_size: 2 * head_dim per token).
+            KvLayout::Paged(PagedView::dense(
+                heads,
+                head_dim,
+                block_size,
+                PageOrder::Nhd,
+            )),
+            KvLayout::Paged(PagedView::dense(
+                heads,
+                head_dim,
+                block_size,
+                PageOrder::Hnd,
+            )),
         ] {
             for dtype in [Dtype::F16, Dtype::Bf16, Dtype::Fp8] {
                 let spec = KvCacheSpec::try_new(layout, dtype, layers, num_blocks, block_size)
