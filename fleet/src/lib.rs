@@ -10,9 +10,14 @@
 //!   and content hash;
 //! - [`import`]: Mooncake, Qwen-Bailian and AgentX/WEKA importers, with the
 //!   conversation derivation for session-less traces;
+//! - [`generate`]: seeded agent-trace generator;
+//! - [`synth`]: the HTTP request of a trace request, in every API, with
+//!   harness identities;
 //! - [`sim`]: trace replay through the engine's retention policy.
 
 pub mod cli;
+pub mod generate;
 pub mod import;
 pub mod sim;
+pub mod synth;
 pub mod trace;

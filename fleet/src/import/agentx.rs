@@ -560,4 +560,4 @@ impl std::fmt::Display for AgentxReport {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -250,4 +250,4 @@ impl std::fmt::Display for BailianReport {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

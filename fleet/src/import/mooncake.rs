@@ -187,4 +187,4 @@ pub fn derivation_of(trace: &Trace) -> Option<DerivationReport> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

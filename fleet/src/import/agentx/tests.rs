@@ -5,7 +5,7 @@ use crate::trace::{RequestId, SessionId};
 /// agent reads, calls a tool, hands a task to an Explore subagent (which
 /// itself spawns one), gets the result back and ends its turn; an
 /// `async_launched` subagent left no requests.
-const RUN: &str = r#"{
+pub(crate) const RUN: &str = r#"{
   "id": "run-1", "models": ["claude"], "block_size": 64, "hash_id_scope": "local",
   "tool_tokens": 900, "system_tokens": 2600,
   "requests": [

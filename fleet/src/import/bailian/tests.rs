@@ -11,7 +11,7 @@ fn import_text(text: &str) -> Result<Trace, TraceError> {
 /// last input block re-hashed in the next turn (padding replaced by the first
 /// output token), `<think>` tokens stripped before the next turn, and a turn
 /// whose parent fell before the trace window.
-const CHATS: &str = r#"{"chat_id": 10, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40, "output_length": 20, "type": "text", "turn": 1, "hash_ids": [1, 2, 3]}
+pub(crate) const CHATS: &str = r#"{"chat_id": 10, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40, "output_length": 20, "type": "text", "turn": 1, "hash_ids": [1, 2, 3]}
 {"chat_id": 11, "parent_chat_id": -1, "timestamp": 1.25, "input_length": 30, "output_length": 5, "type": "search", "turn": 1, "hash_ids": [1, 9]}
 {"chat_id": 12, "parent_chat_id": 10, "timestamp": 61.114, "input_length": 70, "output_length": 9, "type": "text", "turn": 2, "hash_ids": [1, 2, 4, 5, 6]}
 {"chat_id": 13, "parent_chat_id": 12, "timestamp": 70.0, "input_length": 90, "output_length": 3, "type": "text", "turn": 3, "hash_ids": [1, 2, 4, 5, 6, 7]}

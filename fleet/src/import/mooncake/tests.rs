@@ -9,9 +9,9 @@ fn import_text(text: &str, opts: &ImportOptions) -> Result<Trace, TraceError> {
 
 /// Five chats behind one system prompt (block 0), written as the Mooncake
 /// conversation trace is: ids numbered in order of first appearance, the last
-/// partial block re-hashed every turn.
-const CHATS: &str = r#"{"timestamp": 0, "input_length": 1400, "output_length": 50, "hash_ids": [0, 1, 2]}
-{"timestamp": 0, "input_length": 1300, "output_length": 40, "hash_ids": [0, 3, 4]}
+/// partial block re-hashed every turn, a shorter regenerated last turn.
+pub(crate) const CHATS: &str = r#"{"timestamp": 0, "input_length": 1400, "output_length": 50, "hash_ids": [0, 1, 2]}
+{"timestamp": 0, "input_length": 1400, "output_length": 40, "hash_ids": [0, 3, 4]}
 {"timestamp": 1000, "input_length": 1350, "output_length": 60, "hash_ids": [0, 5, 6]}
 {"timestamp": 2000, "input_length": 1200, "output_length": 60, "hash_ids": [0, 7, 8]}
 
@@ -19,6 +19,7 @@ const CHATS: &str = r#"{"timestamp": 0, "input_length": 1400, "output_length": 5
 {"timestamp": 9000, "input_length": 1250, "output_length": 70, "hash_ids": [0, 10, 11]}
 {"timestamp": 95000, "input_length": 2100, "output_length": 80, "hash_ids": [0, 3, 12, 13, 14]}
 {"timestamp": 96000, "input_length": 1900, "output_length": 80, "hash_ids": [0, 1, 15, 16]}
+{"timestamp": 97000, "input_length": 1700, "output_length": 20, "hash_ids": [0, 1, 15, 17]}
 "#;
 
 #[test]
@@ -26,7 +27,7 @@ fn chats_behind_one_system_prompt_become_separate_sessions() {
     let t = import_text(CHATS, &ImportOptions::default()).unwrap();
     assert_eq!(t.block_size(), 512);
     assert_eq!(t.sessions().len(), 5);
-    assert_eq!(t.requests().len(), 8);
+    assert_eq!(t.requests().len(), 9);
     let by_session: Vec<(String, Vec<u64>, Vec<TurnKind>)> = t
         .sessions()
         .iter()
@@ -40,11 +41,21 @@ fn chats_behind_one_system_prompt_become_separate_sessions() {
             )
         })
         .collect();
-    // Chat 0: 0 ms, a continuation 5 s later (tool), one 96 s later (user).
-    assert_eq!(by_session[0].1, vec![0, 5_000, 96_000], "{by_session:?}");
+    // Chat 0: 0 ms, a continuation 5 s later (tool), one 96 s later (user),
+    // its shorter regeneration 1 s after that (user).
+    assert_eq!(
+        by_session[0].1,
+        vec![0, 5_000, 96_000, 97_000],
+        "{by_session:?}"
+    );
     assert_eq!(
         by_session[0].2,
-        vec![TurnKind::First, TurnKind::Tool, TurnKind::User]
+        vec![
+            TurnKind::First,
+            TurnKind::Tool,
+            TurnKind::User,
+            TurnKind::User
+        ]
     );
     // Chat 1 returns after 95 s: a user turn.
     assert_eq!(by_session[1].2, vec![TurnKind::First, TurnKind::User]);
