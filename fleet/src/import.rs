@@ -7,6 +7,7 @@
 pub mod agentx;
 pub mod bailian;
 pub mod derive;
+mod fuzz;
 pub mod mooncake;
 
 use crate::trace::{Api, Trace, TraceError};

@@ -440,3 +440,47 @@ fn a_compaction_keeps_the_key_only_with_an_identity() {
     assert!(keys(Identity::None).values().any(|k| k.len() > 1));
     assert!(keys(Identity::ClaudeCode).values().all(|k| k.len() == 1));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// Random small traces — tiny prompts, odd block sizes, preambles that do
+    /// not fit — still synthesize to exactly `input_tokens` in every API.
+    #[test]
+    fn random_traces_synthesize_exactly(
+        seed in 0u64..1_000_000,
+        bs in proptest::sample::select(vec![1u32, 3, 16, 64, 512]),
+        system in 0u32..400,
+        tools in 0u32..400,
+        first in 1.0f64..200.0,
+        shared in proptest::bool::ANY,
+    ) {
+        let t = generate(&GenerateOptions {
+            seed,
+            sessions: 3,
+            block_size: bs,
+            shared_system_prompt: shared,
+            system_tokens: system,
+            tool_tokens: tools,
+            first_message_tokens: first,
+            user_message_tokens: 5.0,
+            task_tokens: 3.0,
+            tool_result_tokens: 30.0,
+            output_tokens: 20.0,
+            user_turns_mean: 2.0,
+            calls_per_turn_mean: 3.0,
+            subagent_share: 0.5,
+            subagent_calls_mean: 2.0,
+            subagent_system_tokens: system / 2,
+            subagent_tool_tokens: tools / 3,
+            max_context_tokens: 1_500,
+            summary_tokens: 100.0,
+            ..GenerateOptions::default()
+        }).unwrap();
+        for api in Api::ALL {
+            for s in all(&t, &opts(api, Identity::Metadata)) {
+                proptest::prop_assert_eq!(s.tokens.len(), t.request(s.req).input_tokens as usize, "{:?} {:?}", api, s.req);
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The `tether` binary as a user runs it: import, stats, synth, generate, and
+//! how it refuses bad input.
+
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tether(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(args)
+        .output()
+        .expect("run tether")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("tether-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Self(p)
+    }
+    fn path(&self, f: &str) -> String {
+        self.0.join(f).display().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn data(f: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(f)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn import_then_stats_then_synth() -> Result<()> {
+    let dir = TempDir::new("import");
+    let out = dir.path("t.jsonl");
+    let o = tether(&[
+        "trace",
+        "import",
+        "--format",
+        "mooncake",
+        "--input",
+        &data("mooncake_head400.jsonl"),
+        "--output",
+        &out,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("400 requests") && t.contains("derived") && t.contains("content hash xxh3-128:"),
+        "{t}"
+    );
+    let o = tether(&["trace", "stats", &out]);
+    let t = text(&o);
+    assert!(
+        o.status.success() && t.contains("requests     400") && t.contains("ideal hit"),
+        "{t}"
+    );
+    let o = tether(&["trace", "stats", &out, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    assert_eq!(v["requests"], 400);
+    assert!(
+        v["source"]["derivation"]["conversations"]
+            .as_u64()
+            .unwrap_or(0)
+            > 1
+    );
+    let o = tether(&[
+        "trace",
+        "synth",
+        &out,
+        "--limit",
+        "3",
+        "--identity",
+        "dynamo",
+        "--api",
+        "messages",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let lines: Vec<serde_json::Value> = String::from_utf8(o.stdout)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["path"], "/v1/messages");
+    assert!(lines[0]["headers"]["x-dynamo-session-id"].is_string());
+    assert!(lines[0]["body"]["messages"].is_array());
+    Ok(())
+}
+
+#[test]
+fn generate_is_reproducible() {
+    let dir = TempDir::new("gen");
+    let (a, b) = (dir.path("a.jsonl"), dir.path("b.jsonl"));
+    for out in [&a, &b] {
+        let o = tether(&[
+            "trace",
+            "generate",
+            "--seed",
+            "9",
+            "--sessions",
+            "3",
+            "--output",
+            out,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+}
+
+#[test]
+fn bad_input_is_refused_by_name() {
+    let dir = TempDir::new("bad");
+    let o = tether(&[
+        "trace", "import", "--format", "sharegpt", "--input", "x", "--output", "y",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o)
+            .contains("unknown trace format `sharegpt` (known: tether, mooncake, bailian, agentx)"),
+        "{}",
+        text(&o)
+    );
+    // A Mooncake file read as a tether trace: pointed to the importer.
+    let o = tether(&["trace", "stats", &data("mooncake_head400.jsonl")]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--format mooncake"), "{}", text(&o));
+    // A malformed line names file and line.
+    let bad = dir.path("bad.jsonl");
+    std::fs::write(&bad, "{\"timestamp\":0,\"input_length\":5,\"output_length\":1,\"hash_ids\":[1]}\n{\"timestamp\":1,\n").unwrap();
+    let o = tether(&["trace", "stats", "--format", "mooncake", &bad]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains(&format!("{bad}:2: ")), "{}", text(&o));
+    let o = tether(&[
+        "trace",
+        "synth",
+        &data("mooncake_head400.jsonl"),
+        "--format",
+        "mooncake",
+        "--identity",
+        "cookie",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("unknown identity `cookie`"),
+        "{}",
+        text(&o)
+    );
+}
