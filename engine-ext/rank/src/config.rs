@@ -84,6 +84,9 @@ pub struct Args {
     /// Also write the bound address to this file.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+    /// Name sent in the `x-tether-rank` response header (default: the bound `ip:port`).
+    #[arg(long)]
+    pub rank_id: Option<String>,
 }
 
 /// A command line the rank cannot start with.
@@ -112,6 +115,11 @@ fn flag(flag: &'static str, why: impl Into<String>) -> ConfigError {
         flag,
         why: why.into(),
     }
+}
+
+/// Whether `s` cannot be sent as a header value as it is.
+fn hyper_header_unsafe(s: &str) -> bool {
+    !s.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// The validated configuration of a rank process.
@@ -219,6 +227,14 @@ impl RankConfig {
         if args.threads == 0 || args.threads > 256 {
             return Err(flag("threads", "must be between 1 and 256"));
         }
+        if let Some(id) = &args.rank_id
+            && (id.is_empty() || hyper_header_unsafe(id))
+        {
+            return Err(flag(
+                "rank-id",
+                "must be non-empty visible ASCII (it is sent as a header value)",
+            ));
+        }
         if args.max_body_bytes == 0 {
             return Err(flag("max-body-bytes", "must be positive"));
         }
@@ -294,6 +310,7 @@ impl RankConfig {
                 "host_restore_gbps": self.profile.host_restore_gbps,
                 "hash": self.profile_hash,
             },
+            "rank_id": a.rank_id,
             "version": env!("CARGO_PKG_VERSION"),
         })
     }

@@ -640,6 +640,7 @@ impl Engine {
         let at = step.end;
         self.clock = self.clock.max(at);
         self.metrics.steps += 1;
+        self.metrics.busy_ms += step.end - step.start;
         debug_assert!(step.start <= step.end);
         for &(i, c) in &step.chunks {
             let l = &mut self.running[i];

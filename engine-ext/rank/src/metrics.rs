@@ -106,6 +106,9 @@ pub struct EngineMetrics {
     pub restore_ms: f64,
     /// Engine steps run.
     pub steps: u64,
+    /// Simulated ms the engine spent running steps (its busy time: what a
+    /// replay prices as GPU time, since idle time would be shared or scaled away).
+    pub busy_ms: f64,
     /// TTFT (s).
     pub ttft: Histogram,
     /// Inter-token latency per token (s).
@@ -147,6 +150,7 @@ impl EngineMetrics {
             retained_blocks: 0,
             restore_ms: 0.0,
             steps: 0,
+            busy_ms: 0.0,
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             tpot: Histogram::new(ITL_BUCKETS),
@@ -571,6 +575,13 @@ pub fn render(out: &mut String, model_name: &str, ranks: &[RankView]) {
         "Engine steps simulated.",
         ranks,
         |r| r.metrics.steps as f64,
+    );
+    f.scalar(
+        "tether_rank_busy_seconds_total",
+        "counter",
+        "Simulated seconds the engine spent running steps (busy time).",
+        ranks,
+        |r| r.metrics.busy_ms / 1000.0,
     );
     f.scalar(
         "tether_rank_sim_seconds",

@@ -20,6 +20,9 @@ use serde_json::{Value, json};
 
 /// Response header names carrying simulated timing (milliseconds of simulated time).
 pub mod headers {
+    /// The rank process that served the request (`--rank-id`, by default its
+    /// bound `ip:port`): lets a client behind a gateway see where it landed.
+    pub const RANK: &str = "x-tether-rank";
     /// DP rank that served the request.
     pub const DP_RANK: &str = "x-tether-rank-dp";
     /// Simulated arrival time, ms since the rank started.

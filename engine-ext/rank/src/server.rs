@@ -58,6 +58,8 @@ pub struct Rank {
     nonce: u64,
     bad: [AtomicU64; BadReason::ALL.len()],
     config_json: Bytes,
+    /// `x-tether-rank` on every generation response (`--rank-id`).
+    id_header: Option<HeaderValue>,
 }
 
 impl std::fmt::Debug for Rank {
@@ -95,6 +97,11 @@ impl Rank {
             .map_or(0, |d| d.as_nanos() as u64)
             .rotate_left(32);
         let config_json = Bytes::from(serde_json::to_vec(&cfg.describe())?);
+        let id_header = cfg
+            .args
+            .rank_id
+            .as_deref()
+            .and_then(|id| HeaderValue::from_str(id).ok());
         Ok(Arc::new(Self {
             clock: SimClock::start(cfg.args.speedup),
             cfg,
@@ -104,7 +111,15 @@ impl Rank {
             nonce,
             bad: std::array::from_fn(|_| AtomicU64::new(0)),
             config_json,
+            id_header,
         }))
+    }
+
+    /// Names this rank on a response (`x-tether-rank`).
+    fn identify<B>(&self, r: &mut Response<B>) {
+        if let Some(v) = &self.id_header {
+            r.headers_mut().insert(rh::RANK, v.clone());
+        }
     }
 
     /// The configuration.
@@ -636,6 +651,7 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
                 reply::body(api, &meta, &outcome),
             );
             timing_headers(&mut r, dp, &outcome);
+            rank.identify(&mut r);
             r
         }
         Some(Event::First { at, admitted, .. }) if parsed.stream => {
@@ -661,6 +677,7 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
             put(h, rh::SIM_QUEUE_MS, fmt_ms(queue));
             put(h, rh::SIM_TTFT_MS, fmt_ms(at - arrival));
             put(h, rh::CACHED_TOKENS, cached.to_string());
+            rank.identify(&mut r);
             r
         }
         Some(Event::Failed { why, .. }) => {

@@ -10,7 +10,7 @@ use tether_rank::server::{Rank, serve};
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let cfg = RankConfig::from_args(args)?;
+    let mut cfg = RankConfig::from_args(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.args.threads)
         .enable_all()
@@ -21,6 +21,7 @@ fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("--listen {}: cannot bind", cfg.args.listen))?;
         let addr = listener.local_addr()?;
+        cfg.args.rank_id.get_or_insert_with(|| addr.to_string());
         if let Some(f) = &cfg.args.ready_file {
             std::fs::write(f, addr.to_string())
                 .with_context(|| format!("--ready-file {}: cannot write", f.display()))?;

@@ -61,6 +61,11 @@ fn the_binary_serves_over_loopback() {
     c.read_to_string(&mut reply).unwrap();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     assert!(reply.contains("\"cached_tokens\":0"), "{reply}");
+    // Without --rank-id the rank names itself by its bound address.
+    assert!(
+        reply.contains(&format!("x-tether-rank: {addr}\r\n")),
+        "{reply}"
+    );
 }
 
 fn refusal(args: &[&str]) -> String {

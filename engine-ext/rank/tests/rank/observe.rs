@@ -9,6 +9,7 @@ async fn metrics_use_vllm_names_and_match_usage() {
     let sys = words("obs", 500);
     let mut cached = 0;
     let mut prompt = 0;
+    let mut e2e_ms = 0.0;
     for t in 0..4 {
         let turns: Vec<String> = (0..=t).map(|i| format!("turn {i}")).collect();
         let turns: Vec<&str> = turns.iter().map(String::as_str).collect();
@@ -20,8 +21,15 @@ async fn metrics_use_vllm_names_and_match_usage() {
             .as_u64()
             .unwrap();
         prompt += v["usage"]["prompt_tokens"].as_u64().unwrap();
+        e2e_ms += v["usage"]["tether"]["sim_e2e_ms"].as_f64().unwrap();
     }
     let m = s.metrics().await;
+    // One request at a time: the engine is busy exactly while each runs.
+    let busy = total(&m, "tether_rank_busy_seconds_total", &[]) * 1000.0;
+    assert!(
+        (busy - e2e_ms).abs() <= 0.01 * e2e_ms + 0.01,
+        "busy {busy} ms vs the requests' {e2e_ms} ms"
+    );
     for name in [
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
