@@ -3,11 +3,13 @@
 # also the unit tests of the harness and the demo/bench binaries, and the
 # crate's other test files). Envoy and both filter modules are built/installed
 # first, so nothing is ever skipped; TETHER_ENVOY / TETHER_FILTER_WASM /
-# TETHER_FLOOR_WASM are exported by the Makefile.
+# TETHER_FLOOR_WASM are exported by the Makefile. The replay tests run real
+# tether-rank processes, built first.
 .PHONY: test-e2e demo
 
 test-e2e: wasm envoy-install
-	$(CARGO) test --quiet -p tether-e2e
+	$(CARGO) build --quiet -p tether-rank --bin tether-rank
+	$(CARGO) test --quiet -p tether-e2e -p tether-envoy
 
 # A scripted planner / tool caller / verifier run through Envoy, turn by turn;
 # exits non-zero if any agent moved between ranks.

@@ -2,4 +2,7 @@
 //! clap `Args` and a `run`); `src/bin/tether.rs` only dispatches. Every flag
 //! is documented in `docs/cli.md`.
 
+pub mod compare;
+pub mod gateway;
+pub mod replay;
 pub mod trace;

@@ -13,11 +13,15 @@
 //! - [`generate`]: seeded agent-trace generator;
 //! - [`synth`]: the HTTP request of a trace request, in every API, with
 //!   harness identities;
+//! - [`replay`]: `tether replay`, a trace sent to a serving stack and measured;
+//! - [`report`]: replay reports (JSON, markdown, SVG plots) and `compare`;
 //! - [`sim`]: trace replay through the engine's retention policy.
 
 pub mod cli;
 pub mod generate;
 pub mod import;
+pub mod replay;
+pub mod report;
 pub mod sim;
 pub mod synth;
 pub mod trace;

@@ -1,5 +1,8 @@
-//! The `tether` binary as a user runs it: import, stats, synth, generate, and
-//! how it refuses bad input.
+//! The `tether` binary as a user runs it: import, stats, synth, generate,
+//! replay and compare, and how it refuses bad input.
+
+#[path = "cli/replay.rs"]
+mod replay;
 
 use anyhow::Result;
 use std::path::{Path, PathBuf};

@@ -20,10 +20,19 @@ struct Cli {
 enum Command {
     /// Agent traces: import, generate, stats, synth.
     Trace(cli::trace::Args),
+    /// Replay a trace against a serving stack and write its report.
+    Replay(cli::replay::Args),
+    /// Render a ready Envoy bootstrap for your ranks (and optionally run Envoy).
+    Gateway(cli::gateway::Args),
+    /// Compare replay reports of one trace: configuration changes next to metric changes.
+    Compare(cli::compare::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Command::Trace(a) => cli::trace::run(a),
+        Command::Replay(a) => cli::replay::run(a),
+        Command::Compare(a) => cli::compare::run(a),
+        Command::Gateway(a) => cli::gateway::run(a),
     }
 }

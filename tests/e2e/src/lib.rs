@@ -29,6 +29,9 @@
 //!   [`EchoReply`] `{"rank","port","method","path","headers" (lower-case),
 //!   "body_bytes","body" (≤ 64 KiB UTF-8, else null)}`; request header
 //!   [`echo::DELAY_HEADER`] holds the answer (to keep requests in flight).
+//! - [`SimRank::start(args)`](SimRank::start): a real `tether-rank` process;
+//!   [`Stack`]: `n` of them behind an Envoy rendered by `tether_envoy::render`
+//!   (the replay tests, the demo and the replay benchmark run on it).
 //! - [`HttpClient`]: `post_json(addr, path, headers, json)`, `send(addr, Request)`
 //!   with raw header bytes, chunked bodies ([`Request::chunked`]), keep-alive
 //!   [`Connection`]s, and [`HttpClient::bind`] to a source IP (127.0.0.2 is a
@@ -48,6 +51,8 @@ mod error;
 pub mod paths;
 pub mod prometheus;
 pub mod rank;
+pub mod sim_rank;
+pub mod stack;
 pub mod template;
 
 pub use client::{Body, Connection, HttpClient, Request, Response};
@@ -55,3 +60,5 @@ pub use echo::EchoReply;
 pub use envoy::{Envoy, EnvoyBuilder};
 pub use error::HarnessError;
 pub use rank::EchoRank;
+pub use sim_rank::SimRank;
+pub use stack::{Stack, StackSpec};

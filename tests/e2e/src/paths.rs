@@ -51,7 +51,21 @@ pub fn echo_rank_bin() -> PathBuf {
     if let Some(v) = std::env::var_os("TETHER_ECHO_RANK").filter(|v| !v.is_empty()) {
         return PathBuf::from(v);
     }
-    let name = format!("tether-echo-rank{}", std::env::consts::EXE_SUFFIX);
+    beside_exe("tether-echo-rank")
+}
+
+/// The simulated rank binary: `$TETHER_RANK`, else `tether-rank` next to the
+/// running executable or one level up (built by `cargo build -p tether-rank`
+/// into the same target directory).
+pub fn tether_rank_bin() -> PathBuf {
+    if let Some(v) = std::env::var_os("TETHER_RANK").filter(|v| !v.is_empty()) {
+        return PathBuf::from(v);
+    }
+    beside_exe("tether-rank")
+}
+
+fn beside_exe(stem: &str) -> PathBuf {
+    let name = format!("{stem}{}", std::env::consts::EXE_SUFFIX);
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     let beside = dir.join(&name);

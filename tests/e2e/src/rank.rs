@@ -48,48 +48,16 @@ impl EchoRank {
                 what: format!("echo rank {name}"),
                 source,
             })?;
-        let stdout = child.stdout.take().ok_or_else(|| HarnessError::Protocol {
-            what: format!("echo rank {name}"),
-            why: "no stdout pipe".into(),
-        })?;
-        // The first line is the readiness report; a thread bounds the wait.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let r = BufReader::new(stdout).read_line(&mut line).map(|_| line);
-            let _ = tx.send(r);
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(r) => r.map_err(io(format!("reading echo rank {name}'s stdout")))?,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(HarnessError::NotReady {
-                    what: format!("echo rank {name}"),
-                    secs: 10,
-                    log: String::new(),
-                });
-            }
-        };
-        let addr = line
-            .trim()
-            .strip_prefix("READY ")
-            .and_then(|a| a.parse().ok());
-        match addr {
-            Some(addr) => Ok(Self {
-                name: name.to_owned(),
-                addr,
-                child,
-            }),
-            None => {
-                let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
-                Err(HarnessError::ExitedEarly {
-                    what: format!("echo rank {name}"),
-                    status,
-                    log: line,
-                })
-            }
-        }
+        let addr = read_ready(
+            &mut child,
+            &format!("echo rank {name}"),
+            Duration::from_secs(10),
+        )?;
+        Ok(Self {
+            name: name.to_owned(),
+            addr,
+            child,
+        })
     }
 
     /// Starts one rank per name.
@@ -110,6 +78,53 @@ impl EchoRank {
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.addr.port()
+    }
+}
+
+/// Waits for a child's first stdout line, `READY <ip:port>` (how the echo
+/// rank and `tether-rank` report readiness); a thread bounds the wait. On
+/// failure the child is killed and the error names `what`.
+pub(crate) fn read_ready(
+    child: &mut Child,
+    what: &str,
+    within: Duration,
+) -> Result<SocketAddr, HarnessError> {
+    let stdout = child.stdout.take().ok_or_else(|| HarnessError::Protocol {
+        what: what.to_owned(),
+        why: "no stdout pipe".into(),
+    })?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let r = BufReader::new(stdout).read_line(&mut line).map(|_| line);
+        let _ = tx.send(r);
+    });
+    let line = match rx.recv_timeout(within) {
+        Ok(r) => r.map_err(io(format!("reading {what}'s stdout")))?,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(HarnessError::NotReady {
+                what: what.to_owned(),
+                secs: within.as_secs(),
+                log: String::new(),
+            });
+        }
+    };
+    match line
+        .trim()
+        .strip_prefix("READY ")
+        .and_then(|a| a.parse().ok())
+    {
+        Some(addr) => Ok(addr),
+        None => {
+            let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+            Err(HarnessError::ExitedEarly {
+                what: what.to_owned(),
+                status,
+                log: line,
+            })
+        }
     }
 }
 

@@ -11,26 +11,15 @@ use serde_json::value::RawValue;
 use std::io::Write;
 use std::path::PathBuf;
 
-/// `tether trace synth`.
-#[derive(Debug, ClapArgs)]
-pub struct Args {
-    /// The trace.
-    pub trace: PathBuf,
-    /// Its format (a foreign trace is imported in memory with default options).
-    #[arg(long, default_value = "tether", value_parser = Format::parse)]
-    pub format: Format,
+/// The synthesis flags `tether trace synth` and `tether replay` share.
+#[derive(Debug, Clone, ClapArgs)]
+pub struct SynthArgs {
     /// Send every request with this API (default: each request's own).
     #[arg(long, value_parser = parse_api)]
     pub api: Option<Api>,
     /// How identity is sent: none, claude-code, session-affinity, dynamo, prompt-cache-key, metadata.
     #[arg(long, default_value = "none", value_parser = Identity::parse)]
     pub identity: Identity,
-    /// Only this session (its id in the trace).
-    #[arg(long)]
-    pub session: Option<String>,
-    /// At most this many requests.
-    #[arg(long)]
-    pub limit: Option<usize>,
     /// Model for requests the trace names none for.
     #[arg(long, default_value = "tether-model")]
     pub model: String,
@@ -46,6 +35,40 @@ pub struct Args {
     /// Send each session's tenant in this header.
     #[arg(long)]
     pub tenant_header: Option<String>,
+}
+
+impl SynthArgs {
+    /// The synthesis options these flags say.
+    pub fn options(&self) -> SynthOptions {
+        SynthOptions {
+            identity: self.identity,
+            api: self.api,
+            model: self.model.clone(),
+            stream: self.stream,
+            exact_output: self.exact_output,
+            salt: self.salt.clone(),
+            tenant_header: self.tenant_header.clone(),
+        }
+    }
+}
+
+/// `tether trace synth`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The trace.
+    pub trace: PathBuf,
+    /// Its format (a foreign trace is imported in memory with default options).
+    #[arg(long, default_value = "tether", value_parser = Format::parse)]
+    pub format: Format,
+    /// Only this session (its id in the trace).
+    #[arg(long)]
+    pub session: Option<String>,
+    /// At most this many requests.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Request synthesis.
+    #[command(flatten)]
+    pub synth: SynthArgs,
     /// Print only the number of requests and body bytes (a synthesis speed check).
     #[arg(long)]
     pub summary: bool,
@@ -68,15 +91,7 @@ struct Line<'a> {
 /// `opened_by`, `method`, `path`, `headers`, `body`).
 pub fn run(a: Args) -> Result<()> {
     let trace = import(a.format, &a.trace, &ImportOptions::default())?;
-    let opts = SynthOptions {
-        identity: a.identity,
-        api: a.api,
-        model: a.model.clone(),
-        stream: a.stream,
-        exact_output: a.exact_output,
-        salt: a.salt.clone(),
-        tenant_header: a.tenant_header.clone(),
-    };
+    let opts = a.synth.options();
     let sessions: Vec<SessionId> = match &a.session {
         Some(id) => match trace.sessions().iter().position(|s| &s.id == id) {
             Some(i) => vec![SessionId(i as u32)],

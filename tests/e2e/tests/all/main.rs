@@ -8,5 +8,6 @@ mod demo;
 mod floor;
 mod pick;
 mod removal;
+mod replay;
 mod support;
 mod topology;

@@ -1,0 +1,228 @@
+//! `tether replay`: send a trace to a serving stack and write its report
+//! (`report.json`, `report.md`, `requests.jsonl`, SVG plots) into `--out`.
+
+use super::trace::synth::SynthArgs;
+use crate::import::{Format, ImportOptions, import};
+use crate::replay::assemble::Source;
+use crate::replay::{self, Options, Route, Schedule, Target};
+use crate::report::{self, markdown, plot};
+use anyhow::{Context, Result, bail};
+use clap::{Args as ClapArgs, ValueEnum};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How requests are spread over several `--target`s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RouteArg {
+    /// The gateway's placement of the session/subagent key (rendezvous).
+    Session,
+    /// In turn.
+    RoundRobin,
+}
+
+/// `tether replay`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The trace.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Its format (a foreign trace is imported in memory with default options).
+    #[arg(long, default_value = "tether", value_parser = Format::parse)]
+    pub format: Format,
+    /// Where requests go: `http://host:port` (Envoy, a rank, any OpenAI-compatible
+    /// server); repeat or separate with commas for several (see --route).
+    #[arg(long, required = true, value_delimiter = ',')]
+    pub target: Vec<String>,
+    /// With several targets: `session` (the gateway's own placement) or `round-robin`.
+    #[arg(long, value_enum, default_value_t = RouteArg::Session)]
+    pub route: RouteArg,
+    /// Replay N live session trees at a time (AgentX-style) instead of the trace's timestamps.
+    #[arg(long)]
+    pub live: Option<usize>,
+    /// Most requests in flight at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_inflight: usize,
+    /// Trace time runs F× faster than wall time (default: the scraped ranks' `--speedup`, else 1).
+    #[arg(long)]
+    pub speedup: Option<f64>,
+    /// Live schedule: cap every think/tool gap at this many trace ms.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_gap_ms: u64,
+    /// Replay only the first N sessions (by start time).
+    #[arg(long)]
+    pub sessions: Option<usize>,
+    /// Request synthesis (as `tether trace synth`).
+    #[command(flatten)]
+    pub synth: SynthArgs,
+    /// Per-request timeout, seconds (wall).
+    #[arg(long, default_value_t = 300.0)]
+    pub timeout_s: f64,
+    /// Ranks to read configuration and busy time from (`ip:port`, comma-separated);
+    /// default: the ranks named by `x-tether-rank` in the answers, read at the end.
+    #[arg(long, value_delimiter = ',')]
+    pub ranks: Vec<String>,
+    /// Envoy admin address (`ip:port` or URL) to read the gateway's configuration from.
+    #[arg(long)]
+    pub gateway_admin: Option<String>,
+    /// Column name in `tether compare`.
+    #[arg(long, default_value = "")]
+    pub label: String,
+    /// Directory for the report files.
+    #[arg(long, default_value = "replay-report")]
+    pub out: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// `ip:port` or a URL → a URL (`http://` added when no scheme is given).
+fn origin(s: &str) -> String {
+    if s.contains("://") {
+        s.trim_end_matches('/').to_owned()
+    } else {
+        format!("http://{s}")
+    }
+}
+
+/// Writes the report files into `dir`; returns the markdown path.
+pub fn write_report(
+    r: &report::Report,
+    observations: &[report::Observation],
+    dir: &Path,
+) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--out {}: cannot create", dir.display()))?;
+    let plots = plot::write_all(&[r], dir)?;
+    let names: Vec<String> = plots
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    std::fs::write(dir.join("report.json"), r.to_json())
+        .with_context(|| format!("writing {}", dir.join("report.json").display()))?;
+    let md = dir.join("report.md");
+    std::fs::write(&md, markdown::render(r, &names))
+        .with_context(|| format!("writing {}", md.display()))?;
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(dir.join("requests.jsonl"))
+            .with_context(|| format!("writing {}", dir.join("requests.jsonl").display()))?,
+    );
+    for o in observations {
+        serde_json::to_writer(&mut f, o)?;
+        f.write_all(b"\n")?;
+    }
+    f.flush()?;
+    Ok(md)
+}
+
+/// One line per headline figure.
+pub fn summary(r: &report::Report) -> String {
+    let h = &r.hit_ratio;
+    let l = &r.latency;
+    format!(
+        "{}{} requests ({} errors), hit ratio {} (ideal {}, {} of it; returning turns {}), prefill computed {} tokens, TTFT p50/p90 {:.1}/{:.1} ms ({} clock), load max/mean {}, cost {}",
+        if r.run.partial { "PARTIAL: " } else { "" },
+        r.requests.completed,
+        r.requests.errors,
+        markdown::pct(h.overall),
+        markdown::pct(h.ideal_session),
+        markdown::pct(h.of_ideal),
+        markdown::pct(h.returning),
+        markdown::count(r.tokens.computed),
+        l.ttft_ms.p50,
+        l.ttft_ms.p90,
+        r.run.clock,
+        r.load
+            .max_over_mean_prompt_tokens
+            .map_or("-".to_owned(), |v| format!("{v:.2}")),
+        r.cost
+            .usd_per_mtok
+            .map_or("-".to_owned(), |v| format!("${v:.4}/Mtok"))
+    )
+}
+
+/// Runs it. A ^C stops sending, writes the report marked partial and exits 130.
+pub fn run(a: Args) -> Result<()> {
+    let targets: Vec<Target> = a
+        .target
+        .iter()
+        .map(|t| Target::parse(&origin(t)).map_err(anyhow::Error::msg))
+        .collect::<Result<_>>()
+        .context("--target")?;
+    if a.live == Some(0) {
+        bail!("--live: must be at least 1");
+    }
+    if a.max_inflight == 0 {
+        bail!("--max-inflight: must be at least 1");
+    }
+    if let Some(s) = a.speedup
+        && !(s.is_finite() && s > 0.0)
+    {
+        bail!("--speedup: must be a positive number");
+    }
+    if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
+        bail!("--timeout-s: must be a positive number");
+    }
+    let trace = Arc::new(import(a.format, &a.trace, &ImportOptions::default())?);
+    let synth = a.synth.options();
+    let schedule = match a.live {
+        Some(n) => Schedule::Live(n),
+        None => Schedule::Fixed,
+    };
+    let opts = Options {
+        targets: targets.clone(),
+        route: match a.route {
+            RouteArg::Session => Route::Session,
+            RouteArg::RoundRobin => Route::RoundRobin,
+        },
+        schedule,
+        max_inflight: a.max_inflight,
+        speedup: a.speedup,
+        max_gap_ms: a.max_gap_ms,
+        synth,
+        timeout: Duration::from_secs_f64(a.timeout_s),
+        sessions: a.sessions,
+        ranks: a.ranks.iter().map(|r| origin(r)).collect(),
+        gateway_admin: a.gateway_admin.as_deref().map(origin),
+        progress: !a.quiet,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
+    let out = runtime.block_on(async {
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("interrupted: stopping, writing a partial report");
+                let _ = cancel_tx.send(true);
+            }
+        });
+        replay::replay(trace.clone(), opts.clone(), cancel_rx).await
+    })?;
+    for w in &out.warnings {
+        eprintln!("warning: {w}");
+    }
+    let r = replay::assemble::report(
+        &trace,
+        &Source {
+            path: a.trace.display().to_string(),
+            format: a.format.name().to_owned(),
+        },
+        &opts,
+        &out,
+        &a.label,
+    );
+    let md = write_report(&r, &out.observations, &a.out)?;
+    println!("{}", summary(&r));
+    println!(
+        "report: {} (JSON, plots and requests.jsonl beside it)",
+        md.display()
+    );
+    if r.run.partial {
+        std::process::exit(130);
+    }
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! `tether replay` and `tether compare` as a user runs them, against a real
+//! `tether-rank` server (in this process, over loopback): reports written,
+//! bad input refused by name, ^C (SIGINT) leaving a partial report.
+
+use super::{TempDir, tether, text};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tether_rank::config::{Args, RankConfig};
+use tether_rank::server::{Rank, serve};
+
+/// A `tether-rank` served from a background thread; returns its address.
+fn rank(speedup: &str) -> String {
+    let profile = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/profiles/llama-3.1-8b-fp8-h200-tp1.json")
+        .display()
+        .to_string();
+    let args = <Args as clap::Parser>::try_parse_from([
+        "tether-rank",
+        "--profile",
+        &profile,
+        "--listen",
+        "127.0.0.1:0",
+        "--speedup",
+        speedup,
+        "--rank-id",
+        "test-rank",
+    ])
+    .expect("flags");
+    let cfg = RankConfig::from_args(args).expect("config");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind(cfg.args.listen)
+                .await
+                .expect("bind");
+            tx.send(l.local_addr().expect("addr").to_string())
+                .expect("send");
+            let _ = serve(l, Rank::new(cfg).expect("rank")).await;
+        });
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("rank ready")
+}
+
+fn generate(dir: &TempDir, name: &str, seed: &str, sessions: &str) -> String {
+    let out = dir.path(name);
+    let o = tether(&[
+        "trace",
+        "generate",
+        "--seed",
+        seed,
+        "--sessions",
+        sessions,
+        "--session-gap-ms",
+        "3000",
+        "--system-tokens",
+        "300",
+        "--tool-tokens",
+        "300",
+        "--tool-result-tokens",
+        "300",
+        "--calls-per-turn",
+        "3",
+        "--user-turns",
+        "2",
+        "--output",
+        &out,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    out
+}
+
+fn report(dir: &str) -> serde_json::Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(format!("{dir}/report.json")).expect("report.json"),
+    )
+    .expect("json")
+}
+
+#[test]
+fn a_replay_writes_its_report_and_compare_refuses_other_traces() {
+    let dir = TempDir::new("ok");
+    let addr = rank("1000");
+    let a = generate(&dir, "a.jsonl", "4", "4");
+    let b = generate(&dir, "b.jsonl", "5", "4");
+    for (trace, out, label) in [
+        (&a, "ra", "first"),
+        (&a, "rb", "second"),
+        (&b, "rc", "other"),
+    ] {
+        let out = dir.path(out);
+        let o = tether(&[
+            "replay", "--trace", trace, "--target", &addr, "--out", &out, "--label", label,
+            "--quiet", "--salt", label,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(text(&o).contains("hit ratio"), "{}", text(&o));
+        for f in [
+            "report.json",
+            "report.md",
+            "requests.jsonl",
+            "ttft_cdf.svg",
+            "hit_over_time.svg",
+            "load.svg",
+        ] {
+            assert!(
+                std::path::Path::new(&format!("{out}/{f}")).is_file(),
+                "{f} missing"
+            );
+        }
+        let r = report(&out);
+        assert_eq!(r["format"], "tether-report");
+        assert_eq!(r["run"]["partial"], false);
+        assert_eq!(r["requests"]["sent"], r["requests"]["in_trace"]);
+        assert_eq!(r["requests"]["errors"], 0);
+        assert_eq!(r["run"]["clock"], "simulated");
+        assert_eq!(r["load"]["engines"][0]["engine"], "test-rank#0");
+        assert_eq!(r["config"]["keys"]["rank.speedup"], "1000.0");
+        assert_eq!(
+            r["run"]["speedup"], 1000.0,
+            "the rank's speedup is used when not given"
+        );
+    }
+    let o = tether(&["compare", &dir.path("ra"), &dir.path("rb")]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("| metric | first | second |"),
+        "{}",
+        text(&o)
+    );
+    let o = tether(&["compare", &dir.path("ra"), &dir.path("rc")]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("reports of different traces"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn bad_traces_and_flags_are_refused_by_name() {
+    let dir = TempDir::new("bad");
+    let good = generate(&dir, "g.jsonl", "6", "2");
+    let mut lines: Vec<String> = std::fs::read_to_string(&good)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines[2] = "{\"type\":\"request\",".to_owned();
+    let bad = dir.path("bad.jsonl");
+    std::fs::write(&bad, lines.join("\n")).unwrap();
+    let o = tether(&[
+        "replay",
+        "--trace",
+        &bad,
+        "--target",
+        "127.0.0.1:1",
+        "--quiet",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains(&format!("{bad}:3: ")), "{}", text(&o));
+    let o = tether(&[
+        "replay",
+        "--trace",
+        &good,
+        "--format",
+        "sharegpt",
+        "--target",
+        "127.0.0.1:1",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("unknown trace format `sharegpt`"),
+        "{}",
+        text(&o)
+    );
+    let o = tether(&["replay", "--trace", &good, "--target", "https://x:1"]);
+    assert!(text(&o).contains("plain http only"), "{}", text(&o));
+    let o = tether(&[
+        "replay",
+        "--trace",
+        &good,
+        "--target",
+        "127.0.0.1:1",
+        "--live",
+        "0",
+    ]);
+    assert!(text(&o).contains("--live"), "{}", text(&o));
+    // Nothing listens there: every request is a counted connect error, no hang.
+    let out = dir.path("dead");
+    let o = tether(&[
+        "replay",
+        "--trace",
+        &good,
+        "--target",
+        "127.0.0.1:1",
+        "--speedup",
+        "1000",
+        "--quiet",
+        "--out",
+        &out,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = report(&out);
+    assert_eq!(r["requests"]["errors"], r["requests"]["sent"]);
+    assert_eq!(
+        r["requests"]["errors_by_kind"]["connect"],
+        r["requests"]["sent"]
+    );
+}
+
+#[test]
+fn sigint_writes_a_partial_report() {
+    let dir = TempDir::new("sigint");
+    // Real time (speedup 1): 12 sessions 3 s apart take half a minute.
+    let addr = rank("1");
+    let trace = generate(&dir, "t.jsonl", "7", "12");
+    let out = dir.path("partial");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args([
+            "replay", "--trace", &trace, "--target", &addr, "--out", &out, "--quiet",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(2500));
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let start = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s.code();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "replay did not stop after SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(130));
+    let r = report(&out);
+    assert_eq!(r["run"]["partial"], true);
+    assert!(
+        r["run"]["partial_reason"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted")
+    );
+    let (sent, total) = (
+        r["requests"]["sent"].as_u64().unwrap(),
+        r["requests"]["in_trace"].as_u64().unwrap(),
+    );
+    assert!(sent > 0 && sent < total, "sent {sent} of {total}");
+    assert_eq!(r["requests"]["not_sent"].as_u64().unwrap(), total - sent);
+    assert!(
+        std::fs::read_to_string(format!("{out}/report.md"))
+            .unwrap()
+            .contains("**PARTIAL**")
+    );
+}

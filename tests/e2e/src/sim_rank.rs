@@ -1,0 +1,61 @@
+//! A guard-owned simulated rank: a real `tether-rank` process (engine-ext/rank)
+//! on an ephemeral port, killed on drop.
+
+use crate::rank::read_ready;
+use crate::{HarnessError, paths};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running `tether-rank`.
+#[derive(Debug)]
+pub struct SimRank {
+    addr: SocketAddr,
+    child: Child,
+}
+
+impl SimRank {
+    /// Starts `tether-rank --listen 127.0.0.1:0 <args>` (binary located by
+    /// [`paths::tether_rank_bin`]) and waits for its `READY <addr>` line.
+    pub fn start(args: &[String]) -> Result<Self, HarnessError> {
+        let bin = paths::require(
+            "tether-rank",
+            paths::tether_rank_bin(),
+            "run `cargo build -p tether-rank --bin tether-rank`",
+        )?;
+        let mut child = Command::new(&bin)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|source| HarnessError::Spawn {
+                what: "tether-rank".into(),
+                source,
+            })?;
+        let addr = read_ready(
+            &mut child,
+            &format!("tether-rank {args:?}"),
+            Duration::from_secs(20),
+        )?;
+        Ok(Self { addr, child })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Kills it now (a rank dying mid-replay).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SimRank {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

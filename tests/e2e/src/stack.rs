@@ -1,0 +1,134 @@
+//! A serving stack to replay traces against: `n` real `tether-rank`
+//! processes behind a real Envoy whose bootstrap `tether_envoy::render`
+//! generated for them (the same code as `tether gateway`), all guard-owned.
+//! Used by the replay tests, the demo and the replay benchmark.
+
+use crate::{Envoy, HarnessError, SimRank};
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use tether_envoy::{GatewaySpec, Mode, render};
+use tether_fleet::replay::assemble::{Source, report};
+use tether_fleet::replay::{Options, Outcomes, replay};
+use tether_fleet::report::Report;
+use tether_fleet::trace::Trace;
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct StackSpec {
+    /// Ranks.
+    pub ranks: usize,
+    /// Flags for every rank (`--profile`, `--cache`, `--kv-tokens`, `--speedup`, …).
+    pub rank_args: Vec<String>,
+    /// Gateway mode.
+    pub mode: Mode,
+    /// Filter plugin configuration (without `mode` / `endpoints`).
+    pub plugin_config: Map<String, Value>,
+    /// Upstream retries after a failed connection.
+    pub retries: u32,
+    /// Envoy worker threads.
+    pub concurrency: u32,
+}
+
+impl StackSpec {
+    /// `ranks` ranks with `rank_args`, in `mode`, default filter configuration, 2 retries, 1 worker.
+    pub fn new(ranks: usize, mode: Mode, rank_args: &[&str]) -> Self {
+        Self {
+            ranks,
+            rank_args: rank_args.iter().map(|s| s.to_string()).collect(),
+            mode,
+            plugin_config: Map::new(),
+            retries: 2,
+            concurrency: 1,
+        }
+    }
+}
+
+/// A running stack.
+#[derive(Debug)]
+pub struct Stack {
+    /// The ranks (kill one to see a failure).
+    pub ranks: Vec<SimRank>,
+    /// Envoy.
+    pub envoy: Envoy,
+}
+
+impl Stack {
+    /// Starts the ranks, renders the bootstrap for them and starts Envoy.
+    pub fn start(spec: &StackSpec) -> Result<Stack, HarnessError> {
+        let ranks = (0..spec.ranks)
+            .map(|_| SimRank::start(&spec.rank_args))
+            .collect::<Result<Vec<_>, _>>()?;
+        let gw = GatewaySpec {
+            mode: spec.mode,
+            ranks: ranks.iter().map(SimRank::addr).collect(),
+            dp_size: 1,
+            plugin_config: spec.plugin_config.clone(),
+            filter_wasm: crate::paths::require_filter_wasm()?.display().to_string(),
+            listen: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+            admin: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+            retries: spec.retries,
+            hash_balance_factor: None,
+        };
+        let yaml = render(&gw).map_err(|e| HarnessError::Protocol {
+            what: "tether_envoy::render".into(),
+            why: e.to_string(),
+        })?;
+        let envoy = Envoy::builder()
+            .concurrency(spec.concurrency)
+            .log_level("warning")
+            .start(&yaml)?;
+        Ok(Stack { ranks, envoy })
+    }
+
+    /// The gateway's URL.
+    pub fn target(&self) -> String {
+        format!("http://{}", self.envoy.listen_addr())
+    }
+
+    /// Envoy's admin URL.
+    pub fn admin(&self) -> String {
+        format!("http://{}", self.envoy.admin_addr())
+    }
+
+    /// The ranks' URLs.
+    pub fn rank_origins(&self) -> Vec<String> {
+        self.ranks
+            .iter()
+            .map(|r| format!("http://{}", r.addr()))
+            .collect()
+    }
+
+    /// `opts` aimed at this stack: the gateway as target, its admin and ranks scraped.
+    pub fn options(&self, mut opts: Options) -> Options {
+        opts.targets = vec![
+            tether_fleet::replay::Target::parse(&self.target()).unwrap_or_else(|_| unreachable!()),
+        ];
+        opts.ranks = self.rank_origins();
+        opts.gateway_admin = Some(self.admin());
+        opts
+    }
+}
+
+/// Replays `trace` with `opts` on a fresh tokio runtime (no cancellation)
+/// and builds its report.
+pub fn replay_blocking(
+    trace: &Arc<Trace>,
+    source: &Source,
+    opts: &Options,
+    label: &str,
+) -> Result<(Report, Outcomes), HarnessError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(crate::error::io("starting a tokio runtime"))?;
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let out = rt
+        .block_on(replay(trace.clone(), opts.clone(), rx))
+        .map_err(|e| HarnessError::Protocol {
+            what: "tether replay".into(),
+            why: e.to_string(),
+        })?;
+    let r = report(trace, source, opts, &out, label);
+    Ok((r, out))
+}

@@ -1,0 +1,352 @@
+//! `tether replay` through real Envoy in front of real `tether-rank`
+//! processes, with bootstraps rendered by `tether_envoy::render` (the code
+//! behind `tether gateway`): tether routing against round robin, reports that
+//! add up, a rank dying mid-replay, and every rendered mode validated by Envoy.
+
+use crate::support::need_envoy_and_filter;
+use serde_json::Map;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tether_e2e::{Stack, StackSpec, paths, stack::replay_blocking};
+use tether_envoy::{GatewaySpec, Mode, render};
+use tether_fleet::replay::assemble::Source;
+use tether_fleet::replay::{Options, Route, Schedule};
+use tether_fleet::report::Report;
+use tether_fleet::synth::{Identity, SynthOptions};
+use tether_fleet::trace::{
+    AgentSpec, EndReason, RequestSpec, SessionSpec, Trace, TraceBuilder, TurnKind,
+};
+
+const SPEEDUP: f64 = 100.0;
+
+fn profile() -> String {
+    paths::workspace_root()
+        .join("examples/profiles/llama-3.1-8b-fp8-h200-tp1.json")
+        .display()
+        .to_string()
+}
+
+fn need_rank() {
+    crate::support::need(paths::require(
+        "tether-rank",
+        paths::tether_rank_bin(),
+        "run `cargo build -p tether-rank --bin tether-rank` (make test-e2e does)",
+    ));
+}
+
+/// A short agent trace: `sessions` sessions of `turns` tool-loop turns on a
+/// 1,280-token head of their own, each turn adding 3 blocks of 64 tokens;
+/// every other session hands work to a 3-turn subagent after its second turn.
+fn agent_trace(sessions: usize, turns: usize) -> Trace {
+    let mut b = TraceBuilder::new(64).unwrap();
+    let mut next_block = 0u64;
+    let mut fresh = |n: u64| {
+        let ids: Vec<u64> = (next_block..next_block + n).collect();
+        next_block += n;
+        ids
+    };
+    for s in 0..sessions {
+        let sid = b
+            .session(SessionSpec {
+                id: format!("s{s}"),
+                start_ms: Some(s as u64 * 1500),
+                ..Default::default()
+            })
+            .unwrap();
+        let main = b
+            .agent(
+                sid,
+                AgentSpec {
+                    id: "main".into(),
+                    agent_type: "main".into(),
+                    system_tokens: Some(1000),
+                    tool_tokens: Some(200),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let mut ids = fresh(20);
+        let mut at = 0u64;
+        for t in 0..turns {
+            let (kind, ended) = match t {
+                0 => (TurnKind::First, EndReason::ToolCall),
+                _ if t + 1 == turns => (TurnKind::Tool, EndReason::EndTurn),
+                _ => (TurnKind::Tool, EndReason::ToolCall),
+            };
+            let mut spec = RequestSpec::new(at, (ids.len() as u32) * 64 - 10, 24, kind);
+            spec.ended_by = Some(ended);
+            b.request(main, spec, &ids).unwrap();
+            if s % 2 == 0 && t == 1 {
+                let sub = b
+                    .agent(
+                        sid,
+                        AgentSpec {
+                            id: "explore".into(),
+                            agent_type: "explore".into(),
+                            parent: Some("main".into()),
+                            spawned_by_turn: Some(1),
+                            system_tokens: Some(600),
+                            tool_tokens: Some(100),
+                        },
+                    )
+                    .unwrap();
+                let mut sub_ids = fresh(12);
+                for k in 0..3u64 {
+                    let kind = if k == 0 {
+                        TurnKind::Handoff
+                    } else {
+                        TurnKind::Tool
+                    };
+                    b.request(
+                        sub,
+                        RequestSpec::new(
+                            at + 1000 + k * 1500,
+                            (sub_ids.len() as u32) * 64 - 5,
+                            16,
+                            kind,
+                        ),
+                        &sub_ids,
+                    )
+                    .unwrap();
+                    sub_ids.extend(fresh(2));
+                }
+                at += 5000;
+            }
+            at += 2500;
+            ids.extend(fresh(3));
+        }
+    }
+    b.build().unwrap()
+}
+
+fn options(identity: Identity) -> Options {
+    Options {
+        targets: Vec::new(),
+        route: Route::Session,
+        schedule: Schedule::Fixed,
+        max_inflight: 32,
+        speedup: Some(SPEEDUP),
+        max_gap_ms: 10_000,
+        synth: SynthOptions {
+            identity,
+            ..Default::default()
+        },
+        timeout: Duration::from_secs(60),
+        sessions: None,
+        ranks: Vec::new(),
+        gateway_admin: None,
+        progress: false,
+    }
+}
+
+fn rank_args(cache: &str, kv_tokens: u64) -> Vec<String> {
+    let mut v = vec![
+        "--profile".to_owned(),
+        profile(),
+        "--speedup".to_owned(),
+        SPEEDUP.to_string(),
+        "--cache".to_owned(),
+        cache.to_owned(),
+        "--kv-tokens".to_owned(),
+        kv_tokens.to_string(),
+    ];
+    if cache == "retention-host" {
+        v.extend(["--host-gib".to_owned(), "4".to_owned()]);
+    }
+    v
+}
+
+fn run(trace: &Arc<Trace>, mode: Mode, identity: Identity, label: &str) -> Report {
+    let mut spec = StackSpec::new(4, mode, &[]);
+    spec.rank_args = rank_args("lru", 1 << 20);
+    let stack = Stack::start(&spec).unwrap_or_else(|e| panic!("starting the stack: {e}"));
+    let opts = stack.options(options(identity));
+    let src = Source {
+        path: "test".into(),
+        format: "tether".into(),
+    };
+    let (r, _) = replay_blocking(trace, &src, &opts, label).unwrap();
+    r
+}
+
+/// The report adds up: counts match the trace, cached ≤ prompt everywhere,
+/// per-engine load sums to the totals, the configuration was read.
+fn check_adds_up(r: &Report, trace: &Trace) {
+    let requests = trace.requests().len() as u64;
+    assert_eq!(r.requests.in_trace, requests);
+    assert_eq!(r.requests.sent, requests, "{:?}", r.requests);
+    assert_eq!(
+        r.requests.completed, requests,
+        "errors: {:?}",
+        r.requests.errors_by_kind
+    );
+    assert_eq!(r.requests.errors, 0);
+    assert!(r.tokens.cached <= r.tokens.prompt);
+    assert_eq!(r.tokens.cached + r.tokens.computed, r.tokens.prompt);
+    let input: u64 = trace
+        .requests()
+        .iter()
+        .map(|q| u64::from(q.input_tokens))
+        .sum();
+    assert_eq!(
+        r.tokens.prompt, input,
+        "the rank counted exactly the trace's prompt tokens"
+    );
+    let output: u64 = trace
+        .requests()
+        .iter()
+        .map(|q| u64::from(q.output_tokens))
+        .sum();
+    assert_eq!(r.tokens.output, output);
+    let per_engine: u64 = r.load.engines.iter().map(|e| e.requests).sum();
+    assert_eq!(per_engine, requests);
+    assert_eq!(r.load.unattributed, 0);
+    assert_eq!(r.load.engines.len(), 4);
+    let engine_prompt: u64 = r.load.engines.iter().map(|e| e.prompt_tokens).sum();
+    assert_eq!(engine_prompt, r.tokens.prompt);
+    assert_eq!(r.run.clock, "simulated");
+    assert!(r.hit_ratio.overall <= r.hit_ratio.ideal_global + 0.02);
+    assert!(
+        r.config.gateway.is_some(),
+        "gateway configuration read from the admin"
+    );
+    assert_eq!(r.config.ranks.len(), 4);
+    assert!(r.cost.usd_per_mtok.is_some_and(|c| c > 0.0));
+    assert_eq!(r.cost.basis.as_deref(), Some("busy"));
+    assert_eq!(
+        r.trace.content_hash,
+        tether_fleet::trace::content_hash(trace)
+    );
+}
+
+#[test]
+fn tether_routing_beats_round_robin_on_returning_turns() {
+    need_envoy_and_filter();
+    need_rank();
+    let trace = Arc::new(agent_trace(12, 6));
+    let rr = run(&trace, Mode::RoundRobin, Identity::None, "round-robin");
+    let pick = run(&trace, Mode::Pick, Identity::None, "tether-pick");
+    let hash = run(&trace, Mode::Hash, Identity::ClaudeCode, "tether-hash");
+    for r in [&rr, &pick, &hash] {
+        check_adds_up(r, &trace);
+    }
+    println!(
+        "returning-turn hit: round robin {:.3}, pick {:.3}, hash {:.3} (ideal {:.3})",
+        rr.hit_ratio.returning,
+        pick.hit_ratio.returning,
+        hash.hit_ratio.returning,
+        rr.hit_ratio.ideal_session_returning
+    );
+    // Tether keeps every turn on the rank holding its prefix; round robin
+    // finds it there only when an earlier turn happened to land on the same rank.
+    assert!(
+        pick.hit_ratio.returning >= rr.hit_ratio.returning + 0.25,
+        "pick vs rr"
+    );
+    assert!(
+        hash.hit_ratio.returning >= rr.hit_ratio.returning + 0.25,
+        "hash vs rr"
+    );
+    assert!(
+        pick.hit_ratio.of_ideal_returning >= 0.95,
+        "{:?}",
+        pick.hit_ratio
+    );
+    assert_eq!(
+        rr.config
+            .gateway
+            .as_ref()
+            .and_then(|g| g.lb_policy.as_deref()),
+        Some("round_robin")
+    );
+    assert_eq!(
+        pick.config
+            .gateway
+            .as_ref()
+            .and_then(|g| g.lb_policy.as_deref()),
+        Some("override_host")
+    );
+    let c = tether_fleet::report::compare::compare(&[rr, pick]).unwrap();
+    assert!(
+        c.changed.iter().any(|(k, _)| k == "gateway.lb_policy"),
+        "{:?}",
+        c.changed
+    );
+    assert!(c.changed.iter().any(|(k, _)| k == "gateway.plugin.mode"));
+}
+
+#[test]
+fn a_rank_dying_mid_replay_is_counted_and_pick_mode_retries_on_the_fallback() {
+    need_envoy_and_filter();
+    need_rank();
+    let trace = Arc::new(agent_trace(16, 8));
+    let mut spec = StackSpec::new(4, Mode::Pick, &[]);
+    spec.rank_args = rank_args("lru", 1 << 20);
+    let mut stack = Stack::start(&spec).unwrap();
+    let opts = stack.options(options(Identity::None));
+    let src = Source {
+        path: "test".into(),
+        format: "tether".into(),
+    };
+    let victim = stack.ranks[1].addr().to_string();
+    let started = Instant::now();
+    let handle = {
+        let trace = trace.clone();
+        let opts = opts.clone();
+        std::thread::spawn(move || replay_blocking(&trace, &src, &opts, "rank dies"))
+    };
+    // A third of the way through the trace's ~30 s (0.3 s of wall time at 100×).
+    std::thread::sleep(Duration::from_millis(150));
+    stack.ranks[1].kill();
+    let (r, out) = handle.join().unwrap().unwrap();
+    let took = started.elapsed();
+    println!(
+        "{:?} retried {} in {took:?}",
+        r.requests, r.requests.retried
+    );
+    assert!(took < Duration::from_secs(60), "no hang: {took:?}");
+    assert_eq!(
+        r.requests.sent,
+        trace.requests().len() as u64,
+        "every request was still sent"
+    );
+    assert_eq!(r.requests.completed + r.requests.errors, r.requests.sent);
+    // After the kill, requests placed on the dead rank were retried on their fallback.
+    assert!(r.requests.retried > 0, "{:?}", r.requests);
+    let after_kill = out
+        .observations
+        .iter()
+        .filter_map(|o| o.served())
+        .filter(|s| s.attempts > 1)
+        .all(|s| s.rank.as_deref() != Some(victim.as_str()));
+    assert!(after_kill, "a retried request was served by the dead rank");
+    // In-flight requests on the dying rank fail and are counted, by kind.
+    let counted: u64 = r.requests.errors_by_kind.values().sum();
+    assert_eq!(counted, r.requests.errors);
+}
+
+#[test]
+fn rendered_bootstraps_pass_envoy_validate() {
+    need_envoy_and_filter();
+    let wasm = paths::require_filter_wasm().unwrap().display().to_string();
+    for mode in Mode::ALL {
+        for n in [1usize, 4, 8] {
+            let spec = GatewaySpec {
+                mode,
+                ranks: (0..n)
+                    .map(|i| format!("127.0.0.1:{}", 18000 + i).parse().unwrap())
+                    .collect(),
+                dp_size: 2,
+                plugin_config: Map::new(),
+                filter_wasm: wasm.clone(),
+                listen: "127.0.0.1:0".parse().unwrap(),
+                admin: "127.0.0.1:0".parse().unwrap(),
+                retries: 2,
+                hash_balance_factor: Some(125),
+            };
+            let yaml = render(&spec).unwrap();
+            tether_e2e::Envoy::validate(&yaml)
+                .unwrap_or_else(|e| panic!("{} × {n}: {e}", mode.name()));
+        }
+    }
+}
