@@ -89,9 +89,15 @@ pub enum KvEvent {
 }
 
 /// The device block pool of one rank.
+///
+/// Slots are created on first use, up to `capacity`: a pool sized for a real
+/// device (tens of thousands of blocks) costs nothing until it fills, so a
+/// fleet simulator can hold a thousand of them. `empty` holds only slots that
+/// were used and freed; never-used slots are `capacity - slots.len()`.
 #[derive(Debug)]
 pub struct BlockPool {
     events: Option<Vec<KvEvent>>,
+    capacity: usize,
     slots: Vec<Slot>,
     index: HashIndex<u32>,
     empty: Vec<u32>,
@@ -102,14 +108,15 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
-    /// A pool of `capacity` empty slots.
+    /// A pool of `capacity` empty slots (allocated as they are first used).
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.min(NIL as usize - 1);
         Self {
             events: None,
-            slots: vec![Slot::EMPTY; capacity],
-            index: HashIndex::with_capacity_and_hasher(capacity, Default::default()),
-            empty: (0..capacity as u32).rev().collect(),
+            capacity,
+            slots: Vec::new(),
+            index: HashIndex::default(),
+            empty: Vec::new(),
             lru_head: NIL,
             lru_tail: NIL,
             lru_len: 0,
@@ -129,12 +136,12 @@ impl BlockPool {
 
     /// Number of slots.
     pub fn capacity(&self) -> usize {
-        self.slots.len()
+        self.capacity
     }
 
-    /// Slots holding nothing.
+    /// Slots holding nothing (freed ones and those never used yet).
     pub fn empty_slots(&self) -> usize {
-        self.empty.len()
+        self.empty.len() + (self.capacity - self.slots.len())
     }
 
     /// Cached blocks that nothing pins (evictable now).
@@ -171,9 +178,17 @@ impl BlockPool {
             .count()
     }
 
-    /// Takes an empty slot, if any (does not evict).
+    /// Takes an empty slot, if any (does not evict): a freed one first, else a
+    /// slot never used before.
     pub fn take_empty(&mut self) -> Option<SlotId> {
-        let s = self.empty.pop()?;
+        let s = match self.empty.pop() {
+            Some(s) => s,
+            None if self.slots.len() < self.capacity => {
+                self.slots.push(Slot::EMPTY);
+                (self.slots.len() - 1) as u32
+            }
+            None => return None,
+        };
         self.slots[s as usize].refs = 1;
         Some(SlotId(s))
     }
@@ -247,14 +262,14 @@ impl BlockPool {
         self.settle(slot.0);
     }
 
-    /// Retention pins on a slot.
+    /// Retention pins on a slot (0 for a slot never used).
     pub fn retains(&self, slot: SlotId) -> u32 {
-        self.slots[slot.0 as usize].retains
+        self.slots.get(slot.0 as usize).map_or(0, |s| s.retains)
     }
 
-    /// Request pins on a slot.
+    /// Request pins on a slot (0 for a slot never used).
     pub fn refs(&self, slot: SlotId) -> u32 {
-        self.slots[slot.0 as usize].refs
+        self.slots.get(slot.0 as usize).map_or(0, |s| s.refs)
     }
 
     fn settle(&mut self, s: u32) {
@@ -420,11 +435,12 @@ impl BlockPool {
             return Err("free queue length mismatch".into());
         }
         let used = self.slots.iter().filter(|e| e.cached || e.refs > 0).count();
-        if used + self.empty.len() != self.slots.len() {
+        if used + self.empty.len() != self.slots.len() || self.slots.len() > self.capacity {
             return Err(format!(
-                "slot accounting: {used} used + {} empty != {}",
+                "slot accounting: {used} used + {} freed != {} created (capacity {})",
                 self.empty.len(),
-                self.slots.len()
+                self.slots.len(),
+                self.capacity
             ));
         }
         Ok(())

@@ -5,4 +5,5 @@
 pub mod compare;
 pub mod gateway;
 pub mod replay;
+pub mod simulate;
 pub mod trace;

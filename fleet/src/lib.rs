@@ -15,11 +15,14 @@
 //!   harness identities;
 //! - [`replay`]: `tether replay`, a trace sent to a serving stack and measured;
 //! - [`report`]: replay reports (JSON, markdown, SVG plots) and `compare`;
-//! - [`sim`]: trace replay through the engine's retention policy.
+//! - [`profile`]: GPU profiles from tether JSON;
+//! - [`sim`]: the fleet simulator — a trace on simulated ranks (the rank's
+//!   engine on the real retention policy) placed by the gateway's placement.
 
 pub mod cli;
 pub mod generate;
 pub mod import;
+pub mod profile;
 pub mod replay;
 pub mod report;
 pub mod sim;

@@ -7,7 +7,10 @@
 //! - [`rendezvous`]: weighted rendezvous hashing of a key onto endpoints, with
 //!   an ordered fallback list (removing an endpoint moves only its own keys);
 //! - [`dp`]: the data-parallel rank on the chosen endpoint, from a hash
-//!   independent of the endpoint choice.
+//!   independent of the endpoint choice;
+//! - [`load`]: load-aware choices given a load view — bounded-load spill down a
+//!   key's rendezvous order, the least-loaded endpoint of a pool (a P/D prefill
+//!   pool), and the P/D decision by uncached prompt tokens.
 //!
 //! Pure and deterministic; no allocation on the per-key path except the pick's
 //! order list. Documented for users in `docs/gateway.md` ("Placement").
@@ -24,8 +27,10 @@
 
 pub mod dp;
 pub mod keys;
+pub mod load;
 pub mod rendezvous;
 
 pub use dp::dp_rank;
 pub use keys::{SEED, hash_parts};
+pub use load::{LoadBound, disaggregate, first_under_bound, load_bound};
 pub use rendezvous::{Endpoint, Pick, Placement};

@@ -65,17 +65,28 @@ impl Placement {
         -e.weight / u.ln()
     }
 
+    /// The rendezvous score of endpoint `i` for `key` (higher wins); `None`
+    /// for an index that is not an endpoint.
+    pub(crate) fn score_of(&self, key: u64, i: usize) -> Option<f64> {
+        (i < self.endpoints.len()).then(|| self.score(key, i))
+    }
+
     /// Primary plus up to `fallbacks` more endpoints, best first; `None` without endpoints.
     pub fn pick(&self, key: u64, fallbacks: usize) -> Option<Pick> {
         let mut scored: Vec<(f64, usize)> = (0..self.endpoints.len())
             .map(|i| (self.score(key, i), i))
             .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let order: Vec<usize> = scored
-            .iter()
-            .take(fallbacks.saturating_add(1))
-            .map(|(_, i)| *i)
-            .collect();
+        let best_first =
+            |a: &(f64, usize), b: &(f64, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let want = fallbacks.saturating_add(1).min(scored.len());
+        // Only the first `want` need ordering: select them, then sort them (a
+        // total order, so the result is the full sort's prefix).
+        if want > 0 && want < scored.len() {
+            scored.select_nth_unstable_by(want - 1, best_first);
+            scored.truncate(want);
+        }
+        scored.sort_by(best_first);
+        let order: Vec<usize> = scored.iter().take(want).map(|(_, i)| *i).collect();
         let primary = self.endpoints.get(*order.first()?)?;
         Some(Pick {
             rank: dp_rank(key, primary.dp_size),

@@ -268,6 +268,7 @@ impl RankConfig {
                 retention: self.args.cache != CacheMode::Lru,
                 max_num_seqs: self.args.max_num_seqs,
                 max_num_batched_tokens: self.args.max_num_batched_tokens,
+                ..EngineSettings::default()
             },
         )
     }

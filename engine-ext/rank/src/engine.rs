@@ -23,6 +23,22 @@
 //! cached the last token is recomputed (a block-aligned prompt then gets its last
 //! block recomputed), so at least one token is always prefilled.
 //!
+//! **P/D roles.** A prefill-only engine is this engine given requests of one
+//! output token: the step that computes the prompt yields that token and the
+//! request finishes. A decode-only engine gets requests whose prompt KV comes
+//! from another engine ([`SimRequest::kv_in_tokens`]): after its own device hit
+//! and host restore, the rest of that KV arrives over the engine's KV-transfer
+//! link (`bytes / kv_link_gbps`, one transfer at a time, like the host link) and
+//! only the last token is computed, as a vLLM decode instance behind a
+//! NIXL-style connector does.
+//!
+//! **Decode runs.** A step that only decodes, with nothing due to join before
+//! the next step (no admissible arrival, no restore or transfer completing, no
+//! sequence finishing, no streaming client), is followed by another of the same
+//! batch; such runs are formed in one go, each step's time computed exactly as
+//! a lone step's would be, so the result is the same to the bit and a rank
+//! that decodes for seconds costs a few operations instead of one per token.
+//!
 //! Driving it: [`Engine::submit`] a request at its arrival time, then call
 //! [`Engine::advance`] with the current time whenever time passes;
 //! [`Engine::next_wakeup`] says when something will happen next. A step begun at
@@ -49,6 +65,9 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     /// Most tokens one step computes, decodes included (vLLM `--max-num-batched-tokens`).
     pub max_num_batched_tokens: usize,
+    /// Bandwidth of the link over which prompt KV computed elsewhere arrives
+    /// (P/D decode role), GB/s (10⁹ B/s); `f64::INFINITY` = free transfers.
+    pub kv_link_gbps: f64,
 }
 
 impl EngineConfig {
@@ -71,12 +90,13 @@ impl EngineConfig {
             },
             max_num_seqs: s.max_num_seqs,
             max_num_batched_tokens: s.max_num_batched_tokens,
+            kv_link_gbps: s.kv_link_gbps,
         }
     }
 }
 
 /// The serving settings of one engine, besides its profile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineSettings {
     /// Tokens per KV block.
     pub block_size: usize,
@@ -90,6 +110,8 @@ pub struct EngineSettings {
     pub max_num_seqs: usize,
     /// vLLM `--max-num-batched-tokens`.
     pub max_num_batched_tokens: usize,
+    /// KV-transfer link of a decode-role engine, GB/s ([`EngineConfig::kv_link_gbps`]).
+    pub kv_link_gbps: f64,
 }
 
 impl Default for EngineSettings {
@@ -101,6 +123,7 @@ impl Default for EngineSettings {
             retention: true,
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,
+            kv_link_gbps: 50.0,
         }
     }
 }
@@ -131,6 +154,10 @@ pub struct SimRequest {
     pub marker: Option<TurnMarker>,
     /// Emit an event per output token (streaming clients); otherwise only the outcome.
     pub stream: bool,
+    /// Leading prompt tokens whose KV another engine computed and sends here
+    /// (the prefill leg of a P/D pair); 0 = compute the prompt here. Tokens this
+    /// engine finds in its own cache are not transferred.
+    pub kv_in_tokens: usize,
 }
 
 /// Why a request was refused at submission.
@@ -163,6 +190,8 @@ pub struct Outcome {
     pub device_cached_tokens: usize,
     /// Of the cached tokens, those restored from the host tier.
     pub restored_tokens: usize,
+    /// Prompt tokens whose KV arrived from another engine (not cached, not computed here).
+    pub transferred_tokens: usize,
     /// Output tokens generated.
     pub output_tokens: usize,
     /// When the request arrived.
@@ -175,6 +204,8 @@ pub struct Outcome {
     pub finished: SimMs,
     /// Host-link time of its restore (0 without one).
     pub restore_ms: f64,
+    /// KV-link time of its transfer (0 without one).
+    pub transfer_ms: f64,
     /// The host tier held data for it that could not be used.
     pub restore_miss: bool,
 }
@@ -200,9 +231,9 @@ impl Outcome {
             0.0
         }
     }
-    /// Prompt tokens computed by prefill.
+    /// Prompt tokens computed by prefill on this engine.
     pub fn computed_tokens(&self) -> usize {
-        self.prompt_tokens - self.cached_tokens
+        self.prompt_tokens - self.cached_tokens - self.transferred_tokens
     }
 }
 
@@ -281,7 +312,9 @@ struct Live {
     last_token: SimMs,
     device_cached: usize,
     restored: usize,
+    transferred: usize,
     restore_ms: f64,
+    transfer_ms: f64,
     restore_miss: bool,
     cancelled: bool,
     done: bool,
@@ -293,6 +326,8 @@ struct Step {
     end: SimMs,
     decodes: Vec<usize>,
     chunks: Vec<(usize, usize)>,
+    /// Durations of the steps of a decode run after the first (empty for one step).
+    more: Vec<f64>,
 }
 
 /// One simulated engine. See the module docs.
@@ -309,6 +344,7 @@ pub struct Engine {
     in_flight: Option<Step>,
     clock: SimMs,
     link_free_at: SimMs,
+    kv_link_free_at: SimMs,
     blocked: bool,
     metrics: EngineMetrics,
 }
@@ -320,6 +356,12 @@ impl Engine {
             return Err(EngineConfigError::Limits(
                 "max_num_seqs must be at least 1".into(),
             ));
+        }
+        if cfg.kv_link_gbps.is_nan() || cfg.kv_link_gbps <= 0.0 {
+            return Err(EngineConfigError::Limits(format!(
+                "kv_link_gbps ({}) must be positive",
+                cfg.kv_link_gbps
+            )));
         }
         if cfg.max_num_batched_tokens < cfg.max_num_seqs {
             return Err(EngineConfigError::Limits(format!(
@@ -344,6 +386,7 @@ impl Engine {
             in_flight: None,
             clock: 0.0,
             link_free_at: 0.0,
+            kv_link_free_at: 0.0,
             blocked: false,
             metrics: EngineMetrics::new(max_len),
         })
@@ -393,7 +436,7 @@ impl Engine {
             return Err(SubmitError::Duplicate(req.id));
         }
         let bs = self.cfg.policy.block_size;
-        let peek = self.cache.peek_prefix(&req.hashes) * bs;
+        let peek = (self.cache.peek_prefix(&req.hashes) * bs).max(req.kv_in_tokens);
         let est_uncached = req.prompt_tokens - peek.min(cached_cap(req.prompt_tokens, bs));
         let w = Waiting {
             req,
@@ -449,6 +492,54 @@ impl Engine {
         }
     }
 
+    /// A time before which no request finishes unless more are submitted, for
+    /// a fleet that tracks requests in flight without advancing every engine at
+    /// every arrival. `None` when nothing runs. A lower bound when step times do
+    /// not fall as batch and context grow (true of measured profiles): the
+    /// first sequence to finish needs its remaining tokens at no less than the
+    /// current batch's decode step time each.
+    pub fn next_finish_hint(&self) -> Option<SimMs> {
+        let base = match &self.in_flight {
+            Some(s) => s.end,
+            None => self.next_start()?,
+        };
+        let in_step = |i: usize| match &self.in_flight {
+            Some(s) if s.decodes.contains(&i) => 1 + s.more.len(),
+            _ => 0,
+        };
+        let mut decoding = 0usize;
+        let mut context = 0usize;
+        let mut fewest: Option<usize> = None;
+        for (i, l) in self.running.iter().enumerate() {
+            if l.cancelled || l.done {
+                continue;
+            }
+            if l.phase != Phase::Decode {
+                // Its first token (and, for one-token requests, its end) can come
+                // with the next step.
+                return Some(base);
+            }
+            let left =
+                l.req.max_tokens - l.generated - in_step(i).min(l.req.max_tokens - l.generated);
+            if left == 0 {
+                return Some(base);
+            }
+            decoding += 1;
+            context += l.req.prompt_tokens + l.generated;
+            fewest = Some(fewest.map_or(left, |f| f.min(left)));
+        }
+        if !self.waiting.is_empty() && !self.blocked && self.running.len() < self.cfg.max_num_seqs {
+            // A waiting request joins with the next step.
+            return Some(base);
+        }
+        let fewest = fewest?;
+        let step = self
+            .model
+            .decode_ms(decoding, context as f64 / decoding as f64)
+            .max(crate::latency::MIN_STEP_MS);
+        Some(base + fewest as f64 * step)
+    }
+
     fn next_start(&self) -> Option<SimMs> {
         let mut t: Option<SimMs> = None;
         let mut consider = |x: SimMs| t = Some(t.map_or(x, |t| t.min(x)));
@@ -485,7 +576,7 @@ impl Engine {
             if start > now {
                 return;
             }
-            if !self.begin(start, out) {
+            if !self.begin(start, now, out) {
                 // Nothing could run at `start` (e.g. every admission blocked):
                 // the next start is later, or there is none.
                 match self.next_start() {
@@ -496,8 +587,10 @@ impl Engine {
         }
     }
 
-    /// Admits, forms a batch at `start` and puts it in flight. False if no step formed.
-    fn begin(&mut self, start: SimMs, out: &mut Vec<Event>) -> bool {
+    /// Admits, forms a batch at `start` and puts it in flight (a decode run of
+    /// several steps when nothing can change it before `now`; see the module
+    /// docs). False if no step formed.
+    fn begin(&mut self, start: SimMs, now: SimMs, out: &mut Vec<Event>) -> bool {
         self.clock = self.clock.max(start);
         let bs = self.cfg.policy.block_size;
         for l in &mut self.running {
@@ -523,11 +616,13 @@ impl Engine {
             {
                 Ok(adm) => {
                     let p = w.req.prompt_tokens;
+                    let cap = cached_cap(p, bs);
                     let raw = adm.cached_blocks * bs;
-                    let cached = raw.min(cached_cap(p, bs));
+                    let cached = raw.min(cap);
                     let restored_raw = adm.restored_blocks * bs;
                     let restored = restored_raw - (raw - cached).min(restored_raw);
                     let device_cached = cached - restored;
+                    let transferred = w.req.kv_in_tokens.min(cap).saturating_sub(cached);
                     let m = &mut self.metrics;
                     m.prompt_tokens += p as u64;
                     m.prefix_queries += p as u64;
@@ -536,36 +631,47 @@ impl Engine {
                         m.external_queries += (p - device_cached) as u64;
                         m.external_hits += restored as u64;
                     }
-                    m.computed_tokens += (p - cached) as u64;
+                    m.computed_tokens += (p - cached - transferred) as u64;
+                    m.transferred_tokens += transferred as u64;
                     m.queue.observe((start - w.arrival) / 1000.0);
-                    let (phase, restore_ms) = if adm.restored_blocks > 0 {
-                        let ms = self
+                    let mut ready_at = start;
+                    let mut restore_ms = 0.0;
+                    if adm.restored_blocks > 0 {
+                        restore_ms = self
                             .model
                             .restore_ms(adm.restored_blocks as u64 * self.cfg.policy.block_bytes);
-                        let begin = self.link_free_at.max(start);
-                        self.link_free_at = begin + ms;
-                        m.restore_ms += ms;
-                        (
-                            Phase::Restoring {
-                                ready_at: self.link_free_at,
-                            },
-                            ms,
-                        )
+                        self.link_free_at = self.link_free_at.max(start) + restore_ms;
+                        m.restore_ms += restore_ms;
+                        ready_at = self.link_free_at;
+                    }
+                    let mut transfer_ms = 0.0;
+                    if transferred > 0 {
+                        let bytes =
+                            transferred as f64 * self.model.profile().kv_bytes_per_token as f64;
+                        transfer_ms = bytes / (self.cfg.kv_link_gbps * 1e6);
+                        self.kv_link_free_at = self.kv_link_free_at.max(start) + transfer_ms;
+                        m.transfer_ms += transfer_ms;
+                        ready_at = ready_at.max(self.kv_link_free_at);
+                    }
+                    let phase = if ready_at > start {
+                        Phase::Restoring { ready_at }
                     } else {
-                        (Phase::Prefill, 0.0)
+                        Phase::Prefill
                     };
                     self.running.push(Live {
                         arrival: w.arrival,
                         admitted: start,
                         phase,
-                        uncached: p - cached,
+                        uncached: p - cached - transferred,
                         prefilled: 0,
                         generated: 0,
                         first_token: 0.0,
                         last_token: 0.0,
                         device_cached,
                         restored,
+                        transferred,
                         restore_ms,
+                        transfer_ms,
                         restore_miss: adm.miss.is_some(),
                         cancelled: false,
                         done: false,
@@ -612,36 +718,81 @@ impl Engine {
         if decodes.is_empty() && chunks.is_empty() {
             return false;
         }
-        let mean_context = if decodes.is_empty() {
-            0.0
-        } else {
-            decodes
-                .iter()
-                .map(|&i| (self.running[i].req.prompt_tokens + self.running[i].generated) as f64)
-                .sum::<f64>()
-                / decodes.len() as f64
+        // Context summed as an integer, so a decode run's later steps (the same
+        // sum plus one token per sequence and step) time exactly as lone steps.
+        let context_sum: usize = decodes
+            .iter()
+            .map(|&i| self.running[i].req.prompt_tokens + self.running[i].generated)
+            .sum();
+        let step_ms = |sum: usize, prefill_ms: f64| {
+            self.model.step_ms(&StepShape {
+                decodes: decodes.len(),
+                mean_context: if decodes.is_empty() {
+                    0.0
+                } else {
+                    sum as f64 / decodes.len() as f64
+                },
+                prefill_ms,
+            })
         };
-        let d = self.model.step_ms(&StepShape {
-            decodes: decodes.len(),
-            mean_context,
-            prefill_ms,
-        });
+        let mut end = start + step_ms(context_sum, prefill_ms);
+        let mut more = Vec::new();
+        if chunks.is_empty() && decodes.iter().all(|&i| !self.running[i].req.stream) {
+            // A decode run: further steps of the same batch while nothing can join
+            // or leave it before they start (each sequence gains one token a step).
+            let steps_left = decodes
+                .iter()
+                .map(|&i| self.running[i].req.max_tokens - self.running[i].generated)
+                .min()
+                .unwrap_or(1);
+            let join_at = self.next_join();
+            let mut sum = context_sum;
+            while more.len() + 1 < steps_left && end <= now && join_at.is_none_or(|j| j > end) {
+                sum += decodes.len();
+                let d = step_ms(sum, 0.0);
+                more.push(d);
+                end += d;
+            }
+        }
         self.in_flight = Some(Step {
             start,
-            end: start + d,
+            end,
             decodes,
             chunks,
+            more,
         });
         true
     }
 
-    /// Applies a finished step at its end time.
+    /// The earliest time something would join the running batch: a waiting
+    /// request that could be admitted, or a restore or transfer completing.
+    fn next_join(&self) -> Option<SimMs> {
+        let mut t: Option<SimMs> = None;
+        for l in &self.running {
+            if let Phase::Restoring { ready_at } = l.phase
+                && !l.cancelled
+            {
+                t = Some(t.map_or(ready_at, |t| t.min(ready_at)));
+            }
+        }
+        if !self.blocked
+            && self.running.len() < self.cfg.max_num_seqs
+            && let Some(w) = self.waiting.front()
+        {
+            t = Some(t.map_or(w.arrival, |t| t.min(w.arrival)));
+        }
+        t
+    }
+
+    /// Applies a finished step (or decode run) at its end time.
     fn complete(&mut self, step: Step, out: &mut Vec<Event>) {
         let at = step.end;
         self.clock = self.clock.max(at);
-        self.metrics.steps += 1;
+        self.metrics.steps += 1 + step.more.len() as u64;
         self.metrics.busy_ms += step.end - step.start;
         debug_assert!(step.start <= step.end);
+        // End of the run's first step: the other steps' durations follow it.
+        let first_end = step.end - step.more.iter().sum::<f64>();
         for &(i, c) in &step.chunks {
             let l = &mut self.running[i];
             if l.cancelled {
@@ -694,14 +845,24 @@ impl Engine {
                 l.done = true;
             }
         }
+        let mut decoded = 0u64;
         for &i in &step.decodes {
             let l = &mut self.running[i];
             if l.cancelled || l.done {
                 continue;
             }
-            l.generated += 1;
-            self.metrics.generation_tokens += 1;
-            self.metrics.itl.observe((at - l.last_token) / 1000.0);
+            let steps = 1 + step.more.len();
+            l.generated += steps;
+            decoded += 1;
+            let m = &mut self.metrics;
+            m.generation_tokens += steps as u64;
+            let gap = if step.more.is_empty() {
+                at - l.last_token
+            } else {
+                first_end - l.last_token
+            };
+            m.itl.observe(gap / 1000.0);
+            let _ = m.itl_us.record((gap * 1000.0).round() as u64);
             l.last_token = at;
             if l.generated >= l.req.max_tokens {
                 l.done = true;
@@ -709,18 +870,27 @@ impl Engine {
                 out.push(Event::Token { id: l.req.id, at });
             }
         }
+        for d in &step.more {
+            self.metrics.itl.observe_n(d / 1000.0, decoded);
+            let _ = self
+                .metrics
+                .itl_us
+                .record_n((d * 1000.0).round() as u64, decoded);
+        }
         for l in self.running.iter().filter(|l| l.done && !l.cancelled) {
             let o = Outcome {
                 prompt_tokens: l.req.prompt_tokens,
                 cached_tokens: l.device_cached + l.restored,
                 device_cached_tokens: l.device_cached,
                 restored_tokens: l.restored,
+                transferred_tokens: l.transferred,
                 output_tokens: l.generated,
                 arrival: l.arrival,
                 admitted: l.admitted,
                 first_token: l.first_token,
                 finished: l.last_token,
                 restore_ms: l.restore_ms,
+                transfer_ms: l.transfer_ms,
                 restore_miss: l.restore_miss,
             };
             let m = &mut self.metrics;

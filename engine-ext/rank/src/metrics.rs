@@ -61,11 +61,17 @@ impl Histogram {
 
     /// Records one value.
     pub fn observe(&mut self, v: f64) {
+        self.observe_n(v, 1);
+    }
+
+    /// Records the same value `n` times (a step's duration is the inter-token
+    /// latency of every sequence it decoded).
+    pub fn observe_n(&mut self, v: f64, n: u64) {
         if let Some(i) = self.bounds.iter().position(|b| v <= *b) {
-            self.counts[i] += 1;
+            self.counts[i] += n;
         }
-        self.sum += v;
-        self.count += 1;
+        self.sum += v * n as f64;
+        self.count += n;
     }
 
     /// Observations so far.
@@ -104,11 +110,19 @@ pub struct EngineMetrics {
     pub retained_blocks: u64,
     /// Simulated ms the host link spent restoring.
     pub restore_ms: f64,
+    /// Prompt tokens whose KV arrived from another engine (a P/D prefill leg).
+    pub transferred_tokens: u64,
+    /// Simulated ms the KV-transfer link spent receiving.
+    pub transfer_ms: f64,
     /// Engine steps run.
     pub steps: u64,
     /// Simulated ms the engine spent running steps (its busy time: what a
     /// replay prices as GPU time, since idle time would be shared or scaled away).
     pub busy_ms: f64,
+    /// Inter-token latency per token in µs, 2 significant digits: the
+    /// quantiles the fleet simulator reports (the vLLM buckets of `itl` are too
+    /// coarse for a p50 of a few ms).
+    pub itl_us: hdrhistogram::Histogram<u64>,
     /// TTFT (s).
     pub ttft: Histogram,
     /// Inter-token latency per token (s).
@@ -149,8 +163,11 @@ impl EngineMetrics {
             aborted: 0,
             retained_blocks: 0,
             restore_ms: 0.0,
+            transferred_tokens: 0,
+            transfer_ms: 0.0,
             steps: 0,
             busy_ms: 0.0,
+            itl_us: hdrhistogram::Histogram::new(2).unwrap_or_else(|_| unreachable!()),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             tpot: Histogram::new(ITL_BUCKETS),

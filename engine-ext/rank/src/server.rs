@@ -613,6 +613,7 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
         max_tokens,
         marker,
         stream: parsed.stream,
+        kv_in_tokens: 0,
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let slot = &rank.slots[dp];

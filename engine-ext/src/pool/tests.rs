@@ -108,3 +108,39 @@ fn events_report_stores_and_cascaded_removals_only_when_recording() {
     assert!(removed.contains(&KvEvent::Removed { hash: h(0) }));
     assert!(p.drain_events().is_empty());
 }
+
+#[test]
+fn slots_are_created_on_first_use_so_an_unused_pool_costs_nothing() {
+    // A pool sized for a real device holds no per-slot memory until it fills.
+    let mut p = BlockPool::new(1 << 20);
+    assert_eq!(p.capacity(), 1 << 20);
+    assert_eq!(p.empty_slots(), 1 << 20);
+    assert!(p.metadata_bytes() < 1024, "{}", p.metadata_bytes());
+    let a = chain(&mut p, 0, 3, None);
+    assert_eq!(p.empty_slots(), (1 << 20) - 3);
+    assert!(p.metadata_bytes() < 64 * 1024, "{}", p.metadata_bytes());
+    for s in a.iter().rev() {
+        p.release(*s);
+    }
+    // Freed slots are reused before new ones are created.
+    assert_eq!(p.evict_lru(), 1);
+    let s = p.take_empty().unwrap();
+    assert_eq!(s, a[2]);
+    p.check().expect("invariants");
+    // Never-used slots read as unpinned.
+    assert_eq!(p.refs(SlotId(1000)), 0);
+    assert_eq!(p.retains(SlotId(1000)), 0);
+}
+
+#[test]
+fn a_full_pool_refuses_more_slots_until_one_is_freed() {
+    let mut p = BlockPool::new(2);
+    let a = p.take_empty().unwrap();
+    let _b = p.take_empty().unwrap();
+    assert_eq!(p.take_empty(), None);
+    assert_eq!(p.empty_slots(), 0);
+    p.release(a);
+    assert_eq!(p.empty_slots(), 1);
+    assert_eq!(p.take_empty(), Some(a));
+    p.check().expect("invariants");
+}

@@ -2,19 +2,25 @@
 //! caching, (b) interval retention on the device tier, (c) retention + host tier — one run,
 //! the same policy code for all three.
 //!
-//! The trace is any format `tether trace import` reads (`--format`, default: a
-//! tether trace, or a Mooncake file whose conversations are derived as
-//! `docs/trace-format.md` says). It prints its own verdict against the target:
-//! retention + host tier must leave at least 5× less avoidable re-prefill than LRU.
+//! Each configuration is a run of the fleet simulator (`tether_fleet::sim`): the trace's
+//! requests at their arrival times, placed by the gateway's tether key, served by simulated
+//! engines (`tether_rank::engine`, continuous batching timed by a GPU profile) whose cache
+//! is the real `RetentionCache`. The trace is any format `tether trace import` reads
+//! (`--format`). It prints its own verdict against the target: retention + host tier must
+//! leave at least 5x less avoidable re-prefill than LRU.
 //!
 //! Run: `cargo run --release -p tether-fleet --bin retention-bench -- --trace examples/traces/mooncake_synthetic_trace.jsonl --format mooncake`
 
 use anyhow::Result;
 use clap::Parser;
-use std::time::Instant;
-use tether_engine::PolicyConfig;
+use std::path::PathBuf;
 use tether_fleet::import::{Format, ImportOptions, import, mooncake};
-use tether_fleet::sim::{SimReport, replay};
+use tether_fleet::sim::config::HybridOptions;
+use tether_fleet::sim::{
+    CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
+};
+use tether_rank::engine::EngineSettings;
+use tether_rank::profile::Profile;
 
 /// The benchmark's target: LRU's avoidable re-prefill ÷ retention + host's.
 const TARGET_RATIO: f64 = 5.0;
@@ -24,25 +30,28 @@ const TARGET_RATIO: f64 = 5.0;
 struct Args {
     /// The trace.
     #[arg(long)]
-    trace: std::path::PathBuf,
+    trace: PathBuf,
     /// Its format: tether, mooncake, bailian or agentx.
     #[arg(long, default_value = "tether", value_parser = Format::parse)]
     format: Format,
+    /// GPU profile timing the ranks (its KV bytes per token size blocks and the host tier).
+    #[arg(
+        long,
+        default_value = "examples/profiles/llama-3.1-8b-fp8-h200-tp1.json"
+    )]
+    profile: PathBuf,
     /// Ranks the sessions are spread over.
     #[arg(long, default_value_t = 8)]
     ranks: usize,
     /// Device KV capacity per rank, in tokens.
     #[arg(long, default_value_t = 512 * 1024)]
-    device_tokens: usize,
+    device_tokens: u64,
     /// Host tier size as a multiple of the device capacity.
     #[arg(long, default_value_t = 4.0)]
     host_factor: f64,
-    /// Tokens per KV block.
+    /// Tokens per KV block (must divide the trace's block size).
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// KV bytes per token (Llama-3.1-8B bf16: 131072).
-    #[arg(long, default_value_t = 131_072)]
-    bytes_per_token: u64,
     /// Linear-state snapshot bytes (0 = attention-only model).
     #[arg(long, default_value_t = 0)]
     state_bytes: u64,
@@ -71,65 +80,56 @@ fn main() -> Result<()> {
     if let Some(d) = mooncake::derivation_of(&trace) {
         println!("{d}");
     }
-    let device_blocks = a.device_tokens / a.block_size;
-    let block_bytes = a.bytes_per_token * a.block_size as u64;
-    let base = PolicyConfig {
-        block_size: a.block_size,
-        device_blocks,
-        block_bytes,
-        state_bytes: a.state_bytes,
-        device_state_slots: if a.state_bytes > 0 { a.state_slots } else { 0 },
-        checkpoint_every_tokens: a.checkpoint_tokens,
-        ..PolicyConfig::default()
+    let profile = Profile::from_file(&a.profile)?;
+    let device_bytes = a.device_tokens as f64 * profile.kv_bytes_per_token as f64;
+    let base = SimConfig {
+        policy: Policy::Tether,
+        fleet: FleetShape::aggregated(a.ranks),
+        engine: EngineSettings {
+            block_size: a.block_size,
+            device_kv_tokens: Some(a.device_tokens),
+            ..EngineSettings::default()
+        },
+        host_bytes: (device_bytes * a.host_factor) as u64,
+        track_reusable: true,
+        hybrid: HybridOptions {
+            state_bytes: a.state_bytes,
+            state_slots: if a.state_bytes > 0 { a.state_slots } else { 0 },
+            checkpoint_tokens: a.checkpoint_tokens,
+        },
+        ..SimConfig::default()
     };
-    let host = (device_blocks as f64 * block_bytes as f64 * a.host_factor) as u64;
-    let modes = [
-        (
-            "(a) LRU prefix cache",
-            PolicyConfig {
-                retention: false,
-                host_bytes: 0,
-                ..base.clone()
-            },
-        ),
-        (
-            "(b) retention, device",
-            PolicyConfig {
-                retention: true,
-                host_bytes: 0,
-                ..base.clone()
-            },
-        ),
-        (
-            "(c) retention + host",
-            PolicyConfig {
-                retention: true,
-                host_bytes: host,
-                ..base.clone()
-            },
-        ),
-    ];
     println!(
-        "trace {}: {} requests, {} sessions ({} agents), {} ranks, device {} tokens/rank, host {}x device, block {} tokens, state {} B",
+        "trace {}: {} requests, {} sessions ({} agents), {} ranks ({}), device {} tokens/rank, host {}x device, block {} tokens, state {} B",
         a.trace.display(),
         trace.requests().len(),
         trace.sessions().len(),
         trace.agents().len(),
         a.ranks,
+        profile.name,
         a.device_tokens,
         a.host_factor,
         a.block_size,
         a.state_bytes
     );
-    let mut reports: Vec<(&str, SimReport, f64)> = Vec::new();
-    for (name, cfg) in modes {
-        let t0 = Instant::now();
-        let r = replay(&trace, a.ranks, &cfg)?;
-        reports.push((name, r, t0.elapsed().as_secs_f64()));
+    let oracle = oracle_hits(&trace, a.block_size);
+    let names = [
+        "(a) LRU prefix cache",
+        "(b) retention, device",
+        "(c) retention + host",
+    ];
+    let mut reports: Vec<RunReport> = Vec::new();
+    for cache in CacheMode::ALL {
+        let cfg = SimConfig {
+            cache,
+            ..base.clone()
+        };
+        reports.push(simulate(&trace, &profile, &cfg, &oracle, false, None)?.report);
     }
-    let lru = reports[0].1.avoidable_tokens;
+    let avoidable = |r: &RunReport| r.avoidable_tokens.unwrap_or(0);
+    let lru = avoidable(&reports[0]);
     // LRU's avoidable re-prefill ÷ this mode's (inf when this mode has none).
-    let ratio = |r: &SimReport| match (lru, r.avoidable_tokens) {
+    let ratio = |r: &RunReport| match (lru, avoidable(r)) {
         (0, 0) => 1.0,
         (_, 0) => f64::INFINITY,
         (l, a) => l as f64 / a as f64,
@@ -148,29 +148,30 @@ fn main() -> Result<()> {
         "expired",
         "secs"
     );
-    for (name, r, secs) in &reports {
+    for (name, r) in names.iter().zip(&reports) {
         println!(
             "{:<24} {:>12} {:>12} {:>12} {:>14} {:>9.1} {:>10} {:>9} {:>9} {:>8} {:>7.2}",
             name,
             r.prompt_tokens,
-            r.reused_tokens,
-            r.reusable_tokens,
-            r.avoidable_tokens,
+            r.hit_tokens,
+            r.reusable_tokens.unwrap_or(0),
+            avoidable(r),
             ratio(r),
-            r.restored_tokens,
-            r.stats.offloaded,
-            r.stats.dropped,
-            r.stats.expired_dropped,
-            secs
+            r.retention.restored_tokens,
+            r.retention.offloaded,
+            r.retention.dropped,
+            r.retention.expired,
+            r.wall_s
         );
     }
-    for (name, r, _) in &reports {
+    for (name, r) in names.iter().zip(&reports) {
         println!(
-            "{name}: avoidable on returning turns {} tokens; host peak {:.1} GiB; rejected {}; restore misses {}",
-            r.avoidable_returning_tokens,
-            r.host_peak_bytes as f64 / (1u64 << 30) as f64,
-            r.rejected,
-            r.stats.restore_misses
+            "{name}: avoidable on returning turns {} tokens; host peak {:.1} GiB; refused {}; TTFT p50 {:.1} ms p99 {:.1} ms",
+            r.avoidable_returning_tokens.unwrap_or(0),
+            r.retention.host_peak_bytes as f64 / (1u64 << 30) as f64,
+            r.refused + r.failed,
+            r.ttft_ms.p50,
+            r.ttft_ms.p99
         );
     }
     let shown = |x: f64| {
@@ -180,11 +181,11 @@ fn main() -> Result<()> {
             "inf (it leaves none)".to_owned()
         }
     };
-    let host_ratio = ratio(&reports[2].1);
-    let dev_ratio = ratio(&reports[1].1);
-    if reports.iter().any(|(_, r, _)| r.rejected > 0) {
+    let host_ratio = ratio(&reports[2]);
+    let dev_ratio = ratio(&reports[1]);
+    if reports.iter().any(|r| r.refused > 0) {
         println!(
-            "warning: requests were rejected (a prompt larger than the device capacity): raise --device-tokens above the longest prompt"
+            "warning: requests were refused (a prompt larger than the device capacity): raise --device-tokens above the longest prompt"
         );
     }
     println!(
@@ -197,7 +198,7 @@ fn main() -> Result<()> {
         }
     );
     println!(
-        "verdict: avoidable re-prefill, LRU / (device-only retention) = {dev_ratio:.2}x (must not be worse than LRU, >= 1.0x): {}",
+        "verdict: avoidable re-prefill, LRU / (device-only retention) = {dev_ratio:.3}x (must not be worse than LRU, >= 1.0x): {}",
         if dev_ratio >= 1.0 { "MET" } else { "MISSED" }
     );
     Ok(())

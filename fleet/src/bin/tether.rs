@@ -26,6 +26,8 @@ enum Command {
     Gateway(cli::gateway::Args),
     /// Compare replay reports of one trace: configuration changes next to metric changes.
     Compare(cli::compare::Args),
+    /// Routing policies and cache modes side by side on a simulated fleet.
+    Simulate(Box<cli::simulate::Args>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,5 +36,6 @@ fn main() -> anyhow::Result<()> {
         Command::Replay(a) => cli::replay::run(a),
         Command::Compare(a) => cli::compare::run(a),
         Command::Gateway(a) => cli::gateway::run(a),
+        Command::Simulate(a) => cli::simulate::run(*a),
     }
 }

@@ -34,6 +34,7 @@ fn engine_with(
             policy,
             max_num_seqs: seqs,
             max_num_batched_tokens: budget,
+            kv_link_gbps: 1.0,
         },
         LatencyModel::new(profile()),
     )
@@ -61,6 +62,7 @@ fn req(id: u64, tokens: &[u32], max_tokens: usize, marker: Option<TurnMarker>) -
         max_tokens,
         marker,
         stream: true,
+        kv_in_tokens: 0,
     }
 }
 
@@ -371,10 +373,187 @@ fn submissions_the_engine_cannot_hold_are_refused() {
             EngineConfig {
                 policy: PolicyConfig::default(),
                 max_num_seqs: 8,
-                max_num_batched_tokens: 4
+                max_num_batched_tokens: 4,
+                kv_link_gbps: 1.0,
             },
             LatencyModel::new(profile())
         )
         .is_err()
     );
+}
+
+fn quiet(mut r: SimRequest) -> SimRequest {
+    r.stream = false;
+    r
+}
+
+/// Non-streaming requests decode in runs; the times and counts must be those
+/// of one step at a time, to the bit.
+#[test]
+fn decode_runs_time_exactly_as_single_steps() {
+    let mut schedule: Vec<(u64, SimMs, usize, usize)> = (0..24)
+        .map(|i| {
+            (
+                i + 1,
+                (i * 53 % 300) as f64 + i as f64 * 41.0,
+                40 + (i as usize % 4) * 300,
+                3 + (i as usize * 7) % 40,
+            )
+        })
+        .collect();
+    // Submitted in arrival order, each once time reaches it.
+    schedule.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let run_with = |step: f64| {
+        let mut e = engine_with(4096, 0, true, 6, 1024);
+        let mut out = Vec::new();
+        let mut t = 0.0;
+        let mut next = 0;
+        while next < schedule.len() || e.next_wakeup().is_some() {
+            while next < schedule.len() && schedule[next].1 <= t {
+                let (id, at, n, m) = schedule[next];
+                let r = quiet(req(id, &toks(id as u32 % 5, n), m, None));
+                e.submit(r, at.max(e.clock().min(t))).unwrap();
+                next += 1;
+            }
+            e.advance(t, &mut out);
+            t += step;
+        }
+        let mut d: Vec<(u64, f64, f64, usize)> = out
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Done { id, outcome } => Some((
+                    *id,
+                    outcome.first_token,
+                    outcome.finished,
+                    outcome.output_tokens,
+                )),
+                _ => None,
+            })
+            .collect();
+        d.sort_by_key(|x| x.0);
+        let m = e.metrics();
+        (d, m.steps, m.itl.count(), m.itl_us.len(), m.busy_ms)
+    };
+    // 0.25 ms per advance: every decode step is formed alone (steps last ≥ 10 ms).
+    let fine = run_with(0.25);
+    let coarse = run_with(5000.0);
+    assert_eq!(fine.0.len(), 24);
+    assert_eq!(fine.0, coarse.0, "outcomes differ");
+    assert_eq!(fine.1, coarse.1, "step counts differ");
+    assert_eq!(fine.2, coarse.2);
+    assert_eq!(fine.3, coarse.3);
+    assert!(
+        (fine.4 - coarse.4).abs() < 1e-6 * fine.4,
+        "{} {}",
+        fine.4,
+        coarse.4
+    );
+    // Every output token after the first is one ITL observation.
+    let tokens: usize = fine.0.iter().map(|d| d.3 - 1).sum();
+    assert_eq!(fine.2, tokens as u64);
+}
+
+#[test]
+fn a_long_decode_alone_runs_in_one_go() {
+    let mut e = engine();
+    e.submit(quiet(req(1, &toks(1, 500), 400, None)), 0.0)
+        .unwrap();
+    let mut out = Vec::new();
+    e.advance(1e9, &mut out);
+    let o = done(&out, 1);
+    assert_eq!(o.output_tokens, 400);
+    // One prefill step, then 399 decode steps formed as one run.
+    assert_eq!(e.metrics().steps, 400);
+    assert!(
+        (o.e2e_ms() - o.ttft_ms() - 399.0 * 10.0).abs() < 1e-6,
+        "{o:?}"
+    );
+    assert!((e.metrics().busy_ms - o.e2e_ms()).abs() < 1e-6);
+}
+
+#[test]
+fn prompt_kv_from_a_prefill_engine_crosses_the_link_and_is_not_computed() {
+    // Decode role: 2000 prompt tokens whose KV arrives from elsewhere, 1 KiB per
+    // token over a 1 GB/s link; only the last token is computed here.
+    let mut e = engine();
+    let t = toks(7, 2000);
+    let mut r = req(1, &t, 3, marker(7));
+    r.kv_in_tokens = 2000;
+    e.submit(quiet(r), 100.0).unwrap();
+    let ev = run(&mut e);
+    let o = done(&ev, 1);
+    let cap = cached_cap(2000, BS);
+    assert_eq!(o.cached_tokens, 0);
+    assert_eq!(o.transferred_tokens, cap);
+    assert_eq!(o.computed_tokens(), 2000 - cap);
+    let link_ms = cap as f64 * 1024.0 / 1e6;
+    assert!((o.transfer_ms - link_ms).abs() < 1e-9);
+    let prefill = e.model().prefill_ms(2000 - cap);
+    assert!((o.ttft_ms() - link_ms - prefill).abs() < 1e-9, "{o:?}");
+    assert_eq!(e.metrics().transferred_tokens, cap as u64);
+    // The same session's next turn finds the transferred prefix cached here:
+    // only the new tokens cross the link.
+    let mut t2 = t.clone();
+    t2.extend(toks(99, 300));
+    let mut r2 = req(2, &t2, 2, marker(7));
+    r2.kv_in_tokens = t2.len();
+    e.submit(quiet(r2), 1000.0).unwrap();
+    let o2 = done(&run(&mut e), 2);
+    assert_eq!(o2.device_cached_tokens, 2000 / BS * BS);
+    assert_eq!(
+        o2.transferred_tokens,
+        cached_cap(t2.len(), BS) - 2000 / BS * BS
+    );
+}
+
+#[test]
+fn the_finish_hint_never_passes_a_finish() {
+    let mut e = engine_with(4096, 0, true, 8, 2048);
+    let mut pending: Vec<(SimMs, SimRequest)> = (0..30u64)
+        .map(|i| {
+            (
+                i as f64 * 23.0,
+                quiet(req(
+                    i + 1,
+                    &toks(i as u32 % 4, 100 + 37 * i as usize),
+                    1 + (i as usize * 13) % 60,
+                    None,
+                )),
+            )
+        })
+        .collect();
+    pending.reverse();
+    let mut out = Vec::new();
+    let mut finished = 0;
+    loop {
+        let hint = e.next_finish_hint();
+        let arrival = pending.last().map(|p| p.0);
+        let t = match (hint, arrival) {
+            (None, None) => break,
+            (Some(h), Some(a)) => h.min(a),
+            (Some(h), None) => h,
+            (None, Some(a)) => a,
+        };
+        let before = out.len();
+        e.advance(t, &mut out);
+        for ev in &out[before..] {
+            if let Event::Done { outcome, .. } = ev {
+                // Nothing finished after the hint that was valid before `t`.
+                assert!(outcome.finished <= t + 1e-9);
+                if let Some(h) = hint {
+                    assert!(
+                        outcome.finished >= h - 1e-9,
+                        "finished {} before hint {h}",
+                        outcome.finished
+                    );
+                }
+                finished += 1;
+            }
+        }
+        while pending.last().is_some_and(|p| p.0 <= t) {
+            let (at, r) = pending.pop().unwrap();
+            e.submit(r, at).unwrap();
+        }
+    }
+    assert_eq!(finished, 30);
 }

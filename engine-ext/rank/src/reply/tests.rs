@@ -6,12 +6,14 @@ fn outcome() -> Outcome {
         cached_tokens: 64,
         device_cached_tokens: 48,
         restored_tokens: 16,
+        transferred_tokens: 0,
         output_tokens: 3,
         arrival: 10.0,
         admitted: 12.0,
         first_token: 20.0,
         finished: 30.0,
         restore_ms: 1.5,
+        transfer_ms: 0.0,
         restore_miss: false,
     }
 }

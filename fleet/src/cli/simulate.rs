@@ -1,0 +1,375 @@
+//! `tether simulate`: routing policies and cache modes side by side on one
+//! trace, on a simulated fleet (`docs/cli.md`, method in `docs/planning.md`).
+
+use crate::import::{Format, ImportOptions, import};
+use crate::sim::config::PrefixOptions;
+use crate::sim::identity::{Identities, IdentityModel};
+use crate::sim::plot::{self, Point};
+use crate::sim::report::{peak_rss_bytes, table};
+use crate::sim::run::describe;
+use crate::sim::{
+    CacheMode, FleetShape, PdOptions, Policy, RunReport, SimConfig, oracle_hits, simulate,
+};
+use crate::trace::{Trace, content_hash};
+use anyhow::{Context, Result, bail};
+use clap::Args as ClapArgs;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tether_rank::engine::EngineSettings;
+use tether_rank::profile::Profile;
+
+/// `tether simulate`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The trace.
+    pub trace: PathBuf,
+    /// Its format (a foreign trace is imported in memory with default options).
+    #[arg(long, default_value = "tether", value_parser = Format::parse)]
+    pub format: Format,
+    /// GPU profile: tether JSON (docs/profile.md) or Dynamo profiling NPZ.
+    #[arg(long)]
+    pub profile: PathBuf,
+    /// Aggregated ranks (ignored with --pd).
+    #[arg(long, default_value_t = 8)]
+    pub ranks: usize,
+    /// Disaggregated fleet: prefill and decode ranks, `P,D`.
+    #[arg(long, value_parser = parse_pd)]
+    pub pd: Option<(usize, usize)>,
+    /// Routing policies, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    pub policy: String,
+    /// Cache modes, comma-separated: lru, retention, retention-host.
+    #[arg(long, default_value = "lru,retention,retention-host")]
+    pub cache: String,
+    /// Device KV tokens per rank (default: the profile's max_kv_tokens).
+    #[arg(long)]
+    pub kv_tokens: Option<u64>,
+    /// Host tier per rank with retention-host, GiB (default: 4 × the device KV bytes).
+    #[arg(long)]
+    pub host_gib: Option<f64>,
+    /// Tokens per engine KV block; must divide the trace's block size (default: equal).
+    #[arg(long, default_value_t = 0)]
+    pub block_size: usize,
+    /// vLLM --max-num-seqs of every rank.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// vLLM --max-num-batched-tokens of every rank.
+    #[arg(long, default_value_t = 8192)]
+    pub max_num_batched_tokens: usize,
+    /// Bounded-load factor c of tether-bounded and tether-load (> 1).
+    #[arg(long, default_value_t = 2.0)]
+    pub balance_factor: f64,
+    /// Bounded load: below this load (requests in flight; running + waiting for
+    /// tether-load) a rank always takes its keys.
+    #[arg(long, default_value_t = 8.0)]
+    pub balance_floor: f64,
+    /// Rendezvous fallbacks per key for bounded load.
+    #[arg(long, default_value_t = 8)]
+    pub fallbacks: usize,
+    /// tether-load: how often the ranks' load is polled, ms.
+    #[arg(long, default_value_t = 200.0)]
+    pub load_poll_ms: f64,
+    /// P/D: prefill remotely only above this many uncached prompt tokens.
+    #[arg(long, default_value_t = 2048)]
+    pub pd_threshold: u64,
+    /// P/D: a decode rank's KV-transfer link, GB/s.
+    #[arg(long, default_value_t = 50.0)]
+    pub kv_link_gbps: f64,
+    /// prefix: route to the best match above this match rate.
+    #[arg(long, default_value_t = 0.3)]
+    pub prefix_threshold: f64,
+    /// prefix: imbalance when max − min in-flight exceeds this …
+    #[arg(long, default_value_t = 64.0)]
+    pub balance_abs: f64,
+    /// … and max exceeds this × min.
+    #[arg(long, default_value_t = 1.5)]
+    pub balance_rel: f64,
+    /// Derived users: mean sessions per user (traces without users).
+    #[arg(long, default_value_t = 4.0)]
+    pub sessions_per_user: f64,
+    /// Derived client addresses: users behind one address (NAT).
+    #[arg(long, default_value_t = 16)]
+    pub users_per_address: u32,
+    /// Seed of the user and address derivation.
+    #[arg(long, default_value_t = 1)]
+    pub identity_seed: u64,
+    /// Replay the trace this many times faster (arrivals divided by it).
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Runs at once (default: the machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the throughput-per-GPU vs interactivity chart (SVG) here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+fn parse_pd(s: &str) -> Result<(usize, usize), String> {
+    let (p, d) = s
+        .split_once(',')
+        .ok_or_else(|| format!("`{s}`: expected P,D (prefill and decode ranks)"))?;
+    let n = |x: &str| {
+        x.trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|v| *v > 0)
+            .ok_or_else(|| format!("`{x}` is not a positive rank count"))
+    };
+    Ok((n(p)?, n(d)?))
+}
+
+/// Reads a profile, tether JSON or Dynamo NPZ by its extension.
+pub fn load_profile(path: &Path) -> Result<Profile> {
+    crate::profile::load(path).with_context(|| format!("profile {}", path.display()))
+}
+
+/// Parses a comma list with `parse`, `all` meaning `all`.
+fn list<T: Copy>(s: &str, all: &[T], parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>> {
+    if s.trim() == "all" {
+        return Ok(all.to_vec());
+    }
+    let mut v = Vec::new();
+    for x in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        v.push(parse(x).map_err(anyhow::Error::msg)?);
+    }
+    if v.is_empty() {
+        bail!("an empty list");
+    }
+    Ok(v)
+}
+
+/// The configurations a command line asks for: every policy × cache mode
+/// (the oracle once: its cache is infinite), in report order.
+pub fn grid(policies: &[Policy], caches: &[CacheMode], base: &SimConfig) -> Vec<SimConfig> {
+    let mut out = Vec::new();
+    for &policy in policies {
+        if policy == Policy::Oracle {
+            if !base.fleet.is_disaggregated() {
+                out.push(SimConfig {
+                    policy,
+                    cache: CacheMode::Lru,
+                    ..base.clone()
+                });
+            }
+            continue;
+        }
+        for &cache in caches {
+            out.push(SimConfig {
+                policy,
+                cache,
+                ..base.clone()
+            });
+        }
+    }
+    out
+}
+
+/// Runs `configs` on up to `threads` threads, with a progress bar each.
+pub fn run_all(
+    trace: &Trace,
+    profile: &Profile,
+    configs: &[SimConfig],
+    oracle: &[u32],
+    threads: usize,
+    quiet: bool,
+) -> Result<Vec<RunReport>> {
+    let multi = MultiProgress::new();
+    if quiet {
+        multi.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let style = ProgressStyle::with_template(
+        "{prefix:>32} [{bar:30}] {pos}/{len} requests {per_sec} eta {eta}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<RunReport>>>> =
+        Mutex::new(configs.iter().map(|_| None).collect());
+    let n = trace.requests().len() as u64;
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1).min(configs.len().max(1)) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(cfg) = configs.get(i) else { break };
+                    let bar = multi.add(ProgressBar::new(n));
+                    bar.set_style(style.clone());
+                    bar.set_prefix(format!("{} / {}", cfg.policy.name(), cfg.cache.name()));
+                    let tick = |done: u64| bar.set_position(done);
+                    let r = simulate(trace, profile, cfg, oracle, false, Some(&tick))
+                        .map(|o| o.report)
+                        .map_err(anyhow::Error::from);
+                    bar.finish_and_clear();
+                    if let Ok(mut v) = results.lock() {
+                        v[i] = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    let v = results
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a run panicked"))?;
+    v.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(anyhow::anyhow!("a run did not finish"))))
+        .collect()
+}
+
+/// Runs it.
+pub fn run(a: Args) -> Result<()> {
+    let started = std::time::Instant::now();
+    let trace = import(a.format, &a.trace, &ImportOptions::default())?;
+    let profile = load_profile(&a.profile)?;
+    let policies = list(&a.policy, &Policy::ALL, Policy::parse).context("--policy")?;
+    let caches = list(&a.cache, &CacheMode::ALL, CacheMode::parse).context("--cache")?;
+    let fleet = match a.pd {
+        Some((p, d)) => FleetShape::disaggregated(p, d),
+        None if a.ranks == 0 => bail!("--ranks: must be at least 1"),
+        None => FleetShape::aggregated(a.ranks),
+    };
+    if fleet.prefill + fleet.decode > 4096 {
+        bail!("--ranks/--pd: at most 4096 ranks");
+    }
+    let device_kv = a.kv_tokens.unwrap_or(profile.max_kv_tokens);
+    let host_bytes = match a.host_gib {
+        Some(g) if g > 0.0 && g.is_finite() => (g * (1u64 << 30) as f64) as u64,
+        Some(g) => bail!("--host-gib: {g} must be positive"),
+        None => 4 * device_kv * profile.kv_bytes_per_token,
+    };
+    let identity = IdentityModel {
+        sessions_per_user: a.sessions_per_user,
+        users_per_address: a.users_per_address,
+        seed: a.identity_seed,
+    };
+    if a.sessions_per_user.is_nan() || a.sessions_per_user < 1.0 {
+        bail!("--sessions-per-user: must be at least 1");
+    }
+    let base = SimConfig {
+        fleet,
+        engine: EngineSettings {
+            block_size: a.block_size,
+            device_kv_tokens: a.kv_tokens,
+            max_num_seqs: a.max_num_seqs,
+            max_num_batched_tokens: a.max_num_batched_tokens,
+            ..EngineSettings::default()
+        },
+        host_bytes,
+        pd: PdOptions {
+            threshold_tokens: a.pd_threshold,
+            kv_link_gbps: a.kv_link_gbps,
+        },
+        balance_factor: a.balance_factor,
+        balance_floor: a.balance_floor,
+        fallbacks: a.fallbacks,
+        load_poll_ms: a.load_poll_ms,
+        prefix: PrefixOptions {
+            cache_threshold: a.prefix_threshold,
+            balance_abs: a.balance_abs,
+            balance_rel: a.balance_rel,
+        },
+        identity: identity.clone(),
+        speedup: a.speedup,
+        ..SimConfig::default()
+    };
+    let configs = grid(&policies, &caches, &base);
+    if configs.is_empty() {
+        bail!("nothing to run: the oracle alone needs an aggregated fleet");
+    }
+    let block = if a.block_size == 0 {
+        trace.block_size() as usize
+    } else {
+        a.block_size
+    };
+    let oracle = oracle_hits(&trace, block);
+    let ids = Identities::derive(&trace, &identity);
+    let hash = content_hash(&trace);
+    println!(
+        "trace    {} ({hash}): {} requests, {} sessions, {} agents",
+        a.trace.display(),
+        trace.requests().len(),
+        trace.sessions().len(),
+        trace.agents().len()
+    );
+    println!(
+        "identity {} users ({} from the trace, the rest {} sessions each on average), {} client addresses ({} users each)",
+        ids.users, ids.users_from_trace, a.sessions_per_user, ids.addresses, a.users_per_address
+    );
+    println!(
+        "fleet    {} of {} ({} GPU each, ${}/GPU-hour); device KV {device_kv} tokens/rank, host tier {:.1} GiB/rank with retention-host, blocks of {block} tokens",
+        describe(&base.fleet),
+        profile.name,
+        profile.gpus_per_engine,
+        profile.gpu_hour_usd,
+        host_bytes as f64 / (1u64 << 30) as f64
+    );
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let runs = run_all(&trace, &profile, &configs, &oracle, threads, a.quiet)?;
+    print!("{}", table(&runs));
+    let rss = peak_rss_bytes();
+    let wall = started.elapsed().as_secs_f64();
+    println!(
+        "columns: returning-turn hit ratio; share of the oracle's saved prefill; busiest rank's busy time / mean; TTFT and per-token ITL (ms); interactivity (1000 / median TPOT ms); total tokens per GPU-second; $ per million total tokens; requests refused or failed"
+    );
+    println!(
+        "{} runs in {wall:.1} s; peak memory {}",
+        runs.len(),
+        rss.map_or("unknown".into(), |b| format!(
+            "{:.0} MiB",
+            b as f64 / (1u64 << 20) as f64
+        ))
+    );
+    if let Some(p) = &a.svg {
+        let pts: Vec<Point> = runs
+            .iter()
+            .map(|r| Point {
+                label: r.label(),
+                x: r.interactivity_tok_s,
+                y: r.tokens_per_gpu_s,
+            })
+            .collect();
+        let title = format!(
+            "{} on {} ({})",
+            trace_name(&trace, &a.trace),
+            describe(&base.fleet),
+            profile.name
+        );
+        std::fs::write(p, plot::svg(&title, &pts))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.json {
+        let v = serde_json::json!({
+            "trace": {"path": a.trace.display().to_string(), "content_hash": hash,
+                      "requests": trace.requests().len(), "sessions": trace.sessions().len()},
+            "profile": profile.name,
+            "fleet": base.fleet,
+            "device_kv_tokens": device_kv,
+            "host_bytes": host_bytes,
+            "block_size": block,
+            "identity": {"model": identity, "users": ids.users, "users_from_trace": ids.users_from_trace,
+                         "addresses": ids.addresses},
+            "runs": runs,
+            "peak_rss_bytes": rss,
+            "wall_s": wall,
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn trace_name(trace: &Trace, path: &Path) -> String {
+    trace.header().name.clone().unwrap_or_else(|| {
+        path.file_name()
+            .map_or_else(String::new, |f| f.to_string_lossy().into_owned())
+    })
+}

@@ -1,0 +1,994 @@
+//! The discrete-event loop: arrivals in trace order, each routed by the
+//! policy and submitted to a simulated engine (`tether_rank::engine`, one per
+//! rank, on `tether-engine`'s real retention policy); engines advance lazily —
+//! only when a request reaches them, when a load view needs them current, or
+//! when a prefill they run hands its KV to a decode rank.
+//!
+//! Time is the trace's (ms from its first session start). A load view of
+//! requests in flight is kept exact at every arrival: each engine is woken at
+//! [`Engine::next_finish_hint`], a time before which none of its requests
+//! finishes, so only engines with something finishing are advanced.
+
+use super::config::{CacheMode, FleetShape, Policy, SimConfig};
+use super::identity::{Identities, request_key};
+use super::prompt::{BlockSizeError, PromptBlocks};
+use super::report::{
+    Balance, PdSummary, Quantiles, RequestRecord, RetentionSummary, Returning, RunReport,
+    histogram, record_ms,
+};
+use super::route::{RouteInput, Router};
+use crate::trace::{BlockRef, RequestId, Trace};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashSet};
+use tether_engine::cache::snapshot_boundaries;
+use tether_engine::{BlockHash, TurnMarker};
+use tether_placement::disaggregate;
+use tether_rank::engine::{Engine, EngineConfig, Event, Outcome, SimMs, SimRequest};
+use tether_rank::latency::LatencyModel;
+use tether_rank::profile::Profile;
+use thiserror::Error;
+
+/// Why a run could not start.
+#[derive(Debug, Error)]
+pub enum SimError {
+    /// The trace has no requests.
+    #[error("the trace has no requests: nothing to simulate")]
+    Empty,
+    /// Some session has no start time, so arrivals are unknown.
+    #[error(
+        "session `{0}` has no start time: this trace has no shared timeline (import AgentX runs with --stagger-ms N)"
+    )]
+    NoTimeline(String),
+    /// The engine block size does not fit the trace.
+    #[error(transparent)]
+    BlockSize(#[from] BlockSizeError),
+    /// The fleet has no ranks.
+    #[error("the fleet needs at least one {0} rank")]
+    NoRanks(&'static str),
+    /// The oracle is defined on an aggregated fleet only.
+    #[error("the oracle runs on an aggregated fleet only")]
+    OracleDisaggregated,
+    /// A setting is out of range.
+    #[error("{0}")]
+    Setting(String),
+    /// An engine refused its configuration.
+    #[error("engine configuration: {0}")]
+    Engine(String),
+}
+
+/// Total order on simulated times for the event heap.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct T(f64);
+impl Eq for T {}
+impl PartialOrd for T {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for T {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&o.0)
+    }
+}
+
+const DECODE: usize = 0;
+const PREFILL: usize = 1;
+
+/// One pool of ranks (decode or aggregated; prefill).
+struct Pool {
+    name: &'static str,
+    engines: Vec<Engine>,
+    cfg: EngineConfig,
+    advanced: Vec<SimMs>,
+    wake: Vec<SimMs>,
+    inflight: Vec<f64>,
+    inflight_total: f64,
+    polled: Vec<f64>,
+    requests: Vec<u64>,
+    router: Router,
+    /// Keep a wake per engine (a load view needs in-flight counts exact, or
+    /// finished prefills must hand over on time).
+    wakes: bool,
+    active: Vec<bool>,
+    /// Per rank, the blocks an unlimited cache would hold (when tracked).
+    seen: Vec<HashSet<BlockHash>>,
+    snaps: Vec<HashSet<BlockHash>>,
+}
+
+/// Per trace request.
+#[derive(Clone, Copy)]
+struct Req {
+    arrival: SimMs,
+    decode: u32,
+    prefill: u32,
+    returning: bool,
+    reusable: u32,
+    /// Cache hits of its prefill on the prefill pool.
+    prefill_hits: u32,
+}
+
+/// A finished prefill whose KV goes to its decode rank.
+struct Handoff {
+    req: u32,
+    at: SimMs,
+    /// Prompt tokens the prefill rank found in its cache.
+    hits: usize,
+}
+
+struct Totals {
+    finished: u64,
+    refused: u64,
+    failed: u64,
+    prompt: u64,
+    output: u64,
+    hits: u64,
+    computed: u64,
+    returning: Returning,
+    reusable: u64,
+    avoidable: u64,
+    avoidable_returning: u64,
+    remote: u64,
+    local: u64,
+    transferred: u64,
+    transfer_ms: f64,
+    ttft: hdrhistogram::Histogram<u64>,
+    tpot: hdrhistogram::Histogram<u64>,
+    e2e: hdrhistogram::Histogram<u64>,
+    first_arrival: SimMs,
+    last_token: SimMs,
+}
+
+/// Result of [`simulate`]: the report and, when asked, one record per finished request.
+#[derive(Debug)]
+pub struct RunOutput {
+    /// The run's report.
+    pub report: RunReport,
+    /// Per finished request (empty unless asked for).
+    pub records: Vec<RequestRecord>,
+}
+
+/// Progress callback: requests placed so far.
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+/// Runs `trace` through the fleet `cfg` describes, ranks timed by `profile`.
+/// `oracle_hits` is what the oracle's infinite cache serves on this trace
+/// ([`oracle_hits`]); `records` keeps per-request records.
+pub fn simulate(
+    trace: &Trace,
+    profile: &Profile,
+    cfg: &SimConfig,
+    oracle_hits: &[u32],
+    records: bool,
+    progress: Option<Progress>,
+) -> Result<RunOutput, SimError> {
+    let started = std::time::Instant::now();
+    let n = trace.requests().len();
+    if n == 0 {
+        return Err(SimError::Empty);
+    }
+    if let Some(s) = trace.sessions().iter().find(|s| s.start_ms.is_none()) {
+        return Err(SimError::NoTimeline(s.id.clone()));
+    }
+    if cfg.policy == Policy::Oracle && cfg.fleet.is_disaggregated() {
+        return Err(SimError::OracleDisaggregated);
+    }
+    if cfg.fleet.decode == 0 {
+        return Err(SimError::NoRanks(if cfg.fleet.is_disaggregated() {
+            "decode"
+        } else {
+            "aggregated"
+        }));
+    }
+    if cfg.balance_factor.is_nan() || cfg.balance_factor <= 1.0 {
+        return Err(SimError::Setting(format!(
+            "balance factor {} must be greater than 1",
+            cfg.balance_factor
+        )));
+    }
+    if cfg.load_poll_ms.is_nan() || cfg.load_poll_ms <= 0.0 {
+        return Err(SimError::Setting(
+            "load poll interval must be positive".into(),
+        ));
+    }
+    let blocks = PromptBlocks::new(trace, engine_block(trace, cfg))?;
+    let engine_cfg = engine_config(trace, profile, cfg)?;
+    let model = LatencyModel::new(profile.clone());
+    let store = trace.blocks();
+    let ids = Identities::derive(trace, &cfg.identity);
+    let order = trace.by_arrival();
+    if cfg.speedup.is_nan() || cfg.speedup <= 0.0 || cfg.speedup.is_infinite() {
+        return Err(SimError::Setting(format!(
+            "speedup {} must be positive",
+            cfg.speedup
+        )));
+    }
+    let speedup = cfg.speedup;
+    let arrival = |id: RequestId| trace.arrival_ms(id).unwrap_or(0) as f64 / speedup;
+
+    let pd = cfg.fleet.is_disaggregated();
+    let mut pools: Vec<Pool> = Vec::new();
+    for (p, count) in [(DECODE, cfg.fleet.decode), (PREFILL, cfg.fleet.prefill)] {
+        if p == PREFILL && !pd {
+            break;
+        }
+        let mut pcfg = engine_cfg.clone();
+        if p == PREFILL {
+            // A prefill rank keeps no retention pins (its prefixes are cached
+            // LRU); its KV leaves with the request.
+            pcfg.policy.retention = false;
+            pcfg.policy.host_bytes = 0;
+        }
+        let engines = (0..count)
+            .map(|_| Engine::try_new(pcfg.clone(), model.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| SimError::Engine(e.to_string()))?;
+        let policy = if p == PREFILL {
+            Policy::LeastLoaded
+        } else {
+            cfg.policy
+        };
+        let name = if p == PREFILL {
+            "prefill"
+        } else if pd {
+            "decode"
+        } else {
+            "rank"
+        };
+        let router = Router::new(
+            policy,
+            name,
+            count,
+            cfg.fallbacks,
+            tether_placement::LoadBound {
+                factor: cfg.balance_factor,
+                floor: cfg.balance_floor,
+            },
+            cfg.prefix,
+            (policy == Policy::Prefix).then_some((store, trace.block_size())),
+        );
+        let track = cfg.track_reusable && p == DECODE;
+        pools.push(Pool {
+            name,
+            engines,
+            cfg: pcfg,
+            advanced: vec![0.0; count],
+            wake: vec![f64::NAN; count],
+            inflight: vec![0.0; count],
+            inflight_total: 0.0,
+            polled: vec![0.0; count],
+            requests: vec![0; count],
+            router,
+            wakes: p == PREFILL || policy.reads_inflight(),
+            active: vec![true; count],
+            seen: if track {
+                vec![HashSet::new(); count]
+            } else {
+                Vec::new()
+            },
+            snaps: if track {
+                vec![HashSet::new(); count]
+            } else {
+                Vec::new()
+            },
+        });
+    }
+    let mut sim = Sim {
+        trace,
+        cfg,
+        pools,
+        heap: BinaryHeap::new(),
+        reqs: vec![
+            Req {
+                arrival: 0.0,
+                decode: u32::MAX,
+                prefill: u32::MAX,
+                returning: false,
+                reusable: 0,
+                prefill_hits: 0,
+            };
+            n
+        ],
+        blocks,
+        path: Vec::new(),
+        blocks_buf: Vec::new(),
+        events: Vec::new(),
+        handoffs: Vec::new(),
+        tot: Totals {
+            finished: 0,
+            refused: 0,
+            failed: 0,
+            prompt: 0,
+            output: 0,
+            hits: 0,
+            computed: 0,
+            returning: Returning::default(),
+            reusable: 0,
+            avoidable: 0,
+            avoidable_returning: 0,
+            remote: 0,
+            local: 0,
+            transferred: 0,
+            transfer_ms: 0.0,
+            ttft: histogram(),
+            tpot: histogram(),
+            e2e: histogram(),
+            first_arrival: arrival(order[0]),
+            last_token: arrival(order[0]),
+        },
+        records: if records {
+            Vec::with_capacity(n)
+        } else {
+            Vec::new()
+        },
+        oracle: cfg.policy == Policy::Oracle,
+        oracle_hits,
+    };
+    // Which requests are a session's first.
+    let mut first_of_session = vec![true; trace.sessions().len()];
+    for (i, &id) in order.iter().enumerate() {
+        let r = trace.request(id);
+        let s = r.session.0 as usize;
+        sim.reqs[id.0 as usize].returning = !first_of_session[s];
+        first_of_session[s] = false;
+        let _ = i;
+    }
+    let span_end = arrival(*order.last().unwrap_or(&order[0]));
+    let steps = &cfg.fleet.steps;
+    let mut next_step = 0usize;
+    let mut gpu_ms = 0.0f64;
+    let gpe = f64::from(profile.gpus_per_engine);
+    let mut active_since = sim.tot.first_arrival;
+    if let Some(s0) = steps.first() {
+        sim.set_active(s0.decode, s0.prefill, active_since);
+        next_step = 1;
+    }
+    let poll = cfg.policy == Policy::TetherLoad;
+    let mut next_poll = sim.tot.first_arrival;
+    let mut next = 0usize;
+    loop {
+        let ta = order.get(next).map_or(f64::INFINITY, |&id| arrival(id));
+        let tw = sim.peek_wake();
+        let ts = steps
+            .get(next_step)
+            .map_or(f64::INFINITY, |s| s.start_ms.max(sim.tot.first_arrival));
+        let tp = if poll && next < n {
+            next_poll
+        } else {
+            f64::INFINITY
+        };
+        let t = ta.min(tw).min(ts).min(tp);
+        if t == f64::INFINITY {
+            break;
+        }
+        if tw <= t {
+            sim.wake_one();
+            continue;
+        }
+        if ts <= t {
+            gpu_ms += sim.active_ranks() as f64 * gpe * (t - active_since);
+            active_since = t;
+            let s = steps[next_step];
+            sim.set_active(s.decode, s.prefill, t);
+            next_step += 1;
+            continue;
+        }
+        if tp <= t {
+            sim.poll(t);
+            next_poll = t + cfg.load_poll_ms;
+            continue;
+        }
+        let id = order[next];
+        next += 1;
+        sim.arrive(id, t, &ids)?;
+        if let Some(p) = progress
+            && next.is_multiple_of(4096)
+        {
+            p(next as u64);
+        }
+    }
+    sim.drain();
+    if let Some(p) = progress {
+        p(n as u64);
+    }
+    let end = sim.tot.last_token.max(span_end);
+    gpu_ms += sim.active_ranks() as f64 * gpe * (end - active_since);
+    Ok(sim.finish(profile, gpu_ms, end, started))
+}
+
+/// The engine block size of a run: the setting, or the trace's block size.
+fn engine_block(trace: &Trace, cfg: &SimConfig) -> usize {
+    if cfg.engine.block_size == 0 {
+        trace.block_size() as usize
+    } else {
+        cfg.engine.block_size
+    }
+}
+
+/// Every rank's engine configuration.
+fn engine_config(
+    trace: &Trace,
+    profile: &Profile,
+    cfg: &SimConfig,
+) -> Result<EngineConfig, SimError> {
+    let mut s = cfg.engine;
+    s.block_size = engine_block(trace, cfg);
+    s.retention = cfg.cache != CacheMode::Lru;
+    s.host_bytes = if cfg.cache == CacheMode::RetentionHost {
+        if cfg.host_bytes == 0 {
+            return Err(SimError::Setting(
+                "the retention-host cache needs a host tier (host bytes > 0)".into(),
+            ));
+        }
+        cfg.host_bytes
+    } else {
+        0
+    };
+    s.kv_link_gbps = if cfg.policy == Policy::Oracle {
+        f64::INFINITY
+    } else {
+        cfg.pd.kv_link_gbps
+    };
+    let mut e = EngineConfig::for_profile(profile, &s);
+    if e.policy.device_blocks == 0 {
+        return Err(SimError::Setting(format!(
+            "device KV of {} tokens holds no block of {} tokens",
+            s.device_kv_tokens.unwrap_or(profile.max_kv_tokens),
+            s.block_size
+        )));
+    }
+    let h = cfg.hybrid;
+    if h.state_bytes > 0 {
+        e.policy.state_bytes = h.state_bytes;
+        e.policy.device_state_slots = h.state_slots;
+        e.policy.checkpoint_every_tokens = h.checkpoint_tokens;
+    }
+    Ok(e)
+}
+
+/// What the oracle's infinite cache serves of each request (indexed by
+/// request): every block any earlier request (in arrival order) carried, in
+/// whole engine blocks of the run's size.
+pub fn oracle_hits(trace: &Trace, engine_block: usize) -> Vec<u32> {
+    let store = trace.blocks();
+    let bt = trace.block_size() as u64;
+    let be = engine_block.max(1) as u64;
+    let mut seen = vec![false; store.node_count()];
+    let mut out = vec![0u32; trace.requests().len()];
+    let mut path = Vec::new();
+    for id in trace.by_arrival() {
+        let r = trace.request(id);
+        store.path_into(r.blocks, &mut path);
+        let mut blocks = 0u64;
+        for node in &path {
+            if !seen[node.node()] {
+                break;
+            }
+            blocks += store.segment_len(*node) as u64;
+        }
+        for node in &path {
+            seen[node.node()] = true;
+        }
+        let full = u64::from(r.input_tokens) / be * be;
+        out[id.0 as usize] = (blocks * bt).min(full) as u32;
+    }
+    out
+}
+
+struct Sim<'a> {
+    trace: &'a Trace,
+    cfg: &'a SimConfig,
+    pools: Vec<Pool>,
+    heap: BinaryHeap<Reverse<(T, usize, u32)>>,
+    reqs: Vec<Req>,
+    blocks: PromptBlocks,
+    path: Vec<BlockRef>,
+    blocks_buf: Vec<BlockHash>,
+    events: Vec<Event>,
+    handoffs: Vec<Handoff>,
+    tot: Totals,
+    records: Vec<RequestRecord>,
+    oracle: bool,
+    oracle_hits: &'a [u32],
+}
+
+impl Sim<'_> {
+    fn peek_wake(&mut self) -> f64 {
+        while let Some(Reverse((T(t), p, r))) = self.heap.peek().copied() {
+            if self.pools[p].wake[r as usize] == t {
+                return t;
+            }
+            self.heap.pop();
+        }
+        f64::INFINITY
+    }
+
+    fn wake_one(&mut self) {
+        if let Some(Reverse((T(t), p, r))) = self.heap.pop() {
+            self.pools[p].wake[r as usize] = f64::NAN;
+            self.advance(p, r as usize, t);
+        }
+    }
+
+    fn active_ranks(&self) -> usize {
+        self.pools
+            .iter()
+            .map(|p| p.active.iter().filter(|a| **a).count())
+            .sum()
+    }
+
+    /// Scaling step: the first `decode` / `prefill` ranks of each pool are active.
+    fn set_active(&mut self, decode: usize, prefill: usize, t: SimMs) {
+        for (pi, want) in [(DECODE, decode), (PREFILL, prefill)] {
+            let Some(pool) = self.pools.get_mut(pi) else {
+                continue;
+            };
+            let want = want.min(pool.engines.len());
+            for r in 0..pool.engines.len() {
+                let on = r < want;
+                if on && !pool.active[r] && pool.engines[r].next_wakeup().is_none() {
+                    // A rank started afresh: an empty cache.
+                    if let Ok(e) =
+                        Engine::try_new(pool.cfg.clone(), pool.engines[r].model().clone())
+                    {
+                        pool.engines[r] = e;
+                        pool.advanced[r] = 0.0;
+                    }
+                }
+                pool.active[r] = on;
+            }
+            let name = pool.name;
+            pool.router.set_active(name, (0..want).collect());
+            let _ = t;
+        }
+    }
+
+    /// The load-aware pick's view: every rank's running + waiting at `t`.
+    fn poll(&mut self, t: SimMs) {
+        for r in 0..self.pools[DECODE].engines.len() {
+            self.advance(DECODE, r, t);
+            let g = self.pools[DECODE].engines[r].gauges();
+            self.pools[DECODE].polled[r] = (g.running + g.waiting) as f64;
+        }
+    }
+
+    /// Advances one engine to `t` and handles what finished.
+    fn advance(&mut self, p: usize, r: usize, t: SimMs) {
+        let pool = &mut self.pools[p];
+        let t = t.max(pool.advanced[r]);
+        self.events.clear();
+        pool.engines[r].advance(t, &mut self.events);
+        pool.advanced[r] = t;
+        let events = std::mem::take(&mut self.events);
+        for ev in &events {
+            match ev {
+                Event::Done { id, outcome } => {
+                    let q = *id as u32;
+                    let pool = &mut self.pools[p];
+                    pool.inflight[r] -= 1.0;
+                    pool.inflight_total -= 1.0;
+                    if p == PREFILL {
+                        self.handoffs.push(Handoff {
+                            req: q,
+                            at: outcome.first_token,
+                            hits: outcome.cached_tokens,
+                        });
+                    } else {
+                        self.done(q, outcome);
+                    }
+                }
+                Event::Failed { id, .. } => {
+                    let pool = &mut self.pools[p];
+                    pool.inflight[r] -= 1.0;
+                    pool.inflight_total -= 1.0;
+                    self.tot.failed += 1;
+                    if p == PREFILL {
+                        // Its decode leg was counted in flight on the decode rank.
+                        let d = self.reqs[*id as usize].decode as usize;
+                        self.pools[DECODE].inflight[d] -= 1.0;
+                        self.pools[DECODE].inflight_total -= 1.0;
+                    }
+                }
+                Event::First { .. } | Event::Token { .. } => {}
+            }
+        }
+        self.events = events;
+        self.reschedule(p, r);
+        while let Some(h) = self.handoffs.pop() {
+            self.hand_over(h);
+        }
+    }
+
+    fn reschedule(&mut self, p: usize, r: usize) {
+        let pool = &mut self.pools[p];
+        if !pool.wakes {
+            return;
+        }
+        if let Some(h) = pool.engines[r].next_finish_hint() {
+            let h = h.max(pool.advanced[r]);
+            if pool.wake[r] != h {
+                pool.wake[r] = h;
+                self.heap.push(Reverse((T(h), p, r as u32)));
+            }
+        } else {
+            pool.wake[r] = f64::NAN;
+        }
+    }
+
+    fn sim_request(&mut self, id: RequestId, max_tokens: usize, kv_in: usize) -> SimRequest {
+        let r = self.trace.request(id);
+        let (_, key) = request_key(self.trace, id);
+        SimRequest {
+            id: u64::from(id.0),
+            hashes: std::mem::take(&mut self.blocks_buf),
+            prompt_tokens: r.input_tokens as usize,
+            max_tokens,
+            marker: Some(TurnMarker {
+                key,
+                prompt_end: true,
+                kind: r.opened_by,
+                turn: None,
+                retention_ms: None,
+            }),
+            stream: false,
+            kv_in_tokens: kv_in,
+        }
+    }
+
+    fn submit(&mut self, p: usize, r: usize, req: SimRequest, at: SimMs) -> bool {
+        self.advance(p, r, at);
+        let pool = &mut self.pools[p];
+        let at = at.max(pool.advanced[r]);
+        match pool.engines[r].submit(req, at) {
+            Ok(()) => {
+                pool.inflight[r] += 1.0;
+                pool.inflight_total += 1.0;
+                pool.requests[r] += 1;
+                self.reschedule(p, r);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn arrive(&mut self, id: RequestId, t: SimMs, ids: &Identities) -> Result<(), SimError> {
+        let trace = self.trace;
+        let q = id.0 as usize;
+        let req = trace.request(id);
+        self.reqs[q].arrival = t;
+        self.blocks.blocks_into(trace, id, &mut self.blocks_buf);
+        let (routing, _) = request_key(trace, id);
+        let key = match self.cfg.policy {
+            Policy::ClientHash => ids.address_key(req.session),
+            Policy::UserHash => ids.user_key(req.session),
+            Policy::Tether | Policy::TetherBounded | Policy::TetherLoad => routing,
+            // Tie-breaks only: a per-request value, so no affinity sneaks in.
+            _ => tether_placement::hash_parts(&[b"request", &id.0.to_le_bytes()]),
+        };
+        if self.cfg.policy == Policy::Prefix {
+            trace.blocks().path_into(req.blocks, &mut self.path);
+        }
+        let path = &self.path;
+        let d = {
+            // In-flight counts are exact at `t`: engines were woken at their hints.
+            let pool = &mut self.pools[DECODE];
+            let input = RouteInput {
+                key,
+                inflight: &pool.inflight,
+                inflight_total: pool.inflight_total,
+                polled: &pool.polled,
+                path,
+                store: trace.blocks(),
+                prompt_tokens: u64::from(req.input_tokens),
+            };
+            pool.router
+                .route(&input)
+                .ok_or(SimError::NoRanks("active"))?
+        };
+        self.reqs[q].decode = d as u32;
+        self.track_reusable(d, q);
+        let prompt = req.input_tokens as usize;
+        let output = (req.output_tokens as usize).max(1);
+        let remote = self.pools.len() > PREFILL && {
+            self.advance(DECODE, d, t);
+            let peek = self.pools[DECODE].engines[d]
+                .cache()
+                .peek_prefix(&self.blocks_buf)
+                * self.blocks.engine_block();
+            disaggregate(prompt as u64, peek as u64, self.cfg.pd.threshold_tokens)
+        };
+        if remote {
+            let pool = &mut self.pools[PREFILL];
+            let input = RouteInput {
+                key: routing,
+                inflight: &pool.inflight,
+                inflight_total: pool.inflight_total,
+                polled: &pool.polled,
+                path: &[],
+                store: trace.blocks(),
+                prompt_tokens: prompt as u64,
+            };
+            let pr = pool
+                .router
+                .route(&input)
+                .ok_or(SimError::NoRanks("prefill"))?;
+            self.reqs[q].prefill = pr as u32;
+            // The decode rank holds the request from arrival (llm-d: decode first).
+            self.pools[DECODE].inflight[d] += 1.0;
+            self.pools[DECODE].inflight_total += 1.0;
+            let sr = self.sim_request(id, 1, 0);
+            if self.submit(PREFILL, pr, sr, t) {
+                self.tot.remote += 1;
+            } else {
+                self.pools[DECODE].inflight[d] -= 1.0;
+                self.pools[DECODE].inflight_total -= 1.0;
+                self.tot.refused += 1;
+            }
+        } else {
+            let kv_in = if self.oracle {
+                self.oracle_hits[q] as usize
+            } else {
+                0
+            };
+            let sr = self.sim_request(id, output, kv_in);
+            if !self.submit(DECODE, d, sr, t) {
+                self.tot.refused += 1;
+            } else if self.pools.len() > PREFILL {
+                self.tot.local += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// A prefill finished: its decode leg starts, the KV crossing the link.
+    fn hand_over(&mut self, h: Handoff) {
+        let id = RequestId(h.req);
+        let q = h.req as usize;
+        let d = self.reqs[q].decode as usize;
+        let trace = self.trace;
+        let r = trace.request(id);
+        self.reqs[q].prefill_hits = h.hits as u32;
+        self.blocks.blocks_into(trace, id, &mut self.blocks_buf);
+        let sr = self.sim_request(
+            id,
+            (r.output_tokens as usize).max(1),
+            r.input_tokens as usize,
+        );
+        // Counted in flight since arrival: undo, submit re-counts.
+        self.pools[DECODE].inflight[d] -= 1.0;
+        self.pools[DECODE].inflight_total -= 1.0;
+        if !self.submit(DECODE, d, sr, h.at) {
+            self.tot.failed += 1;
+        }
+    }
+
+    fn track_reusable(&mut self, d: usize, q: usize) {
+        let pool = &mut self.pools[DECODE];
+        if pool.seen.is_empty() {
+            return;
+        }
+        let hashes = &self.blocks_buf;
+        let seen = &mut pool.seen[d];
+        let snaps = &mut pool.snaps[d];
+        let matched = hashes.iter().take_while(|h| seen.contains(h)).count();
+        let cfg = &pool.cfg.policy;
+        let usable = if cfg.hybrid() {
+            (1..=matched)
+                .rev()
+                .find(|&j| snaps.contains(&hashes[j - 1]))
+                .unwrap_or(0)
+        } else {
+            matched
+        };
+        seen.extend(hashes.iter().copied());
+        snaps.extend(
+            snapshot_boundaries(cfg, hashes.len())
+                .into_iter()
+                .map(|b| hashes[b - 1]),
+        );
+        let prompt = self.trace.requests()[q].input_tokens as usize;
+        let bs = cfg.block_size;
+        let reusable = (usable * bs).min(tether_rank::engine::cached_cap(prompt, bs));
+        self.reqs[q].reusable = reusable as u32;
+    }
+
+    fn done(&mut self, q: u32, o: &Outcome) {
+        let req = self.reqs[q as usize];
+        let t = &mut self.tot;
+        let hits = if req.prefill != u32::MAX {
+            // Prefilled on the prefill pool: its hits there; the decode rank only
+            // took the KV (and recomputed the last token, an artifact we drop).
+            req.prefill_hits as usize
+        } else if self.oracle {
+            o.cached_tokens + o.transferred_tokens
+        } else {
+            o.cached_tokens
+        };
+        let computed = o.prompt_tokens - hits;
+        t.finished += 1;
+        t.prompt += o.prompt_tokens as u64;
+        t.output += o.output_tokens as u64;
+        t.hits += hits as u64;
+        t.computed += computed as u64;
+        if req.returning {
+            t.returning.requests += 1;
+            t.returning.prompt_tokens += o.prompt_tokens as u64;
+            t.returning.hit_tokens += hits as u64;
+        }
+        if req.prefill != u32::MAX {
+            t.transferred += o.transferred_tokens as u64;
+            t.transfer_ms += o.transfer_ms;
+        }
+        let reusable = u64::from(req.reusable);
+        t.reusable += reusable;
+        let avoidable = reusable.saturating_sub(hits as u64);
+        t.avoidable += avoidable;
+        if req.returning {
+            t.avoidable_returning += avoidable;
+        }
+        let ttft = o.first_token - req.arrival;
+        record_ms(&mut t.ttft, ttft);
+        if o.output_tokens > 1 {
+            record_ms(&mut t.tpot, o.itl_ms());
+        }
+        record_ms(&mut t.e2e, o.finished - req.arrival);
+        t.last_token = t.last_token.max(o.finished);
+        if self.records.capacity() > 0 {
+            self.records.push(RequestRecord {
+                arrival_ms: req.arrival,
+                first_token_ms: o.first_token,
+                finished_ms: o.finished,
+                prompt_tokens: o.prompt_tokens as u32,
+                hit_tokens: hits as u32,
+                computed_tokens: computed as u32,
+                output_tokens: o.output_tokens as u32,
+                remote_prefill: req.prefill != u32::MAX,
+                returning: req.returning,
+            });
+        }
+    }
+
+    /// Runs every engine to idle (prefill pool first: its hand-overs feed decode).
+    fn drain(&mut self) {
+        loop {
+            let t = self.peek_wake();
+            if t == f64::INFINITY {
+                break;
+            }
+            self.wake_one();
+        }
+        for p in (0..self.pools.len()).rev() {
+            for r in 0..self.pools[p].engines.len() {
+                self.advance(p, r, f64::INFINITY);
+            }
+        }
+    }
+
+    fn finish(
+        self,
+        profile: &Profile,
+        gpu_ms: f64,
+        end: SimMs,
+        started: std::time::Instant,
+    ) -> RunOutput {
+        let t = &self.tot;
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        let span_ms = (end - t.first_arrival).max(0.0);
+        let max_over_mean = |v: &[f64]| {
+            let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+            let max = v.iter().copied().fold(0.0, f64::max);
+            if mean > 0.0 { max / mean } else { 0.0 }
+        };
+        let busy =
+            |p: &Pool| -> Vec<f64> { p.engines.iter().map(|e| e.metrics().busy_ms).collect() };
+        let dec = &self.pools[DECODE];
+        let dec_busy = busy(dec);
+        let reqs: Vec<f64> = dec.requests.iter().map(|&c| c as f64).collect();
+        let utilization = if span_ms > 0.0 {
+            dec_busy.iter().sum::<f64>() / (dec_busy.len() as f64 * span_ms)
+        } else {
+            0.0
+        };
+        let mut itl = histogram();
+        let mut ret = RetentionSummary::default();
+        let mut steps = 0;
+        for pool in &self.pools {
+            for e in &pool.engines {
+                let m = e.metrics();
+                let _ = itl.add(&m.itl_us);
+                steps += m.steps;
+                let s = e.cache().stats();
+                ret.retained += s.retained;
+                ret.offloaded += s.offloaded;
+                ret.dropped += s.dropped;
+                ret.expired += s.expired_dropped;
+                ret.restored_tokens += s.restored_blocks * pool.cfg.policy.block_size as u64;
+                ret.host_peak_bytes = ret.host_peak_bytes.max(e.cache().host().used());
+            }
+        }
+        let tpot = Quantiles::of_us(&t.tpot);
+        let tokens = (t.prompt + t.output) as f64;
+        let gpu_s = gpu_ms / 1000.0;
+        let tokens_per_gpu_s = if gpu_s > 0.0 { tokens / gpu_s } else { 0.0 };
+        let usd_per_mtok = if tokens_per_gpu_s > 0.0 {
+            profile.gpu_hour_usd * 1e6 / (3600.0 * tokens_per_gpu_s)
+        } else {
+            f64::INFINITY
+        };
+        let oracle_hit_tokens: u64 = self.oracle_hits.iter().map(|&h| u64::from(h)).sum();
+        let pd = (self.pools.len() > PREFILL).then(|| PdSummary {
+            remote_prefills: t.remote,
+            local_prefills: t.local,
+            transferred_tokens: t.transferred,
+            transfer_ms_mean: if t.remote > 0 {
+                t.transfer_ms / t.remote as f64
+            } else {
+                0.0
+            },
+            prefill_busy_max_over_mean: max_over_mean(&busy(&self.pools[PREFILL])),
+        });
+        let mut returning = t.returning;
+        returning.hit_ratio = ratio(returning.hit_tokens, returning.prompt_tokens);
+        let tracked = self.cfg.track_reusable;
+        let report = RunReport {
+            policy: self.cfg.policy,
+            cache: self.cfg.cache,
+            prefill_ranks: self.cfg.fleet.prefill,
+            decode_ranks: self.cfg.fleet.decode,
+            gpus: ((self.cfg.fleet.prefill + self.cfg.fleet.decode) as u64)
+                * u64::from(profile.gpus_per_engine),
+            requests: self.reqs.len() as u64,
+            finished: t.finished,
+            refused: t.refused,
+            failed: t.failed,
+            prompt_tokens: t.prompt,
+            output_tokens: t.output,
+            hit_tokens: t.hits,
+            computed_tokens: t.computed,
+            hit_ratio: ratio(t.hits, t.prompt),
+            returning,
+            oracle_hit_tokens,
+            oracle_share: ratio(t.hits, oracle_hit_tokens),
+            reusable_tokens: tracked.then_some(t.reusable),
+            avoidable_tokens: tracked.then_some(t.avoidable),
+            avoidable_returning_tokens: tracked.then_some(t.avoidable_returning),
+            balance: Balance {
+                busy_max_over_mean: max_over_mean(&dec_busy),
+                requests_max_over_mean: max_over_mean(&reqs),
+                utilization,
+            },
+            ttft_ms: Quantiles::of_us(&t.ttft),
+            itl_ms: Quantiles::of_us(&itl),
+            tpot_ms: tpot,
+            e2e_ms: Quantiles::of_us(&t.e2e),
+            interactivity_tok_s: if tpot.p50 > 0.0 {
+                1000.0 / tpot.p50
+            } else {
+                0.0
+            },
+            span_s: span_ms / 1000.0,
+            gpu_seconds: gpu_s,
+            tokens_per_gpu_s,
+            usd_per_mtok,
+            pd,
+            retention: ret,
+            steps,
+            wall_s: started.elapsed().as_secs_f64(),
+        };
+        RunOutput {
+            report,
+            records: self.records,
+        }
+    }
+}
+
+/// The fleet a config describes, for messages.
+pub fn describe(f: &FleetShape) -> String {
+    if f.is_disaggregated() {
+        format!("{} prefill + {} decode ranks", f.prefill, f.decode)
+    } else {
+        format!("{} ranks", f.decode)
+    }
+}
+
+#[cfg(test)]
+mod tests;

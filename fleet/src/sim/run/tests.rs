@@ -1,0 +1,205 @@
+use super::*;
+use crate::sim::config::PdOptions;
+use crate::sim::testkit::agent_trace;
+use tether_rank::engine::EngineSettings;
+
+fn profile() -> Profile {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/profiles/llama-3.1-8b-fp8-h200-tp1.json"
+    );
+    Profile::from_file(std::path::Path::new(p)).unwrap()
+}
+
+fn cfg(policy: Policy, cache: CacheMode, ranks: usize) -> SimConfig {
+    SimConfig {
+        policy,
+        cache,
+        fleet: FleetShape::aggregated(ranks),
+        engine: EngineSettings {
+            block_size: 0,
+            // Small devices, so the caches are under pressure.
+            device_kv_tokens: Some(6 * 1024),
+            ..EngineSettings::default()
+        },
+        host_bytes: 1 << 31,
+        ..SimConfig::default()
+    }
+}
+
+fn run(t: &Trace, c: &SimConfig) -> RunOutput {
+    let oracle = oracle_hits(t, engine_block(t, c));
+    simulate(t, &profile(), c, &oracle, true, None).unwrap()
+}
+
+#[test]
+fn requests_are_conserved_and_hits_never_exceed_prompts_or_the_oracle() {
+    let t = agent_trace(40, 6, 400, 150, 64);
+    for policy in Policy::ALL {
+        for cache in CacheMode::ALL {
+            let out = run(&t, &cfg(policy, cache, 4));
+            let r = &out.report;
+            assert_eq!(
+                r.finished + r.refused + r.failed,
+                r.requests,
+                "{}",
+                r.label()
+            );
+            assert_eq!(r.requests, t.requests().len() as u64);
+            assert_eq!(r.refused + r.failed, 0, "{}", r.label());
+            assert_eq!(out.records.len() as u64, r.finished);
+            assert!(out.records.iter().all(|q| q.hit_tokens <= q.prompt_tokens));
+            assert!(out.records.iter().all(|q| q.ttft_ms() > 0.0));
+            assert_eq!(r.hit_tokens + r.computed_tokens, r.prompt_tokens);
+            assert!(
+                r.hit_tokens <= r.oracle_hit_tokens,
+                "{}: {} hits > oracle {}",
+                r.label(),
+                r.hit_tokens,
+                r.oracle_hit_tokens
+            );
+            assert!(r.gpu_seconds > 0.0 && r.usd_per_mtok.is_finite() && r.tokens_per_gpu_s > 0.0);
+        }
+    }
+}
+
+#[test]
+fn the_oracle_serves_every_block_seen_before() {
+    let t = agent_trace(20, 5, 400, 100, 64);
+    let r = run(&t, &cfg(Policy::Oracle, CacheMode::Lru, 4)).report;
+    // Its hits are exactly the infinite cache's (every request's KV fits).
+    assert_eq!(r.hit_tokens, r.oracle_hit_tokens);
+    assert!((r.oracle_share - 1.0).abs() < 1e-12);
+    assert!(r.returning.hit_ratio > 0.5);
+}
+
+#[test]
+fn the_same_configuration_gives_the_same_result() {
+    let t = agent_trace(30, 5, 300, 120, 64);
+    for policy in [
+        Policy::TetherBounded,
+        Policy::TetherLoad,
+        Policy::Prefix,
+        Policy::ClientHash,
+    ] {
+        let c = cfg(policy, CacheMode::RetentionHost, 3);
+        let (a, b) = (run(&t, &c), run(&t, &c));
+        assert_eq!(a.records, b.records);
+        let strip = |mut r: RunReport| {
+            r.wall_s = 0.0;
+            serde_json::to_string(&r).unwrap()
+        };
+        assert_eq!(strip(a.report), strip(b.report));
+    }
+}
+
+#[test]
+fn session_affinity_keeps_returning_turns_cached_and_round_robin_does_not() {
+    let t = agent_trace(24, 6, 500, 200, 64);
+    let tether = run(&t, &cfg(Policy::TetherBounded, CacheMode::Retention, 4)).report;
+    let rr = run(&t, &cfg(Policy::RoundRobin, CacheMode::Retention, 4)).report;
+    assert!(tether.returning.hit_ratio > 0.6, "{:?}", tether.returning);
+    // Round robin still hits the shared system prompt (4 of every prompt's blocks).
+    assert!(tether.returning.hit_ratio > rr.returning.hit_ratio + 0.1);
+    assert!(tether.oracle_share > rr.oracle_share);
+    assert!(tether.ttft_ms.mean < rr.ttft_ms.mean);
+}
+
+#[test]
+fn disaggregated_serving_prefills_remotely_above_the_threshold_and_moves_the_kv() {
+    let t = agent_trace(16, 4, 400, 150, 64);
+    let mut c = cfg(Policy::TetherBounded, CacheMode::Retention, 3);
+    c.fleet = FleetShape::disaggregated(2, 3);
+    c.pd = PdOptions {
+        threshold_tokens: 0,
+        kv_link_gbps: 10.0,
+    };
+    let r = run(&t, &c).report;
+    let pd = r.pd.unwrap();
+    assert_eq!(r.finished, r.requests);
+    assert_eq!(pd.remote_prefills, r.requests);
+    assert!(pd.transferred_tokens > 0 && pd.transfer_ms_mean > 0.0);
+    // With a high threshold returning turns (mostly cached on their decode rank) prefill in place.
+    c.pd.threshold_tokens = 200;
+    let r2 = run(&t, &c).report;
+    let pd2 = r2.pd.unwrap();
+    assert_eq!(r2.finished, r2.requests);
+    assert!(pd2.local_prefills > 0 && pd2.remote_prefills > 0, "{pd2:?}");
+    assert!(pd2.remote_prefills < pd.remote_prefills);
+    // The decode rank holds what was transferred to it: returning turns hit there.
+    assert!(r2.returning.hit_ratio > 0.5, "{:?}", r2.returning);
+    assert_eq!(r2.gpus, 5);
+}
+
+#[test]
+fn scaling_steps_charge_only_active_ranks() {
+    let t = agent_trace(20, 4, 300, 200, 64);
+    let full = run(&t, &cfg(Policy::Tether, CacheMode::Lru, 4)).report;
+    let mut c = cfg(Policy::Tether, CacheMode::Lru, 4);
+    c.fleet.steps = vec![
+        crate::sim::Step {
+            start_ms: 0.0,
+            prefill: 0,
+            decode: 2,
+        },
+        crate::sim::Step {
+            start_ms: 2000.0,
+            prefill: 0,
+            decode: 4,
+        },
+    ];
+    let scaled = run(&t, &c).report;
+    assert_eq!(scaled.finished, scaled.requests);
+    assert!(scaled.gpu_seconds < full.gpu_seconds);
+    let expect = 2.0 * 2.0 + 4.0 * (scaled.span_s - 2.0);
+    assert!(
+        (scaled.gpu_seconds - expect).abs() < 1e-6,
+        "{} vs {expect}",
+        scaled.gpu_seconds
+    );
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let t = agent_trace(2, 2, 100, 100, 64);
+    let p = profile();
+    let o = oracle_hits(&t, 64);
+    let err = |c: SimConfig| {
+        simulate(&t, &p, &c, &o, false, None)
+            .unwrap_err()
+            .to_string()
+    };
+    let mut c = cfg(Policy::Oracle, CacheMode::Lru, 2);
+    c.fleet = FleetShape::disaggregated(1, 1);
+    assert!(err(c).contains("aggregated"));
+    let mut c = cfg(Policy::Tether, CacheMode::Lru, 2);
+    c.engine.block_size = 48;
+    assert!(err(c).contains("divide"));
+    let c = cfg(Policy::Tether, CacheMode::Lru, 0);
+    assert!(err(c).contains("at least one"));
+    let mut c = cfg(Policy::Tether, CacheMode::RetentionHost, 2);
+    c.host_bytes = 0;
+    assert!(err(c).contains("host"));
+    let mut c = cfg(Policy::TetherBounded, CacheMode::Lru, 2);
+    c.balance_factor = 1.0;
+    assert!(err(c).contains("balance factor"));
+    // No shared timeline.
+    let nt = crate::sim::testkit::one_turn_sessions(
+        vec![crate::trace::SessionSpec {
+            id: "x".into(),
+            ..Default::default()
+        }],
+        10,
+        &[1],
+    );
+    let e = simulate(
+        &nt,
+        &p,
+        &cfg(Policy::Tether, CacheMode::Lru, 1),
+        &[0],
+        false,
+        None,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("--stagger-ms"), "{e}");
+}
