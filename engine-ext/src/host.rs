@@ -41,6 +41,8 @@ pub struct HostTier {
     records: HashMap<RetentionKey, HostRecord>,
     victims: VictimIndex,
     evicted_records: u64,
+    /// Payloads freed since the last [`HostTier::take_freed`], when recording.
+    freed: Option<Vec<(HostKind, BlockHash)>>,
 }
 
 impl HostTier {
@@ -54,6 +56,7 @@ impl HostTier {
             records: HashMap::new(),
             victims: VictimIndex::default(),
             evicted_records: 0,
+            freed: None,
         }
     }
 
@@ -75,6 +78,17 @@ impl HostTier {
     /// True when no record is held.
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
+    }
+
+    /// Starts recording which payloads are freed, for an integration whose bytes live
+    /// elsewhere (the vLLM connector's workers hold them; this tier only accounts).
+    pub fn record_freed(&mut self) {
+        self.freed.get_or_insert_with(Vec::new);
+    }
+
+    /// The payloads freed since the last call (empty unless recording).
+    pub fn take_freed(&mut self) -> Vec<(HostKind, BlockHash)> {
+        self.freed.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Records evicted to make room so far.
@@ -140,13 +154,19 @@ impl HostTier {
     /// Drops one reference to each payload of `hashes` that is held; frees those at zero.
     pub(crate) fn unpin(&mut self, kind: HostKind, hashes: &[BlockHash]) {
         let mut freed = 0;
-        let store = self.store_mut(kind);
+        let store = match kind {
+            HostKind::Block => &mut self.blocks,
+            HostKind::State => &mut self.states,
+        };
         for h in hashes {
             if let Some(e) = store.get_mut(h) {
                 e.refs -= 1;
                 if e.refs == 0 {
                     freed += e.bytes;
                     store.remove(h);
+                    if let Some(log) = self.freed.as_mut() {
+                        log.push((kind, *h));
+                    }
                 }
             }
         }
@@ -255,6 +275,9 @@ impl HostTier {
         // Unreferenced payloads are already gone; a pinned-but-unrecorded one cannot exist.
         if let Some(e) = self.store_mut(kind).remove(&hash) {
             self.used -= e.bytes;
+            if let Some(log) = self.freed.as_mut() {
+                log.push((kind, hash));
+            }
         }
     }
 

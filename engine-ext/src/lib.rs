@@ -15,6 +15,7 @@ pub mod config;
 pub mod fault;
 pub mod hash;
 pub mod host;
+pub mod ledger;
 pub mod marker;
 pub mod payload;
 pub mod pool;
@@ -26,6 +27,7 @@ pub use cache::{Admission, CacheError, RequestId, RestoreMiss, Retained, Retenti
 pub use config::{Millis, PolicyConfig};
 pub use fault::Fault;
 pub use hash::{BlockHash, BlockHasher, RequestKeys};
+pub use ledger::{Ledger, LedgerStats, RetainPlan};
 pub use marker::{MarkerError, RetentionKey, TurnKind, TurnMarker};
 pub use payload::{MetadataOnly, Mover, Payload, SlotId, StateSlot};
 pub use pool::KvEvent;
