@@ -1,0 +1,37 @@
+"""tether's KV connector for vLLM: turn-boundary retention, a checksummed host tier,
+and tether's KV-copy engine moving the pages (docs/vllm.md)."""
+
+from tether_vllm._native import (
+    CallerError,
+    DeviceError,
+    KvCopier,
+    Ledger,
+    Marker,
+    TetherError,
+    TransientError,
+    cuda_available,
+    parse_marker,
+)
+
+__all__ = [
+    "CallerError",
+    "DeviceError",
+    "KvCopier",
+    "Ledger",
+    "Marker",
+    "TetherConnector",
+    "TetherError",
+    "TransientError",
+    "cuda_available",
+    "parse_marker",
+]
+
+
+def __getattr__(name):
+    # The connector imports vLLM; load it only when asked for, so the policy and copy
+    # engine work without vLLM installed (the GPU script, tools).
+    if name == "TetherConnector":
+        from tether_vllm.connector import TetherConnector
+
+        return TetherConnector
+    raise AttributeError(name)

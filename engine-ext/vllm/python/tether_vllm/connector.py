@@ -1,0 +1,512 @@
+"""TetherConnector: tether's turn-boundary retention as a vLLM 0.33 KV connector.
+
+Scheduler side (one per engine): at a prompt end (``kv_transfer_params["tether"]``
+from the gateway, or ``request.session_id``) it keeps the request's full blocks in
+vLLM's own prefix cache by holding a reference on them for the turn's interval
+(``BlockPool.touch``), and writes the blocks the host tier lacks through to host memory
+(checksummed, one copy per block hash). The retention policy — intervals, supersede,
+expiry, which retention yields under device pressure, which host records make room —
+is tether's ``Ledger`` (Rust). A returning turn hits vLLM's prefix cache on the device;
+what was let go is restored from the host tier before its prefill.
+
+Worker side (one per worker): gathers and scatters vLLM's KV pages for every layer
+through tether's KV-copy engine (CPU reference backend, CUDA backend for GPU caches),
+with the GIL released; only block ids and hashes cross into Rust.
+
+Every public behaviour is documented in docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+)
+
+from tether_vllm._native import (
+    MARKER_KEY,
+    CallerError,
+    KvCopier,
+    Ledger,
+    TetherError,
+    parse_marker,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger("tether_vllm")
+
+GIB = 1 << 30
+
+# kv_connector_extra_config fields, their types and defaults (docs/vllm.md).
+_DEFAULTS: dict[str, tuple[type | tuple[type, ...], Any]] = {
+    "host_bytes": (int, 4 * GIB),
+    "retention": (bool, True),
+    "session_id_retention": (bool, True),
+    "max_device_fraction": ((int, float), 0.5),
+    "free_watermark": ((int, float), 0.02),
+    "max_interval_ms": (int, 3_600_000),
+    "intervals_ms": (dict, {}),
+}
+_KINDS = ("first", "user", "tool", "handoff")
+
+
+@dataclass(frozen=True)
+class TetherConfig:
+    """``kv_connector_extra_config``, validated at start (a bad field fails with its name)."""
+
+    host_bytes: int
+    retention: bool
+    session_id_retention: bool
+    max_device_fraction: float
+    free_watermark: float
+    max_interval_ms: int
+    intervals_ms: dict[str, int]
+
+    @classmethod
+    def parse(cls, extra: dict[str, Any] | None) -> TetherConfig:
+        extra = dict(extra or {})
+        values: dict[str, Any] = {}
+        for name, (types, default) in _DEFAULTS.items():
+            v = extra.pop(name, default)
+            # bool is an int subclass: never accept it for a number, nor a number for it.
+            if isinstance(v, bool) != (types is bool) or not isinstance(v, types):
+                raise ValueError(
+                    f"kv_connector_extra_config.{name}: expected {_type_name(types)}, "
+                    f"got {v!r}"
+                )
+            values[name] = v
+        if extra:
+            raise ValueError(
+                f"kv_connector_extra_config: unknown field(s) {sorted(extra)}; "
+                f"known: {sorted(_DEFAULTS)}"
+            )
+        if values["host_bytes"] < 0:
+            raise ValueError("kv_connector_extra_config.host_bytes: must be >= 0")
+        if not 0.0 <= values["max_device_fraction"] <= 1.0:
+            raise ValueError(
+                "kv_connector_extra_config.max_device_fraction: must be in [0, 1]"
+            )
+        if not 0.0 <= values["free_watermark"] < 1.0:
+            raise ValueError("kv_connector_extra_config.free_watermark: must be in [0, 1)")
+        if values["max_interval_ms"] < 0:
+            raise ValueError("kv_connector_extra_config.max_interval_ms: must be >= 0")
+        for k, v in values["intervals_ms"].items():
+            if k not in _KINDS:
+                raise ValueError(
+                    f"kv_connector_extra_config.intervals_ms.{k}: unknown turn kind "
+                    f"(known: {', '.join(_KINDS)})"
+                )
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(
+                    f"kv_connector_extra_config.intervals_ms.{k}: expected an integer "
+                    f">= 0, got {v!r}"
+                )
+        values["max_device_fraction"] = float(values["max_device_fraction"])
+        values["free_watermark"] = float(values["free_watermark"])
+        return cls(**values)
+
+
+def _type_name(types: type | tuple[type, ...]) -> str:
+    if isinstance(types, tuple):
+        return " or ".join(t.__name__ for t in types)
+    return types.__name__
+
+
+@dataclass
+class TetherMetadata(KVConnectorMetadata):
+    """Scheduler -> worker instructions for one step (plain lists: pickles as is).
+
+    ``ops`` run in order before the loads: ``("save", req_id, block_ids, hashes)``
+    copies device blocks to host payloads, ``("free", hashes16)`` frees host payloads.
+    ``loads`` are ``(req_id, block_ids, hashes)`` to restore before the forward.
+    """
+
+    ops: list[tuple] = field(default_factory=list)
+    loads: list[tuple[str, list[int], list[bytes]]] = field(default_factory=list)
+
+
+@dataclass
+class _Pending:
+    """A load the scheduler planned for a request, waiting for its block ids."""
+
+    start_block: int
+    hashes: list[bytes]
+
+
+class TetherConnector(KVConnectorBase_V1):
+    """tether's KV connector for vLLM 0.33 (see the module docs and docs/vllm.md)."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig | None = None,
+    ):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.config = TetherConfig.parse(
+            vllm_config.kv_transfer_config.kv_connector_extra_config
+        )
+        groups = kv_cache_config.kv_cache_groups if kv_cache_config else []
+        if len(groups) != 1:
+            # Hybrid models (several KV cache groups) need SupportsHMA and per-group
+            # state snapshots; see docs/vllm.md, "Hybrid models".
+            raise ValueError(
+                f"TetherConnector supports one KV cache group, the model has {len(groups)}"
+            )
+        spec = groups[0].kv_cache_spec
+        self.block_size: int = vllm_config.cache_config.block_size
+        self.num_blocks: int = kv_cache_config.num_blocks
+        # One block across every layer of this worker: what a host payload holds.
+        self.block_bytes: int = spec.page_size_bytes * len(groups[0].layer_names)
+        self.stats: dict[str, int] = {
+            "loaded_blocks": 0,
+            "load_failed_blocks": 0,
+            "saved_blocks": 0,
+            "bad_markers": 0,
+            "scheduler_us": 0,
+        }
+        self._now_ms = lambda: int(time.monotonic() * 1000)
+        if role == KVConnectorRole.SCHEDULER:
+            self._init_scheduler()
+        else:
+            self._init_worker()
+
+    # ------------------------------------------------------------------ scheduler
+
+    def _init_scheduler(self) -> None:
+        iv = self.config.intervals_ms
+        self.ledger = Ledger(
+            self.block_size,
+            self.num_blocks,
+            self.block_bytes,
+            self.config.host_bytes,
+            retention=self.config.retention,
+            max_interval_ms=self.config.max_interval_ms,
+            first_ms=iv.get("first"),
+            user_ms=iv.get("user"),
+            tool_ms=iv.get("tool"),
+            handoff_ms=iv.get("handoff"),
+        )
+        self.pool: BlockPool | None = None
+        self._markers: dict[str, Any] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._ops: list[tuple] = []
+        self._loads: list[tuple[str, list[int], list[bytes]]] = []
+        # Hashes whose save is not in a built metadata yet: not loadable this step.
+        self._unsaved: set[bytes] = set()
+        # Requests whose blocks vLLM must not free until the worker saved them.
+        self._saving: set[str] = set()
+
+    def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
+        self.pool = gpu_block_pool
+
+    def _marker(self, request: Request):
+        """The request's turn marker (parsed once), or None. Bad params never raise."""
+        rid = request.request_id
+        if rid in self._markers:
+            return self._markers[rid]
+        marker = None
+        params = request.kv_transfer_params
+        try:
+            if isinstance(params, dict) and MARKER_KEY in params:
+                marker = parse_marker(params[MARKER_KEY])
+            elif params is not None and not isinstance(params, dict):
+                raise CallerError("kv_transfer_params must be an object")
+        except CallerError as e:
+            self.stats["bad_markers"] += 1
+            logger.warning("request %s: %s; treated as untracked", rid, e)
+            marker = None
+        if marker is None and self.config.session_id_retention:
+            sid = getattr(request, "session_id", None)
+            if isinstance(sid, str) and sid:
+                digest = hashlib.sha256(sid.encode("utf-8", "surrogatepass")).hexdigest()
+                marker = parse_marker({"session": digest[:32], "prompt_end": "1"})
+        self._markers[rid] = marker
+        return marker
+
+    def on_new_request(self, request: Request) -> None:
+        t0 = time.perf_counter_ns()
+        marker = self._marker(request)
+        if marker is not None:
+            self.ledger.touch(marker, self._now_ms())
+        self._tick(t0)
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        t0 = time.perf_counter_ns()
+        try:
+            return self._matched(request, num_computed_tokens), False
+        finally:
+            self._tick(t0)
+
+    def _matched(self, request: Request, num_computed_tokens: int) -> int:
+        self._pending.pop(request.request_id, None)
+        bs = self.block_size
+        start = num_computed_tokens // bs
+        # At least one prompt token must be computed: never load the last block of an
+        # exactly block-aligned prompt.
+        usable = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
+        self._make_room(request, usable - start)
+        if start >= usable or num_computed_tokens % bs:
+            return 0
+        chain = list(request.block_hashes[start:usable])
+        n = self.ledger.host_prefix(chain)
+        for i, h in enumerate(chain[:n]):
+            if h in self._unsaved:
+                n = i
+                break
+        if n == 0:
+            return 0
+        self._pending[request.request_id] = _Pending(start, chain[:n])
+        return n * bs
+
+    def _make_room(self, request: Request, need_blocks: int) -> None:
+        """Device pressure: let retentions go (their turns are on the host tier) until
+        the free queue holds what this request needs plus the watermark."""
+        if self.pool is None:
+            return
+        want = max(need_blocks, 0) + 1 + int(self.config.free_watermark * self.num_blocks)
+        free = self.pool.get_num_free_blocks()
+        if free >= want:
+            return
+        spare = self._markers.get(request.request_id)
+        self._release(self.ledger.yield_blocks(want - free, self._now_ms(), spare))
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        pending = self._pending.pop(request.request_id, None)
+        if num_external_tokens == 0 or pending is None:
+            return
+        n = num_external_tokens // self.block_size
+        ids = blocks.get_block_ids()[0][pending.start_block : pending.start_block + n]
+        if len(ids) != n:
+            logger.warning("request %s: %d blocks allocated for %d to load", request.request_id, len(ids), n)
+            return
+        self._loads.append((request.request_id, list(ids), pending.hashes[:n]))
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        t0 = time.perf_counter_ns()
+        now = self._now_ms()
+        self._release(self.ledger.release_expired(now))
+        self._enforce_device_share(now)
+        freed = self.ledger.take_freed()
+        if freed:
+            self._ops.append(("free", freed))
+        meta = TetherMetadata(ops=self._ops, loads=self._loads)
+        self._ops, self._loads = [], []
+        self._unsaved.clear()
+        for rid in scheduler_output.finished_req_ids:
+            self._markers.pop(rid, None)
+        self._tick(t0)
+        return meta
+
+    def _enforce_device_share(self, now: int) -> None:
+        cap = int(self.config.max_device_fraction * self.num_blocks)
+        over = self.ledger.held_blocks - cap
+        if over > 0:
+            self._release(self.ledger.yield_blocks(over, now, None))
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        t0 = time.perf_counter_ns()
+        try:
+            return self._finished(request, block_ids), None
+        finally:
+            self._tick(t0)
+
+    def _finished(self, request: Request, block_ids: list[int]) -> bool:
+        marker = self._marker(request)
+        self._markers.pop(request.request_id, None)
+        self._pending.pop(request.request_id, None)
+        if marker is None or not marker.prompt_end or self.pool is None:
+            return False
+        n = min(
+            len(request.block_hashes),
+            request.num_computed_tokens // self.block_size,
+            len(block_ids),
+        )
+        if n == 0:
+            return False
+        hashes = list(request.block_hashes[:n])
+        ids = list(block_ids[:n])
+        hold, release, store, _on_host = self.ledger.retain(marker, hashes, ids, self._now_ms())
+        # Hold the new retention before letting the superseded one go (shared prefix
+        # blocks never touch the free queue).
+        self.pool.touch([self.pool.blocks[i] for i in hold])
+        self._release(release)
+        if not store:
+            return False
+        save_ids = [ids[i] for i in store]
+        save_hashes = [hashes[i] for i in store]
+        self._ops.append(("save", request.request_id, save_ids, save_hashes))
+        self._unsaved.update(save_hashes)
+        # The worker copies these blocks in a later step; until it reports the request
+        # in finished_sending vLLM must not free (and reuse) them.
+        self._saving.add(request.request_id)
+        return True
+
+    def _release(self, block_ids: Iterable[int]) -> None:
+        ids = list(block_ids)
+        if ids and self.pool is not None:
+            # Tails first: the free queue evicts its front first.
+            self.pool.free_blocks([self.pool.blocks[i] for i in reversed(ids)])
+
+    def update_connector_output(self, connector_output) -> None:
+        for rid in connector_output.finished_sending or ():
+            self._saving.discard(rid)
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, TetherWorkerReport):
+            for h in meta.corrupt:
+                self.ledger.host_payload_lost(h)
+
+    def _tick(self, t0: int) -> None:
+        self.stats["scheduler_us"] += (time.perf_counter_ns() - t0) // 1000
+
+    def connector_stats(self) -> dict[str, int]:
+        """Ledger counters plus this side's counters (scheduler side)."""
+        out = dict(self.ledger.stats())
+        out.update(self.stats)
+        return out
+
+    # ------------------------------------------------------------------ worker
+
+    def _init_worker(self) -> None:
+        self.copier: KvCopier | None = None
+        self._kv_caches: dict[str, torch.Tensor] = {}
+        self._sent: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._corrupt: list[bytes] = []
+        self._device: torch.device | None = None
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Describes every layer's view (address, strides) to the copy engine once."""
+        views = list(kv_caches.values())
+        if not views:
+            raise ValueError("TetherConnector: no KV cache tensors to register")
+        first = views[0]
+        if first.dim() != 4:
+            raise ValueError(
+                f"TetherConnector: expected [num_blocks, num_kv_heads, block_size, "
+                f"2*head_size] views, got shape {tuple(first.shape)}"
+            )
+        nb, heads, bs, content = first.shape
+        for name, v in kv_caches.items():
+            if v.shape != first.shape or v.stride() != first.stride() or v.dtype != first.dtype:
+                raise ValueError(f"TetherConnector: layer {name} differs in shape/stride/dtype")
+            if v.stride(3) != 1:
+                raise ValueError(f"TetherConnector: layer {name}: last axis not contiguous")
+        es = first.element_size()
+        available = [
+            v.untyped_storage().nbytes() - v.storage_offset() * es for v in views
+        ]
+        device = first.device
+        self.copier = KvCopier(
+            [v.data_ptr() for v in views],
+            available,
+            nb,
+            bs,
+            heads,
+            content // 2,
+            (first.stride(0), first.stride(1), first.stride(2)),
+            es,
+            device="cuda" if device.type == "cuda" else "cpu",
+            device_index=device.index or 0,
+        )
+        self._kv_caches = dict(kv_caches)  # keeps the tensors (and their addresses) alive
+        self._device = device
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, TetherMetadata) or self.copier is None:
+            return
+        if self._device is not None and self._device.type == "cuda":
+            # Saves read what earlier forwards wrote: order after the compute stream.
+            torch.cuda.current_stream(self._device).synchronize()
+        for op in meta.ops:
+            if op[0] == "save":
+                _, rid, ids, hashes = op
+                try:
+                    self.copier.save(ids, hashes)
+                    self.stats["saved_blocks"] += len(ids)
+                except TetherError as e:
+                    # A failed save is a future miss, never wrong KV: skip it.
+                    logger.warning("request %s: host save failed (%s)", rid, e)
+                self._sent.add(rid)
+            elif op[0] == "free":
+                self.copier.free(op[1])
+        for rid, ids, hashes in meta.loads:
+            try:
+                good = self.copier.load(ids, hashes)
+            except CallerError:
+                raise
+            except TetherError as e:
+                logger.warning("request %s: host restore failed (%s); recomputing", rid, e)
+                good = 0
+            if good < len(ids):
+                # vLLM recomputes from the first failed block (kv_load_failure_policy).
+                self._load_errors.update(ids[good:])
+                # The payload that broke the run is gone (missing, or freed as corrupt):
+                # the scheduler forgets it and every host record that needs it.
+                self._corrupt.append(hashes[good])
+                self.stats["load_failed_blocks"] += len(ids) - good
+            self.stats["loaded_blocks"] += good
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs: Any) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        return
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        sent, self._sent = self._sent, set()
+        return (sent or None), None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def build_connector_worker_meta(self):
+        if not self._corrupt:
+            return None
+        report, self._corrupt = TetherWorkerReport(corrupt=self._corrupt), []
+        return report
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A dropped save is a future cache miss, not lost output.
+        return False
+
+
+@dataclass
+class TetherWorkerReport(KVConnectorWorkerMetadata):
+    """Worker -> scheduler: host payloads found corrupt (their records are dropped)."""
+
+    corrupt: list[bytes]
+
+    def aggregate(self, other: TetherWorkerReport) -> TetherWorkerReport:
+        return TetherWorkerReport(corrupt=self.corrupt + other.corrupt)

@@ -1,0 +1,341 @@
+//! The worker side: gathers vLLM's KV pages into checksummed host payloads and scatters
+//! them back, through the copy engine (CPU reference backend, or CUDA when the cache is
+//! on a GPU), with the GIL released.
+
+use crate::{CallerError, fault_err, hash_id};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::collections::HashMap;
+use tether_engine::{BlockHash, Payload};
+use tether_kvcopy::{
+    BlockId, ChunkMap, CpuCopy, CudaCopy, CudaCopyConfig, DeviceBuffer, DeviceTensor, Dtype,
+    KvCacheSpec, KvCopy, KvLayout, PagedView, cuda_driver_present,
+};
+
+/// True when a CUDA driver library loads here (nothing else is touched).
+#[pyfunction]
+pub fn cuda_available() -> bool {
+    cuda_driver_present()
+}
+
+enum Backend {
+    Cpu,
+    Cuda {
+        copy: Box<CudaCopy>,
+        staging: Option<DeviceBuffer>,
+    },
+}
+
+/// One worker's KV cache (every layer's view, one layout) and its host payloads.
+#[pyclass(module = "tether_vllm._native")]
+pub struct KvCopier {
+    backend: Backend,
+    map: ChunkMap,
+    /// Base address of each layer's view.
+    ptrs: Vec<u64>,
+    store: HashMap<BlockHash, Payload>,
+    stored_bytes: usize,
+}
+
+// SAFETY: the raw addresses are plain integers here; every dereference happens inside a
+// method that holds `&mut self` (one thread at a time), and the Python side keeps the
+// tensors alive for the copier's lifetime (`TetherConnector.register_kv_caches`).
+unsafe impl Send for KvCopier {}
+// SAFETY: no method reads or writes through the addresses from `&self`.
+unsafe impl Sync for KvCopier {}
+
+fn dtype(elem_bytes: usize) -> PyResult<Dtype> {
+    match elem_bytes {
+        2 => Ok(Dtype::Bf16), // f16 and bf16 move alike: copies are type-agnostic
+        1 => Ok(Dtype::Fp8),
+        n => Err(CallerError::new_err(format!(
+            "KV element size {n} bytes is not supported (2: fp16/bf16, 1: fp8)"
+        ))),
+    }
+}
+
+#[pymethods]
+impl KvCopier {
+    /// `ptrs`: each layer view's data address; `available`: bytes addressable from each
+    /// (storage bytes after the view's offset); the view is logical `[num_blocks,
+    /// num_kv_heads, block_size, 2*head_size]` with element strides `(block, head, token)`
+    /// and a unit last stride. `device`: `"cpu"` or `"cuda"` (with `device_index`).
+    #[new]
+    #[pyo3(signature = (ptrs, available, num_blocks, block_size, num_kv_heads, head_size,
+        strides, elem_bytes, device="cpu", device_index=0))]
+    #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+    fn new(
+        ptrs: Vec<u64>,
+        available: Vec<usize>,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        head_size: usize,
+        strides: (usize, usize, usize),
+        elem_bytes: usize,
+        device: &str,
+        device_index: usize,
+    ) -> PyResult<Self> {
+        let view = PagedView {
+            num_kv_heads,
+            head_size,
+            block_stride: strides.0,
+            head_stride: strides.1,
+            token_stride: strides.2,
+        };
+        let spec = KvCacheSpec::try_new(
+            KvLayout::Paged(view),
+            dtype(elem_bytes)?,
+            ptrs.len(),
+            num_blocks,
+            block_size,
+        )
+        .map_err(|e| fault_err(e.fault(), e))?;
+        let map = spec.chunk_map();
+        if available.len() != ptrs.len() {
+            return Err(CallerError::new_err("ptrs and available differ in length"));
+        }
+        if let Some((i, &have)) = available
+            .iter()
+            .enumerate()
+            .find(|(_, a)| **a < map.tensor_bytes())
+        {
+            return Err(CallerError::new_err(format!(
+                "layer {i}: view reaches {} bytes, its storage holds {have}",
+                map.tensor_bytes()
+            )));
+        }
+        let backend = match device {
+            "cpu" => {
+                // Mutable slices over overlapping memory would alias: the CPU path takes
+                // disjoint per-layer views only (vLLM's default layer-compact layouts).
+                let mut spans: Vec<(u64, u64)> = ptrs
+                    .iter()
+                    .map(|&p| (p, p + map.tensor_bytes() as u64))
+                    .collect();
+                spans.sort_unstable();
+                if spans.windows(2).any(|w| w[1].0 < w[0].1) {
+                    return Err(CallerError::new_err(
+                        "layer views overlap (a cross-layer layout): the CPU path needs disjoint views",
+                    ));
+                }
+                Backend::Cpu
+            }
+            "cuda" => {
+                let copy = CudaCopy::new(CudaCopyConfig {
+                    ordinal: device_index,
+                    ..CudaCopyConfig::default()
+                })
+                .map_err(|e| fault_err(e.fault(), e))?;
+                Backend::Cuda {
+                    copy: Box::new(copy),
+                    staging: None,
+                }
+            }
+            other => {
+                return Err(CallerError::new_err(format!(
+                    "device {other:?}: expected \"cpu\" or \"cuda\""
+                )));
+            }
+        };
+        Ok(Self {
+            backend,
+            map,
+            ptrs,
+            store: HashMap::new(),
+            stored_bytes: 0,
+        })
+    }
+
+    /// Bytes of one block across all layers (one host payload).
+    #[getter]
+    fn block_bytes(&self) -> usize {
+        self.map.block_bytes()
+    }
+
+    /// Host payload bytes held.
+    #[getter]
+    fn stored_bytes(&self) -> usize {
+        self.stored_bytes
+    }
+
+    /// Host payloads held.
+    fn __len__(&self) -> usize {
+        self.store.len()
+    }
+
+    /// True when the payload of this block hash is held.
+    fn contains(&self, block_hash: &Bound<'_, PyBytes>) -> bool {
+        self.store.contains_key(&hash_id(block_hash.as_bytes()))
+    }
+
+    /// Copies `block_ids` to host payloads named by `block_hashes` (checksummed);
+    /// payloads already held are kept. Returns the bytes copied.
+    fn save(
+        &mut self,
+        py: Python<'_>,
+        block_ids: Vec<u32>,
+        block_hashes: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<usize> {
+        if block_ids.len() != block_hashes.len() {
+            return Err(CallerError::new_err(
+                "block_ids and block_hashes differ in length",
+            ));
+        }
+        let hashes: Vec<BlockHash> = block_hashes.iter().map(|b| hash_id(b.as_bytes())).collect();
+        let todo: Vec<(BlockId, BlockHash)> = block_ids
+            .into_iter()
+            .zip(hashes)
+            .filter(|(_, h)| !self.store.contains_key(h))
+            .collect();
+        if todo.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<BlockId> = todo.iter().map(|(b, _)| *b).collect();
+        let staging = py
+            .detach(|| self.gather(&ids))
+            .map_err(|e| fault_err(e.fault(), e))?;
+        let each = self.map.block_bytes();
+        for ((_, h), bytes) in todo.iter().zip(staging.chunks_exact(each)) {
+            self.store.insert(*h, Payload::seal(bytes.to_vec()));
+            self.stored_bytes += each;
+        }
+        Ok(staging.len())
+    }
+
+    /// Restores host payloads into `block_ids`: verifies each payload's checksum, copies
+    /// the verified leading run, and returns its length (== len(block_ids) when all were
+    /// good). A missing or corrupt payload ends the run; corrupt ones are freed.
+    fn load(
+        &mut self,
+        py: Python<'_>,
+        block_ids: Vec<u32>,
+        block_hashes: Vec<Bound<'_, PyBytes>>,
+    ) -> PyResult<usize> {
+        if block_ids.len() != block_hashes.len() {
+            return Err(CallerError::new_err(
+                "block_ids and block_hashes differ in length",
+            ));
+        }
+        let mut staging = Vec::with_capacity(block_ids.len() * self.map.block_bytes());
+        let mut good = 0;
+        for b in &block_hashes {
+            let h = hash_id(b.as_bytes());
+            match self.store.get(&h).map(Payload::verify) {
+                Some(Ok(bytes)) => staging.extend_from_slice(bytes),
+                Some(Err(_)) => {
+                    self.free_one(h);
+                    break;
+                }
+                None => break,
+            }
+            good += 1;
+        }
+        let ids = &block_ids[..good];
+        py.detach(|| self.scatter(ids, &staging))
+            .map_err(|e| fault_err(e.fault(), e))?;
+        Ok(good)
+    }
+
+    /// Frees the payloads of these 16-byte ids (what `Ledger.take_freed` returns).
+    fn free(&mut self, ids: Vec<Bound<'_, PyBytes>>) {
+        for b in ids {
+            self.free_one(hash_id(b.as_bytes()));
+        }
+    }
+
+    /// Flips one byte of a held payload without updating its checksum (fault injection
+    /// for tests: host-memory corruption). Returns false when it is not held.
+    fn corrupt(&mut self, block_hash: &Bound<'_, PyBytes>) -> bool {
+        match self.store.get_mut(&hash_id(block_hash.as_bytes())) {
+            Some(p) if !p.is_empty() => {
+                p.bytes_mut_unchecked()[0] ^= 0x5A;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl KvCopier {
+    fn free_one(&mut self, h: BlockHash) {
+        if let Some(p) = self.store.remove(&h) {
+            self.stored_bytes -= p.len();
+        }
+    }
+
+    fn gather(&mut self, ids: &[BlockId]) -> Result<Vec<u8>, tether_kvcopy::CopyError> {
+        let need = self.map.staging_bytes(ids.len())?;
+        let mut out = vec![0u8; need];
+        match &mut self.backend {
+            Backend::Cpu => {
+                let len = self.map.tensor_bytes();
+                // SAFETY: each address is the start of a live view of at least `len`
+                // bytes (checked against its storage at construction; the connector keeps
+                // the tensors alive); the views are disjoint (checked) and only read here.
+                let views: Vec<&[u8]> = self
+                    .ptrs
+                    .iter()
+                    .map(|&p| unsafe { std::slice::from_raw_parts(p as *const u8, len) })
+                    .collect();
+                CpuCopy.gather_from(&self.map, &views, ids, &mut out)?;
+            }
+            Backend::Cuda { copy, staging } => {
+                let buf = cuda_staging(copy, staging, need)?;
+                let tensors = device_tensors(&self.ptrs, self.map.tensor_bytes());
+                copy.gather(&self.map, &tensors, ids, &mut buf.tensor())?;
+                let all = copy.download(buf)?; // waits for the copy stream
+                out.copy_from_slice(&all[..need]);
+            }
+        }
+        Ok(out)
+    }
+
+    fn scatter(&mut self, ids: &[BlockId], staging: &[u8]) -> Result<(), tether_kvcopy::CopyError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        match &mut self.backend {
+            Backend::Cpu => {
+                let len = self.map.tensor_bytes();
+                // SAFETY: as in `gather`; the views are disjoint, so these mutable slices
+                // never alias, and nothing else writes them during the call (vLLM calls
+                // the connector between forward passes).
+                let mut views: Vec<&mut [u8]> = self
+                    .ptrs
+                    .iter()
+                    .map(|&p| unsafe { std::slice::from_raw_parts_mut(p as *mut u8, len) })
+                    .collect();
+                CpuCopy.scatter_into(&self.map, &mut views, ids, staging)?;
+            }
+            Backend::Cuda { copy, .. } => {
+                let buf = copy.upload(staging)?;
+                let mut tensors = device_tensors(&self.ptrs, self.map.tensor_bytes());
+                copy.scatter(&self.map, &mut tensors, ids, &buf.tensor())?;
+                copy.synchronize()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn cuda_staging<'a>(
+    copy: &CudaCopy,
+    staging: &'a mut Option<DeviceBuffer>,
+    need: usize,
+) -> Result<&'a DeviceBuffer, tether_kvcopy::CopyError> {
+    if staging.as_ref().is_none_or(|b| b.len() < need) {
+        *staging = Some(copy.alloc(need.next_power_of_two())?);
+    }
+    staging
+        .as_ref()
+        .ok_or(tether_kvcopy::CopyError::InvalidShape("staging allocation"))
+}
+
+fn device_tensors(ptrs: &[u64], len: usize) -> Vec<DeviceTensor<'static>> {
+    ptrs.iter()
+        // SAFETY: addresses of live device views of at least `len` bytes in the
+        // device's primary context, kept alive by the connector.
+        .map(|&p| unsafe { DeviceTensor::from_raw(p, len) })
+        .collect()
+}
