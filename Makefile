@@ -39,5 +39,5 @@ lint:
 
 include mk/*.mk
 
-test: lint test-filter test-host test-engine test-rank test-kernels test-e2e
+test: lint test-filter test-host test-engine test-rank test-kernels test-vllm test-e2e
 	@echo "make test: all suites passed"

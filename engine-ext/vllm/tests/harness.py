@@ -144,6 +144,8 @@ class Engine:
     stats: StepStats = field(default_factory=StepStats)
     mismatched_positions: int = 0
     finished: dict[str, list[int]] = field(default_factory=dict)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+    restored_blocks: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self):
         global _none_hash
@@ -196,8 +198,12 @@ class Engine:
         page = spec.page_size_bytes
         names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
         lay = KVCacheLayout[self.layout]
+        order = lay.stride_order
         if lay.is_block_outermost:
             layer_stride, block_stride = page, page * LAYERS
+        elif order.index(2) < order.index(1):
+            # Heads outside blocks (LHBNC): a block of one head is one N x C run.
+            layer_stride, block_stride = page * self.num_blocks, page // KV_HEADS
         else:
             layer_stride, block_stride = page * self.num_blocks, page
         self.kv_cache_config = KVCacheConfig(
@@ -236,6 +242,7 @@ class Engine:
             self.worker.register_kv_caches(self.kv)
             self.scheduler.connector._now_ms = lambda: self.now_ms
         self._hashes: dict[str, list[int]] = {}
+        self._step_mismatch: dict[str, int] = {}
 
     @property
     def sched_connector(self):
@@ -270,6 +277,9 @@ class Engine:
             )
         for new in out.scheduled_new_reqs:
             self.stats.cached_tokens += new.num_computed_tokens
+        meta = out.kv_connector_metadata
+        for rid, ids, _ in getattr(meta, "loads", ()):
+            self.restored_blocks[rid] = list(ids)
         kvo = None
         # The worker connector must be the process-wide one vLLM's glue looks up.
         kv_transfer_state._KV_CONNECTOR_AGENT = self.worker
@@ -284,6 +294,15 @@ class Engine:
                 sampled = self._forward(out)
         finally:
             kv_transfer_state._KV_CONNECTOR_AGENT = None
+        # vLLM discards a step's result for a request whose loaded blocks failed
+        # (kv_load_failure_policy=recompute) and recomputes them: what the model read
+        # there was never served. Count mismatches of every other request.
+        invalid = set(kvo.invalid_block_ids) if kvo is not None else set()
+        for rid, bad in self._step_mismatch.items():
+            blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)[0] if rid in self.scheduler.requests else []
+            if bad and not invalid.intersection(blocks):
+                self.mismatched_positions += bad
+        self._step_mismatch = {}
         req_ids = list(sampled)
         mro = ModelRunnerOutput(
             req_ids=req_ids,
@@ -297,8 +316,9 @@ class Engine:
         outputs = self.scheduler.update_from_output(out, mro)
         for eco in outputs.values():
             for o in eco.outputs:
+                self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
                 if o.finish_reason is not None:
-                    self.finished[o.request_id] = list(o.new_token_ids)
+                    self.finished[o.request_id] = self.outputs.pop(o.request_id)
         self.stats.steps += 1
 
     def _forward(self, out) -> dict[str, list[int]]:
@@ -319,7 +339,7 @@ class Engine:
             blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
             # The model attends to every earlier position: they must hold their KV.
             if start > 0:
-                self._check(blocks, hashes, 0, start)
+                self._step_mismatch[rid] = self._check(blocks, hashes, 0, start)
             self._write(blocks, hashes, start, start + n)
             if start < req.num_prompt_tokens:
                 self.stats.computed_tokens += min(start + n, req.num_prompt_tokens) - start
@@ -338,14 +358,14 @@ class Engine:
         for layer, view in enumerate(self.layers):
             view[b, :, o, :] = vals[:, layer]
 
-    def _check(self, blocks, hashes, lo, hi) -> None:
+    def _check(self, blocks, hashes, lo, hi) -> int:
         b, o = self._index(blocks, lo, hi)
         vals = expected_kv(hashes[lo:hi]).to(self.layers[0].device)
         bad = torch.zeros(hi - lo, dtype=torch.bool, device=vals.device)
         for layer, view in enumerate(self.layers):
             got = view[b, :, o, :]
             bad |= (got != vals[:, layer]).flatten(1).any(dim=1)
-        self.mismatched_positions += int(bad.sum())
+        return int(bad.sum())
 
     def run(self, max_steps: int = 10_000) -> None:
         """Steps until nothing is waiting, running or being saved."""

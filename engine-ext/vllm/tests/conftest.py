@@ -1,0 +1,6 @@
+"""pytest setup: the tests import the harness beside them."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))

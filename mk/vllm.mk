@@ -1,0 +1,36 @@
+# vLLM connector (tether-vllm: engine-ext/vllm/, docs/vllm.md).
+#   make test-vllm    installs vLLM 0.33.0 (--no-deps) + torch 2.14.0 + the pinned pure-Python
+#                     packages its scheduler and connector API import into .venv once (a stamp),
+#                     builds the abi3 wheel with maturin and runs the pytest suite against vLLM's
+#                     real Scheduler and worker glue on CPU
+#   make bench-vllm   the agent-trace benchmark: plain prefix caching vs OffloadingConnector vs
+#                     TetherConnector through the same scheduler (BENCHMARKS.md)
+#   make vllm-gpu-bundle   what scripts/vllm-gpu-check.sh carries to an accelerator machine
+.PHONY: test-vllm bench-vllm vllm-wheel vllm-install vllm-gpu-bundle
+
+VLLM_STAMP := $(VENV)/.vllm-0.33.0-torch-2.14.0
+VLLM_REQS := engine-ext/vllm/requirements-cpu.txt
+PIP := $(VENV)/bin/pip --quiet --disable-pip-version-check
+VLLM_PY := HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR $(abspath $(VENV))/bin/python
+
+$(VLLM_STAMP): $(VLLM_REQS) | $(VENV)/bin/python
+	$(PIP) install torch==2.14.0
+	$(PIP) install --no-deps vllm==0.33.0 maturin==1.16.0 pytest==9.0.1 -r $(VLLM_REQS)
+	@touch $@
+
+vllm-install: $(VLLM_STAMP)
+
+# The abi3 wheel (Python >= 3.10), installed into .venv.
+vllm-wheel: $(VLLM_STAMP)
+	rm -f target/wheels/tether_vllm-*.whl
+	$(VENV)/bin/maturin build --release --quiet -m engine-ext/vllm/Cargo.toml -o target/wheels
+	$(PIP) install --force-reinstall --no-deps target/wheels/tether_vllm-*.whl
+
+test-vllm: vllm-wheel
+	cd engine-ext/vllm/tests && $(VLLM_PY) -m pytest -q -p no:cacheprovider .
+
+bench-vllm: vllm-wheel
+	cd engine-ext/vllm/tests && $(VLLM_PY) bench_agent_trace.py $(BENCH_ARGS)
+
+vllm-gpu-bundle: vllm-wheel
+	scripts/vllm-gpu-check.sh build
