@@ -32,5 +32,6 @@ test-vllm: vllm-wheel
 bench-vllm: vllm-wheel
 	cd engine-ext/vllm/tests && $(VLLM_PY) bench_agent_trace.py $(BENCH_ARGS)
 
-vllm-gpu-bundle: vllm-wheel
-	scripts/vllm-gpu-check.sh build
+vllm-gpu-bundle: vllm-wheel $(KVCOPY_NVRTC_STAMP)
+	$(KVCOPY_ENV) scripts/vllm-gpu-check.sh build
+	scripts/vllm-gpu-check.sh dry

@@ -139,6 +139,7 @@ class Engine:
     max_batched_tokens: int = 4096
     device: str = "cpu"
     pickle_metadata: bool = True
+    check_every_step: bool = True
     module_path: str = "tether_vllm.connector"
     now_ms: int = 0
     stats: StepStats = field(default_factory=StepStats)
@@ -314,6 +315,8 @@ class Engine:
             kv_connector_output=kvo,
         )
         outputs = self.scheduler.update_from_output(out, mro)
+        for rid in out.finished_req_ids:
+            self._hashes.pop(rid, None)
         for eco in outputs.values():
             for o in eco.outputs:
                 self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
@@ -326,6 +329,7 @@ class Engine:
         # Where each scheduled request starts this step (the scheduler has already
         # advanced its own counters).
         starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+        new_ids = set(starts)
         cached = out.scheduled_cached_reqs
         starts.update(zip(cached.req_ids, cached.num_computed_tokens))
         for rid, n in out.num_scheduled_tokens.items():
@@ -333,12 +337,17 @@ class Engine:
             tokens = req.all_token_ids
             start = starts[rid]
             hashes = self._hashes.get(rid)
-            if hashes is None or len(hashes) < len(tokens):
-                hashes = prefix_hashes(tokens)
-                self._hashes[rid] = hashes
+            if hashes is None:
+                hashes = self._hashes[rid] = prefix_hashes(tokens)
+            elif len(hashes) < len(tokens):
+                h = hashes[-1]
+                for t in tokens[len(hashes) :]:
+                    h = (h * 1000003 + t + 1) % MOD
+                    hashes.append(h)
             blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
-            # The model attends to every earlier position: they must hold their KV.
-            if start > 0:
+            # The model attends to every earlier position: they must hold their KV
+            # (checked at every step, or only when the request is admitted).
+            if start > 0 and (self.check_every_step or rid in new_ids):
                 self._step_mismatch[rid] = self._check(blocks, hashes, 0, start)
             self._write(blocks, hashes, start, start + n)
             if start < req.num_prompt_tokens:

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The vLLM connector on a GPU: vLLM's scheduler + TetherConnector with KV views in
+# device memory moved by tether's CUDA backend — bit-exact checks and copy GB/s.
+#
+#   here:       make vllm-gpu-bundle   (= scripts/vllm-gpu-check.sh build after the wheel)
+#               -> target/vllm-gpu/ (< 64 MiB): the tether_vllm abi3 wheel, vLLM 0.33.0's
+#               pure-Python tree (no compiled extensions), cp312 wheels of the packages
+#               the scheduler imports that the accelerator image lacks, PTX for sm_90,
+#               the harness and gpu_check.py
+#   there:      scripts/vllm-gpu-check.sh run   (carry target/vllm-gpu; results in $OUT)
+#               No registry, no Rust: installs the carried wheels into /tmp/site with
+#               --no-index and runs gpu_check.py with TETHER_REQUIRE_GPU=1 (no GPU = fail).
+#               Takes about 2 minutes; each step has a timeout well inside 8 minutes.
+#   here, dry:  scripts/vllm-gpu-check.sh dry   runs the same gpu_check.py on CPU against the
+#               stripped vLLM tree (what can be checked without a GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=target/vllm-gpu
+VENV=.venv
+SITE_PKGS=$(ls -d $VENV/lib/python3*/site-packages | head -n 1)
+
+# Packages gpu_check imports (through vLLM's scheduler and connector API) that the
+# accelerator image does not have (device/KINDS.md list), at the versions pinned here.
+MISSING="annotated-types apache-tvm-ffi cachetools cbor2 fastapi httpcore2 httpx2 llguidance
+msgspec openai openai-harmony partial-json-parser pybase64 pydantic pydantic_core pyzmq
+sniffio starlette truststore typing-inspection xgrammar"
+
+pin() { grep -i "^$1==" engine-ext/vllm/requirements-cpu.txt | head -n 1; }
+
+build() {
+    rm -rf "$DIR" && mkdir -p "$DIR/whl" "$DIR/site" "$DIR/ptx" "$DIR/tests"
+    cp target/wheels/tether_vllm-*-abi3-*.whl "$DIR/whl/"
+    # vLLM's Python sources only: its compiled kernels are neither needed by the
+    # scheduler nor built for this machine's torch.
+    (cd "$SITE_PKGS" && find vllm vllm-0.33.0.dist-info -type f \( -name '*.py' -o -path '*dist-info*' \) \
+        ! -path '*__pycache__*' -print0 | xargs -0 cp --parents -t "$OLDPWD/$DIR/site")
+    local specs=()
+    for p in $MISSING; do
+        local s; s=$(pin "$p") || { echo "no pin for $p in requirements-cpu.txt"; exit 1; }
+        specs+=("$s")
+    done
+    $VENV/bin/pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
+        --platform manylinux_2_24_x86_64 --platform any \
+        -d "$DIR/whl" "${specs[@]}"
+    # PTX compiled here by NVRTC 12.9 for sm_90; the driver there JIT-compiles it.
+    cargo run --quiet --release -p tether-kvcopy --bin kvcopy-ptx -- kernels --arch compute_90 --out "$DIR/ptx"
+    cp engine-ext/vllm/tests/harness.py engine-ext/vllm/tests/gpu_check.py "$DIR/tests/"
+    cp scripts/vllm-gpu-check.sh "$DIR/"
+    du -sh "$DIR"
+    local bytes; bytes=$(du -sb "$DIR" | cut -f1)
+    if [ "$bytes" -gt $((60 << 20)) ]; then echo "bundle is $bytes bytes: over the 64 MiB carry"; exit 1; fi
+    echo "carry $DIR; on the GPU machine run: scripts/vllm-gpu-check.sh run"
+}
+
+run() {
+    local out=${OUT:-$DIR/out}
+    mkdir -p "$out"
+    [ -d "$DIR/whl" ] || { echo "missing $DIR: run 'make vllm-gpu-bundle' here first"; exit 1; }
+    export TETHER_REQUIRE_GPU=1 HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR PYTHONUNBUFFERED=1
+    export TETHER_KVCOPY_PTX=$PWD/$DIR/ptx/kv_copy.ptx
+    export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+    timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "$DIR"/whl/*.whl 2>&1 | tee "$out/pip.txt"
+    export PYTHONPATH=/tmp/site:$PWD/$DIR/site
+    (cd "$DIR/tests" && timeout 360 python3 gpu_check.py) 2>&1 | tee "$out/gpu-check.txt"
+}
+
+dry() {
+    [ -d "$DIR/site" ] || { echo "missing $DIR: run 'make vllm-gpu-bundle' first"; exit 1; }
+    export HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR PYTHONUNBUFFERED=1
+    # The stripped tree first on the path: the dry run imports vLLM from it, not from .venv.
+    (cd "$DIR/tests" && PYTHONPATH=$PWD/../site timeout 600 "$OLDPWD/$VENV/bin/python" - <<'PY'
+import sys, vllm
+assert "vllm-gpu/site/" in vllm.__file__, f"vLLM came from {vllm.__file__}, not the stripped tree"
+print("vLLM imported from", vllm.__file__)
+import runpy; sys.argv = ["gpu_check.py"]; runpy.run_path("gpu_check.py", run_name="__main__")
+PY
+    )
+}
+
+case "${1:-}" in
+    build) build ;;
+    run) run ;;
+    dry) dry ;;
+    *) echo "usage: $0 build|run|dry"; exit 2 ;;
+esac
