@@ -3,8 +3,8 @@
 # device memory moved by tether's CUDA backend — bit-exact checks and copy GB/s.
 #
 #   here:       make vllm-gpu-bundle   (= scripts/vllm-gpu-check.sh build after the wheel)
-#               -> target/vllm-gpu/ (< 64 MiB): the tether_vllm abi3 wheel, vLLM 0.33.0's
-#               pure-Python tree (no compiled extensions), cp312 wheels of the packages
+#               -> target/vllm-gpu/ (~ 26 MiB): the tether_vllm abi3 wheel, vLLM 0.33.0's
+#               pure-Python tree as .tar.xz (no compiled extensions), cp312 wheels of the packages
 #               the scheduler imports that the accelerator image lacks, PTX for sm_90,
 #               the harness and gpu_check.py
 #   there:      scripts/vllm-gpu-check.sh run   (carry target/vllm-gpu; results in $OUT)
@@ -28,12 +28,12 @@ sniffio starlette truststore typing-inspection xgrammar"
 pin() { grep -i "^$1==" engine-ext/vllm/requirements-cpu.txt | head -n 1; }
 
 build() {
-    rm -rf "$DIR" && mkdir -p "$DIR/whl" "$DIR/site" "$DIR/ptx" "$DIR/tests"
+    rm -rf "$DIR" && mkdir -p "$DIR/whl" "$DIR/ptx" "$DIR/tests"
     cp target/wheels/tether_vllm-*-abi3-*.whl "$DIR/whl/"
-    # vLLM's Python sources only: its compiled kernels are neither needed by the
-    # scheduler nor built for this machine's torch.
+    # vLLM's Python sources only (48 MiB, ~7 MiB as .tar.xz): its compiled kernels are
+    # neither needed by the scheduler nor built for that machine's torch.
     (cd "$SITE_PKGS" && find vllm vllm-0.33.0.dist-info -type f \( -name '*.py' -o -path '*dist-info*' \) \
-        ! -path '*__pycache__*' -print0 | xargs -0 cp --parents -t "$OLDPWD/$DIR/site")
+        ! -path '*__pycache__*' -print0 | tar --null -T - -cJf "$OLDPWD/$DIR/vllm-site.tar.xz")
     local specs=()
     for p in $MISSING; do
         local s; s=$(pin "$p") || { echo "no pin for $p in requirements-cpu.txt"; exit 1; }
@@ -50,7 +50,7 @@ build() {
     cp engine-ext/vllm/tests/harness.py engine-ext/vllm/tests/gpu_check.py "$DIR/tests/"
     cp scripts/vllm-gpu-check.sh "$DIR/"
     du -sh "$DIR"
-    local bytes; bytes=$(du -sb "$DIR" | cut -f1)
+    local bytes; bytes=$(find "$DIR" -type f -printf '%s\n' | awk '{s+=$1} END {print s}')
     if [ "$bytes" -gt $((60 << 20)) ]; then echo "bundle is $bytes bytes: over the 64 MiB carry"; exit 1; fi
     echo "carry $DIR; on the GPU machine run: scripts/vllm-gpu-check.sh run"
 }
@@ -65,21 +65,24 @@ run() {
     nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
     timeout 120 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$DIR"/whl/*.whl 2>&1 | tee "$out/pip.txt"
-    export PYTHONPATH=/tmp/site:$PWD/$DIR/site
+    rm -rf /tmp/vllm-site && mkdir -p /tmp/vllm-site && tar -xJf "$DIR/vllm-site.tar.xz" -C /tmp/vllm-site
+    export PYTHONPATH=/tmp/site:/tmp/vllm-site
     (cd "$DIR/tests" && timeout 360 python3 gpu_check.py) 2>&1 | tee "$out/gpu-check.txt"
 }
 
 dry() {
-    [ -d "$DIR/site" ] || { echo "missing $DIR: run 'make vllm-gpu-bundle' first"; exit 1; }
+    [ -f "$DIR/vllm-site.tar.xz" ] || { echo "missing $DIR: run 'make vllm-gpu-bundle' first"; exit 1; }
     export HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR PYTHONUNBUFFERED=1
+    local site; site=$(mktemp -d /tmp/vllm-site-dry.XXXXXX)
+    tar -xJf "$DIR/vllm-site.tar.xz" -C "$site"
     # The stripped tree first on the path: the dry run imports vLLM from it, not from .venv.
-    (cd "$DIR/tests" && PYTHONPATH=$PWD/../site timeout 600 "$OLDPWD/$VENV/bin/python" - <<'PY'
+    (cd "$DIR/tests" && PYTHONPATH=$site timeout 600 "$OLDPWD/$VENV/bin/python" - <<'PY'
 import sys, vllm
-assert "vllm-gpu/site/" in vllm.__file__, f"vLLM came from {vllm.__file__}, not the stripped tree"
+assert "/tmp/vllm-site-dry." in vllm.__file__, f"vLLM came from {vllm.__file__}, not the stripped tree"
 print("vLLM imported from", vllm.__file__)
 import runpy; sys.argv = ["gpu_check.py"]; runpy.run_path("gpu_check.py", run_name="__main__")
 PY
-    )
+    ) && rm -rf "$site"
 }
 
 case "${1:-}" in

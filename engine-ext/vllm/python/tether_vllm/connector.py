@@ -266,7 +266,8 @@ class TetherConnector(KVConnectorBase_V1):
         # At least one prompt token must be computed: never load the last block of an
         # exactly block-aligned prompt.
         usable = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
-        self._make_room(request, usable - start)
+        # Blocks this request will hold: its whole sequence plus the next token's slot.
+        self._make_room(request, -(-(request.num_tokens + 1) // bs) - start)
         if start >= usable or num_computed_tokens % bs:
             return 0
         chain = list(request.block_hashes[start:usable])
