@@ -1,7 +1,7 @@
 """Agent-trace replay through vLLM 0.33's real scheduler: plain prefix caching vs vLLM's
 OffloadingConnector vs TetherConnector, same device blocks and the same host bytes.
 
-    python bench_agent_trace.py [--sessions 16] [--turns 6] [--oneoff 32] [--seed 7] [--device-blocks 512] [--host-factor 4]
+    python bench_agent_trace.py [--sessions 24] [--turns 6] [--oneoff 48] [--seed 7] [--device-blocks 512] [--host-factor 4]
 
 The trace (generated, deterministic from the seed): agent sessions whose every turn
 resends the conversation — previous prompt + the engine's own reply + a tool result
@@ -143,9 +143,9 @@ def replay(name: str, engine: Engine, trace: list[Turn]) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sessions", type=int, default=16)
+    ap.add_argument("--sessions", type=int, default=24)
     ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--oneoff", type=int, default=32)
+    ap.add_argument("--oneoff", type=int, default=48)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--device-blocks", type=int, default=512)
     ap.add_argument("--host-factor", type=float, default=4.0)
