@@ -177,12 +177,7 @@ impl KvCopier {
         block_ids: Vec<u32>,
         block_hashes: Vec<Bound<'_, PyBytes>>,
     ) -> PyResult<usize> {
-        if block_ids.len() != block_hashes.len() {
-            return Err(CallerError::new_err(
-                "block_ids and block_hashes differ in length",
-            ));
-        }
-        let hashes: Vec<BlockHash> = block_hashes.iter().map(|b| hash_id(b.as_bytes())).collect();
+        let hashes = paired(&block_ids, &block_hashes)?;
         let todo: Vec<(BlockId, BlockHash)> = block_ids
             .into_iter()
             .zip(hashes)
@@ -212,15 +207,10 @@ impl KvCopier {
         block_ids: Vec<u32>,
         block_hashes: Vec<Bound<'_, PyBytes>>,
     ) -> PyResult<usize> {
-        if block_ids.len() != block_hashes.len() {
-            return Err(CallerError::new_err(
-                "block_ids and block_hashes differ in length",
-            ));
-        }
+        let hashes = paired(&block_ids, &block_hashes)?;
         let mut staging = Vec::with_capacity(block_ids.len() * self.map.block_bytes());
         let mut good = 0;
-        for b in &block_hashes {
-            let h = hash_id(b.as_bytes());
+        for &h in &hashes {
             match self.store.get(&h).map(Payload::verify) {
                 Some(Ok(bytes)) => staging.extend_from_slice(bytes),
                 Some(Err(_)) => {
@@ -317,6 +307,16 @@ impl KvCopier {
         }
         Ok(())
     }
+}
+
+/// The 128-bit ids of `hashes`, which must pair one to one with `ids`.
+fn paired(ids: &[u32], hashes: &[Bound<'_, PyBytes>]) -> PyResult<Vec<BlockHash>> {
+    if ids.len() != hashes.len() {
+        return Err(CallerError::new_err(
+            "block_ids and block_hashes differ in length",
+        ));
+    }
+    Ok(hashes.iter().map(|b| hash_id(b.as_bytes())).collect())
 }
 
 fn cuda_staging<'a>(
