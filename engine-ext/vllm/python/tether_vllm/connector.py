@@ -185,6 +185,11 @@ class TetherConnector(KVConnectorBase_V1):
             "scheduler_us": 0,
         }
         self._now_ms = lambda: int(time.monotonic() * 1000)
+        if getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
+            logger.warning(
+                "kv_load_failure_policy is not 'recompute': a host block that fails its "
+                "checksum will fail its request instead of being recomputed (docs/vllm.md)"
+            )
         if role == KVConnectorRole.SCHEDULER:
             self._init_scheduler()
         else:
