@@ -17,9 +17,11 @@ overwritten while another request still used it is counted in ``mismatched_posit
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pickle
+import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -72,6 +74,7 @@ _none_hash = False
 def tiny_model_dir() -> str:
     """A hand-written Llama-shaped config.json (no weights, no tokenizer, no hub)."""
     d = tempfile.mkdtemp(prefix="tether-tiny-llama-")
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
     cfg = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
