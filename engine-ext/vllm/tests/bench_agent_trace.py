@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import random
 import sys
 import time
@@ -149,6 +150,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--device-blocks", type=int, default=512)
     ap.add_argument("--host-factor", type=float, default=4.0)
+    ap.add_argument(
+        "--tether-extra",
+        default="{}",
+        help="JSON merged into TetherConnector's kv_connector_extra_config",
+    )
     args = ap.parse_args()
 
     trace = gen_trace(args.sessions, args.turns, args.oneoff, args.seed)
@@ -188,7 +194,7 @@ def main() -> int:
                 },
             ),
         ),
-        ("TetherConnector", dict(extra={"host_bytes": host_bytes})),
+        ("TetherConnector", dict(extra={"host_bytes": host_bytes, **json.loads(args.tether_extra)})),
     ]
     results = []
     for name, kw in variants:
