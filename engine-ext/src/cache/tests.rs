@@ -212,6 +212,58 @@ fn a_hit_refreshes_and_an_unrefreshed_retention_expires_first() {
     assert_eq!(c.stats().offloaded + c.stats().dropped, 0);
 }
 
+/// Among several expired retentions the earliest expiry goes first, whatever
+/// their values: here the earlier one (a tool wait) is also the more valuable.
+#[test]
+fn the_earliest_expired_retention_goes_first() {
+    let mut c = RetentionCache::try_new(cfg(9, 0)).expect("cfg");
+    let mut m = VecMover::new(9, 0);
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 3),
+        Some(marker(1, TurnKind::Tool)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 3),
+        Some(marker(2, TurnKind::User)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        3,
+        &chain(3, 3),
+        Some(marker(3, TurnKind::User)),
+        10,
+    );
+    let now = 10 + c.config().user.interval_ms + 1;
+    let exp = |k| {
+        c.device_record(&key(k))
+            .map(|r| r.meta.expires_ms)
+            .expect("held")
+    };
+    assert!(
+        exp(1) < exp(2) && exp(2) < exp(3) && exp(3) < now,
+        "all three expired"
+    );
+    // Room for one 3-block prompt: exactly one expired retention goes, the earliest.
+    turn(&mut c, &mut m, 4, &chain(4, 3), None, now);
+    assert!(c.device_record(&key(1)).is_none());
+    assert!(c.device_record(&key(2)).is_some());
+    assert!(c.device_record(&key(3)).is_some());
+    // Then the next earliest.
+    turn(&mut c, &mut m, 5, &chain(5, 6), None, now);
+    assert!(c.device_record(&key(2)).is_none());
+    assert!(c.device_record(&key(3)).is_some());
+    assert_eq!(c.stats().expired_dropped, 2);
+}
+
 #[test]
 fn unretained_blocks_go_before_any_retention() {
     let mut c = RetentionCache::try_new(cfg(8, 0)).expect("cfg");
@@ -467,6 +519,42 @@ fn hybrid_state_offloads_and_restores_with_its_blocks() {
     assert_eq!(m.states[s.0 as usize], VecMover::state_content(s1[5]));
 }
 
+/// The "never wrong state" promise for hybrid models: a corrupt linear-state snapshot
+/// on the host tier is a miss (dropped with the records needing it), never resumed from.
+#[test]
+fn a_corrupt_host_state_is_a_miss_and_never_served() {
+    let mut conf = cfg(12, 64);
+    conf.state_bytes = BB as u64;
+    conf.device_state_slots = 1;
+    let mut c = RetentionCache::try_new(conf).expect("cfg");
+    let mut m = VecMover::new(12, 1);
+    let s1 = chain(1, 6);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 6),
+        Some(marker(2, TurnKind::Tool)),
+        1,
+    );
+    assert!(c.host().contains(HostKind::State, s1[5]), "offloaded");
+    c.host_mut()
+        .payload_mut(HostKind::State, s1[5])
+        .expect("offloaded state")
+        .bytes_mut_unchecked()[3] ^= 1;
+    let a = turn(&mut c, &mut m, 3, &s1, Some(marker(1, TurnKind::User)), 3);
+    assert_eq!(a.miss, Some(RestoreMiss::Checksum));
+    assert_eq!(a.state, None, "no snapshot to resume from");
+    assert_eq!(
+        a.cached_blocks, 0,
+        "a hybrid prefix without its state is not usable"
+    );
+    assert!(!c.host().contains(HostKind::State, s1[5]));
+    assert!(c.host().record(&key(1)).is_none());
+    assert_eq!(c.stats().restore_misses, 1);
+}
+
 #[test]
 fn retention_off_is_plain_lru() {
     let mut conf = cfg(8, 0);
@@ -522,8 +610,8 @@ enum Op {
     Finish { prompt_end: bool },
     /// Advance the clock.
     Tick(u32),
-    /// Corrupt one host payload byte.
-    Corrupt(u8),
+    /// Corrupt one host payload byte (of a block, or with `state` of a linear-state snapshot).
+    Corrupt { i: u8, state: bool },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -532,7 +620,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(s, grow, kind, fail)| Op::Start { s, grow, kind, fail }),
         4 => any::<bool>().prop_map(|prompt_end| Op::Finish { prompt_end }),
         2 => (0u32..200_000).prop_map(Op::Tick),
-        1 => any::<u8>().prop_map(Op::Corrupt),
+        1 => (any::<u8>(), any::<bool>()).prop_map(|(i, state)| Op::Corrupt { i, state }),
     ]
 }
 
@@ -590,13 +678,21 @@ proptest! {
                     }
                 }
                 Op::Tick(d) => now += u64::from(d),
-                Op::Corrupt(i) => {
-                    let hs: Vec<BlockHash> = (0..6u32).flat_map(|s| chain(s, device)).collect();
-                    let h = hs[i as usize % hs.len()];
-                    if let Some(b) = c
-                        .host_mut()
-                        .payload_mut(HostKind::Block, h)
-                        .and_then(|p| p.bytes_mut_unchecked().first_mut())
+                Op::Corrupt { i, state } => {
+                    // One byte of a payload the host tier actually holds.
+                    let kind = if state { HostKind::State } else { HostKind::Block };
+                    let held: Vec<BlockHash> = (0..6u32)
+                        .flat_map(|s| chain(s, device))
+                        .filter(|h| c.host().contains(kind, *h))
+                        .collect();
+                    if let Some(b) = held
+                        .get(i as usize % held.len().max(1))
+                        .and_then(|h| c.host_mut().payload_mut(kind, *h))
+                        .and_then(|p| {
+                            let bytes = p.bytes_mut_unchecked();
+                            let at = i as usize % bytes.len().max(1);
+                            bytes.get_mut(at)
+                        })
                     {
                         *b ^= 0x5a;
                     }

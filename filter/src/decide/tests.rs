@@ -214,6 +214,158 @@ fn tenant_is_part_of_every_key() {
     assert_ne!(a.identity.tenant_hash(), b.identity.tenant_hash());
 }
 
+/// The tenant scopes every hash that leaves the filter, not only the key: two
+/// tenants using the same session, subagent and parent names share nothing.
+#[test]
+fn tenant_scopes_the_session_subagent_and_parent_hashes() {
+    let c = cfg(r#"{"tenant_header":"x-auth-tenant"}"#);
+    let body = Convo::new("s", "t").body(Api::Chat, Order::Sdk);
+    let run = |tenant: &str| {
+        decide(
+            &c,
+            Api::Chat,
+            &[
+                ("x-session-id", "r"),
+                ("x-claude-code-agent-id", "a"),
+                ("x-parent-session-id", "p"),
+                ("x-auth-tenant", tenant),
+            ],
+            &body,
+        )
+        .identity
+    };
+    let (a, b) = (run("acme"), run("globex"));
+    assert_eq!(
+        (a.session.as_slice(), b.session.as_slice()),
+        (&b"r"[..], &b"r"[..])
+    );
+    assert_ne!(a.session_hash(), b.session_hash());
+    assert_ne!(a.subagent_hash(), b.subagent_hash());
+    assert_ne!(a.parent_hash(), b.parent_hash());
+    assert!(a.parent_hash().is_some());
+    // Each hash is the placement crate's, over this tenant's raw values.
+    use tether_placement::keys;
+    assert_eq!(a.session_hash(), keys::session_hash(b"acme", b"r"));
+    assert_eq!(a.subagent_hash(), keys::subagent_hash(b"acme", Some(b"a")));
+    assert_eq!(a.parent_hash(), Some(keys::parent_hash(b"acme", b"p")));
+    assert_eq!(a.tenant_hash(), keys::tenant_hash(b"acme"));
+    assert_eq!(
+        key(&decide(
+            &c,
+            Api::Chat,
+            &[
+                ("x-session-id", "r"),
+                ("x-claude-code-agent-id", "a"),
+                ("x-auth-tenant", "acme")
+            ],
+            &body
+        )),
+        keys::routing_key(b"acme", b"r", Some(b"a"))
+    );
+}
+
+/// Body identity values have the same length limit as headers: up to
+/// `MAX_ID_BYTES` is an id, one byte more is skipped as bad (and counted), so
+/// the next source decides; long numbers are not ids at all.
+#[test]
+fn body_identity_values_have_a_length_limit() {
+    let c = cfg("");
+    let at_limit = "s".repeat(identity::MAX_ID_BYTES);
+    let over = "s".repeat(identity::MAX_ID_BYTES + 1);
+    let body = |sid: &J| {
+        Convo::new("sys", "task")
+            .extra("session_id", sid.clone())
+            .extra("prompt_cache_key", json!("pck"))
+            .body(Api::Chat, Order::Sdk)
+    };
+    let d = decide(&c, Api::Chat, &[], &body(&json!(at_limit)));
+    assert_eq!((d.source.as_str(), d.bad_headers), ("body:session_id", 0));
+    assert_eq!(d.identity.session, at_limit.as_bytes());
+    let d = decide(&c, Api::Chat, &[], &body(&json!(over)));
+    assert_eq!(
+        (d.source.as_str(), d.bad_headers),
+        ("body:prompt_cache_key", 1)
+    );
+    // Numbers: up to 64 characters are ids, longer ones are absent (not counted).
+    let raw = |n: usize| {
+        format!(
+            r#"{{"session_id":{},"prompt_cache_key":"pck","messages":[{{"role":"user","content":"hi"}}]}}"#,
+            "7".repeat(n)
+        )
+    };
+    let d = decide(&c, Api::Chat, &[], raw(64).as_bytes());
+    assert_eq!(d.source, "body:session_id");
+    let d = decide(&c, Api::Chat, &[], raw(65).as_bytes());
+    assert_eq!(
+        (d.source.as_str(), d.bad_headers),
+        ("body:prompt_cache_key", 0)
+    );
+    // Headers: the same limit, at the byte.
+    let d = decide(
+        &c,
+        Api::Chat,
+        &[("x-session-id", &at_limit)],
+        &body(&json!("b")),
+    );
+    assert_eq!(
+        (d.source.as_str(), d.bad_headers),
+        ("header:x-session-id", 0)
+    );
+    let d = decide(
+        &c,
+        Api::Chat,
+        &[("x-session-id", &over)],
+        &body(&json!("b")),
+    );
+    assert_eq!((d.source.as_str(), d.bad_headers), ("body:session_id", 1));
+}
+
+/// Unusable subagent, parent and tenant headers are skipped and each is counted
+/// once; the next good source of the same list is used.
+#[test]
+fn bad_subagent_parent_and_tenant_headers_are_each_counted() {
+    let c = cfg(r#"{"tenant_header":"x-auth-tenant"}"#);
+    let placement = Placement::new(&c.endpoints);
+    let mut h = headers(&[
+        (":path", "/v1/chat/completions"),
+        ("x-session-id", "run"),
+        ("x-claude-code-agent-id", ""),
+        ("thread-id", "sub-1"),
+        ("x-parent-session-id", "p1"),
+        ("x-parent-session-id", "p2"),
+        ("x-codex-parent-thread-id", "parent-ok"),
+        ("x-auth-tenant", "t1"),
+        ("x-auth-tenant", "t2"),
+    ]);
+    h.push(("x-claude-code-parent-agent-id".into(), vec![0xff, 0xfe]));
+    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+        panic!("a session header decides in the header callback")
+    };
+    assert_eq!(
+        d.bad_headers, 4,
+        "empty subagent, repeated parent, non-UTF-8 parent, repeated tenant"
+    );
+    assert_eq!(d.identity.subagent.as_deref(), Some(&b"sub-1"[..]));
+    assert_eq!(d.identity.parent.as_deref(), Some(&b"parent-ok"[..]));
+    assert!(d.identity.tenant.is_empty());
+    // Each kind alone counts exactly one.
+    for (name, value) in [
+        ("x-claude-code-agent-id", ""),
+        ("x-dynamo-parent-session-id", ""),
+        ("x-auth-tenant", ""),
+    ] {
+        let h = headers(&[
+            (":path", "/v1/chat/completions"),
+            ("x-session-id", "run"),
+            (name, value),
+        ]);
+        let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+            panic!("{name}: not decided")
+        };
+        assert_eq!(d.bad_headers, 1, "{name}");
+    }
+}
+
 #[test]
 fn bad_identity_headers_are_skipped_and_counted() {
     let c = cfg("");

@@ -231,3 +231,62 @@ fn trailing_garbage_is_malformed() {
     );
     assert!(scan_full(b"{\"a\":1}\n", Api::Chat).is_ok());
 }
+
+/// An object written member by member, so keys may repeat (a map cannot hold
+/// duplicates); a conversation array sits between `before` and `after`.
+fn object_with_duplicates(before: &[(String, J)], after: &[(String, J)], msgs: usize) -> Vec<u8> {
+    let member = |(k, v): &(String, J)| format!("{}:{}", J::from(k.as_str()), v);
+    let conv: Vec<J> = (0..msgs)
+        .map(|i| json!({"role": "user", "content": format!("m{i}")}))
+        .collect();
+    let mut parts: Vec<String> = before.iter().map(member).collect();
+    parts.push(format!("\"messages\":{}", J::Array(conv)));
+    parts.extend(after.iter().map(member));
+    format!("{{{}}}", parts.join(",")).into_bytes()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Repeated top-level keys resolve like serde_json (the last one wins), whether
+    /// the body is walked whole or read from its ends, and wherever the copies sit.
+    #[test]
+    fn duplicate_keys_resolve_to_the_last_like_serde(
+        before in prop::collection::vec(("(a|b|session_id)", arb_json()), 0..6),
+        after in prop::collection::vec(("(a|b|session_id)", arb_json()), 0..6),
+        msgs in 1usize..60, head in 1usize..300, tail in 1usize..300,
+    ) {
+        let body = object_with_duplicates(&before, &after, msgs);
+        let want: J = serde_json::from_slice(&body).unwrap();
+        let whole = scan_full(&body, Api::Chat).unwrap();
+        let whole_view = View { head: body.clone(), tail: Vec::new(), tail_base: body.len(), size: body.len() };
+        let mut f = SliceFetch::new(&body);
+        let limits = ReadLimits { full_max: 0, head, tail };
+        let (view, doc, _) = read_doc(Api::Chat, body.len(), limits, &mut |s, l| f.fetch(s, l)).unwrap();
+        for key in ["a", "b", "session_id"] {
+            for (d, v) in [(&whole, &whole_view), (&doc, &view)] {
+                let got: Option<J> = d
+                    .member(v, key)
+                    .map(|m| serde_json::from_slice(m.bytes()).unwrap());
+                prop_assert_eq!(got.as_ref(), want.get(key), "key {}", key);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_repeated_key_takes_its_last_value() {
+    let body = br#"{"session_id":"first","messages":[{"role":"user","content":"hi"}],"session_id":"last"}"#;
+    let doc = scan_full(body, Api::Chat).unwrap();
+    let view = View {
+        head: body.to_vec(),
+        tail: Vec::new(),
+        tail_base: body.len(),
+        size: body.len(),
+    };
+    assert!(
+        doc.member(&view, "session_id")
+            .is_some_and(|v| v.str_is("last"))
+    );
+    assert_eq!(doc.members_named(&view, "session_id").count(), 2);
+}

@@ -156,3 +156,101 @@ fn assistant_prefill_is_not_a_prompt_end() {
     let t = classify(Api::Messages, &doc, &view, &tools(), false).unwrap();
     assert!(!t.prompt_end);
 }
+
+/// One body per format from (calls made, results returned) rounds after a user
+/// message: each round is one assistant turn of tool calls `(id, tool)` and the
+/// results of the ids listed (a call may go unanswered).
+/// One assistant turn: its tool calls `(id, tool)` and the ids answered.
+type Round<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+
+fn tool_rounds(api: Api, rounds: &[Round<'_>]) -> Vec<u8> {
+    use serde_json::{Value as J, json};
+    let mut items: Vec<J> = vec![json!({"role": "user", "content": "go"})];
+    for (calls, answered) in rounds {
+        match api {
+            Api::Chat => {
+                let tc: Vec<J> = calls
+                    .iter()
+                    .map(|(id, name)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}}))
+                    .collect();
+                items.push(json!({"role": "assistant", "content": null, "tool_calls": tc}));
+                for id in *answered {
+                    items.push(json!({"role": "tool", "tool_call_id": id, "content": "ok"}));
+                }
+            }
+            Api::Messages => {
+                let uses: Vec<J> = calls
+                    .iter()
+                    .map(|(id, name)| json!({"type": "tool_use", "id": id, "name": name, "input": {}}))
+                    .collect();
+                items.push(json!({"role": "assistant", "content": uses}));
+                let results: Vec<J> = answered
+                    .iter()
+                    .map(|id| json!({"type": "tool_result", "tool_use_id": id, "content": "ok"}))
+                    .collect();
+                items.push(json!({"role": "user", "content": results}));
+            }
+            Api::Responses => {
+                for (id, name) in *calls {
+                    items.push(json!({"type": "function_call", "call_id": id, "name": name, "arguments": "{}"}));
+                }
+                for id in *answered {
+                    items.push(
+                        json!({"type": "function_call_output", "call_id": id, "output": "ok"}),
+                    );
+                }
+            }
+            Api::Completions => unreachable!("no tool calls in legacy completions"),
+        }
+    }
+    let key = if api == Api::Responses {
+        "input"
+    } else {
+        "messages"
+    };
+    serde_json::to_vec(&json!({"model": "m", key: items})).unwrap()
+}
+
+/// A tool result is a handoff only when its own id answers a subagent-tool call:
+/// a `Task` call elsewhere in the run (unanswered in this round, or answered in
+/// an earlier round) does not make a plain tool result a handoff.
+#[test]
+fn handoff_needs_the_result_of_the_task_call_itself() {
+    for api in [Api::Chat, Api::Responses, Api::Messages] {
+        let kind = |rounds: &[Round<'_>]| {
+            let (whole, ends) = both(api, &tool_rounds(api, rounds), false);
+            let (whole, ends) = (whole.unwrap(), ends.unwrap());
+            assert_eq!(
+                whole.kind, ends.kind,
+                "{api:?}: whole walk and ends disagree"
+            );
+            whole.kind
+        };
+        let task_and_read: &[(&str, &str)] = &[("t1", "Task"), ("r1", "Read")];
+        // Both calls made, only the Read answered so far.
+        assert_eq!(kind(&[(task_and_read, &["r1"])]), TurnKind::Tool, "{api:?}");
+        // The Task answered: a handoff, whichever order the results come in.
+        assert_eq!(
+            kind(&[(task_and_read, &["t1"])]),
+            TurnKind::Handoff,
+            "{api:?}"
+        );
+        assert_eq!(
+            kind(&[(task_and_read, &["r1", "t1"])]),
+            TurnKind::Handoff,
+            "{api:?}"
+        );
+        // A Task round earlier in the same run, then a plain tool round.
+        assert_eq!(
+            kind(&[(&[("t1", "Task")], &["t1"]), (&[("r2", "Read")], &["r2"])]),
+            TurnKind::Tool,
+            "{api:?}"
+        );
+        // A result whose id matches no call at all, next to an unanswered Task call.
+        assert_eq!(
+            kind(&[(&[("t1", "Task")], &["zz"])]),
+            TurnKind::Tool,
+            "{api:?}"
+        );
+    }
+}

@@ -28,8 +28,9 @@ fn picks_are_deterministic_and_ordered() {
         assert_eq!(a, q.pick(k, 2).unwrap());
         assert_eq!(a.order.len(), 3);
         let mut uniq = a.order.clone();
+        uniq.sort_unstable();
         uniq.dedup();
-        assert_eq!(uniq.len(), 3);
+        assert_eq!(uniq.len(), 3, "{:?}", a.order);
         assert_eq!(p.destination(&a).split(',').count(), 3);
     }
 }
@@ -115,4 +116,43 @@ fn dp_rank_is_uniform_and_independent_of_the_endpoint() {
         }
     }
     assert_eq!(dp_rank(42, 1), 0);
+}
+
+/// The rank comes from the chosen endpoint's own `dp_size`: with endpoints of
+/// different sizes, every rank is below its primary's size, and every rank of
+/// each primary is used (a rank from another endpoint's size would break one or
+/// the other).
+#[test]
+fn dp_rank_follows_the_chosen_endpoints_size() {
+    let sizes = [8u32, 1, 2, 3];
+    let e: Vec<Endpoint> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &dp_size)| Endpoint {
+            address: format!("10.0.1.{}:8000", i + 1),
+            weight: 1.0,
+            dp_size,
+        })
+        .collect();
+    let p = Placement::new(&e);
+    let mut seen = vec![vec![false; 8]; sizes.len()];
+    for k in keys(4_000) {
+        let pick = p.pick(k, 1).unwrap();
+        let primary = pick.order[0];
+        assert!(
+            pick.rank < sizes[primary],
+            "rank {} on an endpoint of dp_size {}",
+            pick.rank,
+            sizes[primary]
+        );
+        assert_eq!(pick.rank, dp_rank(k, sizes[primary]));
+        seen[primary][pick.rank as usize] = true;
+    }
+    for (i, &n) in sizes.iter().enumerate() {
+        assert!(
+            seen[i][..n as usize].iter().all(|s| *s),
+            "endpoint {i}: ranks used {:?}",
+            seen[i]
+        );
+    }
 }
