@@ -104,4 +104,27 @@ mod tests {
         );
         assert_eq!(subagent_hash(b"t", None), 0);
     }
+
+    /// Each hash is its documented definition: a domain tag, then the parts.
+    #[test]
+    fn hashes_are_their_definitions() {
+        assert_eq!(tenant_hash(b"t1"), hash_parts(&[b"tenant", b"t1"]));
+        assert_ne!(tenant_hash(b"t1"), tenant_hash(b"t2"));
+        assert_eq!(
+            session_hash(b"t", b"s"),
+            hash_parts(&[b"session", b"t", b"s"])
+        );
+        assert_eq!(
+            subagent_hash(b"t", Some(b"a")),
+            hash_parts(&[b"subagent", b"t", b"a"])
+        );
+        assert_eq!(
+            parent_hash(b"t", b"p"),
+            hash_parts(&[b"parent", b"t", b"p"])
+        );
+        assert_eq!(
+            routing_key(b"t", b"s", None),
+            hash_parts(&[b"t", b"s", b""])
+        );
+    }
 }

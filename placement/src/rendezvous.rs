@@ -35,7 +35,10 @@ pub struct Pick {
 
 /// Maps 64 hash bits to a uniform `u` in the open interval (0, 1).
 fn unit(h: u64) -> f64 {
-    ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    // In the top half of the range `+ 0.5` rounds to an integer, and at the very
+    // top up to 2^53 (u = 1, ln u = 0, a score of -inf): clamp to the largest
+    // value below 1. Every other hash keeps its value, so placements are unchanged.
+    (((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64).min(1.0 - f64::EPSILON / 2.0)
 }
 
 impl Placement {

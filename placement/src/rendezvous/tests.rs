@@ -156,3 +156,15 @@ fn dp_rank_follows_the_chosen_endpoints_size() {
         );
     }
 }
+
+/// `unit` maps the whole 64-bit range into the open interval (0, 1), so
+/// `ln(u)` is finite and negative for every hash.
+#[test]
+fn unit_stays_inside_the_open_interval() {
+    let lo = unit(0);
+    assert!(lo > 0.0 && lo < 1e-15, "{lo}");
+    assert_eq!(lo, 0.5 / (1u64 << 53) as f64);
+    let hi = unit(u64::MAX);
+    assert!(hi < 1.0 && hi > 1.0 - 1e-15, "{hi}");
+    assert!(unit(1 << 11) > lo);
+}
