@@ -359,7 +359,9 @@ fn pressure_offloads_to_host_and_the_return_restores_bit_exactly() {
         60_000,
     );
     assert_eq!(a.cached_blocks, 5);
-    assert!(a.restored_blocks >= 3);
+    assert_eq!(a.restored_blocks, 3, "the 3 blocks the device lost");
+    assert_eq!(c.stats().restored_blocks, 3);
+    assert_eq!(c.stats().restore_misses, 0);
     assert_eq!(a.miss, None);
     assert!(
         c.host().record(&key(1)).is_none(),
@@ -422,6 +424,8 @@ fn a_failed_copy_is_a_miss() {
         device,
         "unrestored blocks are not published"
     );
+    assert_eq!(c.stats().restore_misses, 1);
+    assert_eq!(c.stats().restored_blocks, 0);
     c.release(RequestId(3)).expect("release");
     c.check().expect("invariants");
 }
@@ -805,4 +809,101 @@ fn a_hit_refreshes_a_retention_held_on_the_host() {
     );
     assert_eq!(r.meta.last_use_ms, 100_000);
     assert_eq!(c.stats().refreshed, 1);
+}
+
+/// A KV-aware router sees every block the cache publishes (with its parent) and
+/// every block it evicts, in order, once per drain.
+#[test]
+fn kv_events_report_published_and_evicted_blocks() {
+    let mut c = RetentionCache::try_new(cfg(4, 0)).expect("cfg");
+    let mut m = VecMover::new(4, 0);
+    assert!(c.drain_events().is_empty(), "off until asked for");
+    c.record_events();
+    let s1 = chain(1, 3);
+    turn(&mut c, &mut m, 1, &s1, None, 0);
+    assert_eq!(
+        c.drain_events(),
+        vec![
+            KvEvent::Stored {
+                hash: s1[0],
+                parent: None
+            },
+            KvEvent::Stored {
+                hash: s1[1],
+                parent: Some(s1[0])
+            },
+            KvEvent::Stored {
+                hash: s1[2],
+                parent: Some(s1[1])
+            },
+        ]
+    );
+    assert!(c.drain_events().is_empty(), "drained");
+    // Two new blocks need one slot beyond the free one: the LRU tail goes.
+    let s2 = chain(2, 2);
+    turn(&mut c, &mut m, 2, &s2, None, 1);
+    assert_eq!(
+        c.drain_events(),
+        vec![
+            KvEvent::Removed { hash: s1[2] },
+            KvEvent::Stored {
+                hash: s2[0],
+                parent: None
+            },
+            KvEvent::Stored {
+                hash: s2[1],
+                parent: Some(s2[0])
+            },
+        ]
+    );
+}
+
+#[test]
+fn the_cache_keeps_the_configuration_it_was_given() {
+    let mut conf = cfg(7, 3);
+    conf.checkpoint_every_tokens = 5 * conf.block_size;
+    let c = RetentionCache::try_new(conf.clone()).expect("cfg");
+    assert_eq!(c.config(), &conf);
+}
+
+/// After a checksum miss nothing comes from the host tier for that request, not
+/// even blocks another record still holds there (the request is served from the
+/// device prefix alone, never from a partial restore).
+#[test]
+fn a_miss_restores_nothing_even_where_another_record_holds_the_prefix() {
+    let mut c = RetentionCache::try_new(cfg(8, 16)).expect("cfg");
+    let mut m = VecMover::new(8, 0);
+    // Sessions 1 and 2 share 3 blocks; both end up on the host tier.
+    let shared = chain(9, 3);
+    let s1: Vec<BlockHash> = shared.iter().copied().chain(chain(1, 2)).collect();
+    let s2: Vec<BlockHash> = shared.iter().copied().chain(chain(2, 2)).collect();
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
+    turn(&mut c, &mut m, 2, &s2, Some(marker(2, TurnKind::User)), 1);
+    turn(&mut c, &mut m, 3, &chain(3, 8), None, 2);
+    assert!(c.host().record(&key(1)).is_some() && c.host().record(&key(2)).is_some());
+    assert_eq!(c.peek_prefix(&s1), 0);
+    // Corrupt session 1's own last block: its record goes, session 2's stays.
+    c.host_mut()
+        .payload_mut(HostKind::Block, s1[4])
+        .expect("offloaded")
+        .bytes_mut_unchecked()[0] ^= 1;
+    let a = turn(&mut c, &mut m, 4, &s1, Some(marker(1, TurnKind::User)), 3);
+    assert_eq!(a.miss, Some(RestoreMiss::Checksum));
+    assert_eq!((a.cached_blocks, a.restored_blocks), (0, 0));
+    assert!(
+        c.host().record(&key(2)).is_some(),
+        "the other record is untouched"
+    );
+    assert_eq!(c.host().prefix_len(&s2), 5);
+}
+
+/// A prompt shorter than one block has nothing to retain: its prompt end makes no record.
+#[test]
+fn a_prompt_without_a_full_block_is_not_retained() {
+    let mut c = RetentionCache::try_new(cfg(4, 0)).expect("cfg");
+    let mut m = VecMover::new(4, 0);
+    let a = turn(&mut c, &mut m, 1, &[], Some(marker(1, TurnKind::Tool)), 0);
+    assert_eq!((a.slots.len(), a.cached_blocks), (0, 0));
+    assert_eq!(c.device_records(), 0);
+    assert_eq!(c.stats().retained, 0);
 }

@@ -122,3 +122,33 @@ fn errors_name_the_field() {
         assert!(e.to_string().starts_with(&format!("{field}: ")), "{e}");
     }
 }
+
+#[test]
+fn tenant_header_must_be_a_plain_lower_case_name() {
+    for bad in ["X-Tenant", "x-Tenant", ":authority", "x:tenant", ""] {
+        let e = err(&format!(r#"{{"tenant_header":"{bad}"}}"#));
+        assert_eq!(e.field, "tenant_header", "{bad:?}");
+    }
+    let c = Config::parse(br#"{"tenant_header":"x-tenant_1"}"#).unwrap();
+    assert_eq!(c.tenant_header.as_deref(), Some("x-tenant_1"));
+}
+
+/// Each engine body field, and salting, alone makes the filter rewrite bodies.
+#[test]
+fn each_body_output_alone_rewrites_the_body() {
+    let pick = r#""mode":"pick","endpoints":[{"address":"10.0.0.1:8000"}]"#;
+    assert!(!Config::parse(b"").unwrap().rewrites_body());
+    for extra in [
+        r#""cache_salt":{"secret":"k"}"#,
+        r#""engine":{"body_session_id":true}"#,
+        r#""engine":{"routed_dp_rank":true}"#,
+    ] {
+        let c = Config::parse(format!("{{{pick},{extra}}}").as_bytes()).unwrap();
+        assert!(c.rewrites_body(), "{extra}");
+    }
+    assert!(
+        !Config::parse(format!(r#"{{{pick},"engine":{{"session_header":true}}}}"#).as_bytes())
+            .unwrap()
+            .rewrites_body()
+    );
+}

@@ -822,3 +822,28 @@ fn emitted_markers_parse_into_the_engine_marker() {
     );
     assert_eq!(m.key.session, HexId(u128::from(d.identity.session_hash())));
 }
+
+/// Only a session named by a *body* field is shared by every subagent of a run
+/// (so the head hash tells them apart); a session header names one agent, which
+/// stays the main agent (subagent hash 0) even when the body is read.
+#[test]
+fn a_header_session_on_the_body_path_stays_the_main_agent() {
+    let c = cfg(r#"{"header_fast_path":false}"#);
+    let body = Convo::new("explorer subagent", "find files").body(Api::Chat, Order::Sdk);
+    let d = decide(&c, Api::Chat, &[("x-session-id", "run")], &body);
+    assert!(!d.header_path, "the body was read");
+    assert_eq!(d.source, "header:x-session-id");
+    assert_eq!(d.identity.subagent, None);
+    assert_eq!(d.identity.subagent_hash(), 0);
+    // The same session as a body field: the head names the agent.
+    let d = decide(
+        &c,
+        Api::Chat,
+        &[],
+        &Convo::new("explorer subagent", "find files")
+            .extra("session_id", json!("run"))
+            .body(Api::Chat, Order::Sdk),
+    );
+    assert_eq!(d.source, "body:session_id");
+    assert_ne!(d.identity.subagent_hash(), 0);
+}
