@@ -204,6 +204,7 @@ fn a_hit_refreshes_and_an_unrefreshed_retention_expires_first() {
     assert_eq!(a.cached_blocks, 3);
     let exp = c.device_record(&key(1)).map(|r| r.meta.expires_ms);
     assert_eq!(exp, Some(2 * tool - 1));
+    assert_eq!(c.stats().refreshed, 1);
     // At `tool`, session 2 has expired: it goes first though session 1 is older.
     turn(&mut c, &mut m, 4, &chain(3, 3), None, tool);
     assert!(c.device_record(&key(2)).is_none());
@@ -367,6 +368,8 @@ fn pressure_offloads_to_host_and_the_return_restores_bit_exactly() {
         c.host().record(&key(1)).is_none(),
         "the new prompt end superseded the host copy"
     );
+    assert_eq!(c.stats().superseded, 1);
+    assert_eq!(c.stats().retained, 3);
 }
 
 #[test]
@@ -482,6 +485,9 @@ fn hybrid_prefix_is_usable_only_at_a_snapshot_boundary() {
     let rec = c.device_record(&key(1)).expect("retained");
     let kept: Vec<BlockHash> = rec.states.iter().map(|(h, _)| *h).collect();
     assert_eq!(kept, vec![s1[9], s1[7]]);
+    // What the record pins: 10 blocks and 2 snapshots, and the tokens it saves.
+    assert_eq!(rec.meta.bytes, 10 * BB as u64 + 2 * BB as u64);
+    assert_eq!(rec.meta.tokens, 10 * c.config().block_size as u64);
     // A request sharing 9 blocks can only resume at the 8-block checkpoint.
     let mut other = s1[..9].to_vec();
     other.extend(chain(7, 2));
@@ -906,4 +912,43 @@ fn a_prompt_without_a_full_block_is_not_retained() {
     assert_eq!((a.slots.len(), a.cached_blocks), (0, 0));
     assert_eq!(c.device_records(), 0);
     assert_eq!(c.stats().retained, 0);
+}
+
+/// An offload the host tier refuses leaves no reference behind on the payloads it
+/// shares with records already there (the shared prefix, and for a hybrid model its
+/// shared checkpoint, were pinned first).
+#[test]
+fn a_refused_offload_releases_the_shared_prefix_it_pinned() {
+    for hybrid in [false, true] {
+        let mut conf = cfg(6, if hybrid { 7 } else { 5 });
+        if hybrid {
+            conf.state_bytes = BB as u64;
+            conf.device_state_slots = 4;
+            conf.checkpoint_every_tokens = 3 * conf.block_size;
+        }
+        let mut c = RetentionCache::try_new(conf).expect("cfg");
+        let mut m = VecMover::new(6, 4);
+        let shared = chain(9, 3);
+        let a: Vec<BlockHash> = shared.iter().copied().chain(chain(1, 2)).collect();
+        let b: Vec<BlockHash> = shared.iter().copied().chain(chain(2, 2)).collect();
+        turn(&mut c, &mut m, 1, &a, Some(marker(1, TurnKind::Tool)), 0);
+        turn(&mut c, &mut m, 2, &b, Some(marker(2, TurnKind::User)), 1);
+        assert!(
+            c.host().record(&key(1)).is_some(),
+            "a went to the host tier"
+        );
+        if hybrid {
+            assert!(
+                c.host().contains(HostKind::State, shared[2]),
+                "shared checkpoint"
+            );
+        }
+        // b must go too, but the host is full of the more valuable a: refused, dropped.
+        turn(&mut c, &mut m, 3, &chain(3, 5), None, 2);
+        assert!(c.host().record(&key(2)).is_none(), "hybrid {hybrid}");
+        assert!(c.host().record(&key(1)).is_some(), "hybrid {hybrid}");
+        assert_eq!(c.stats().dropped, 1, "hybrid {hybrid}");
+        assert_eq!(c.host().used(), c.host().capacity(), "hybrid {hybrid}");
+        c.check().expect("no reference left on the shared prefix");
+    }
 }

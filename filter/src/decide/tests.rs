@@ -847,3 +847,101 @@ fn a_header_session_on_the_body_path_stays_the_main_agent() {
     assert_eq!(d.source, "body:session_id");
     assert_ne!(d.identity.subagent_hash(), 0);
 }
+
+/// A request whose headers end the stream has no body callback to wait for: the
+/// header callback decides it, with the `no_body` fallback when no header names the session.
+#[test]
+fn a_bodiless_request_is_decided_in_the_header_callback() {
+    let c = cfg(r#"{"tenant_header":"x-t"}"#);
+    let placement = Placement::new(&c.endpoints);
+    let h = headers(&[(":path", "/v1/chat/completions"), ("x-t", "acme")]);
+    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, true) else {
+        panic!("end of stream: decided now")
+    };
+    assert_eq!(d.source, "fallback:no_body");
+    assert!(d.header_path);
+    assert_eq!(d.identity.tenant, b"acme");
+    // With a body to come, the same headers wait for it.
+    assert!(matches!(
+        on_headers(&c, &placement, &h, false),
+        HeaderOutcome::ReadBody { reason: None, .. }
+    ));
+}
+
+/// `content-encoding: identity` (any case, padded) or empty is no encoding at all.
+#[test]
+fn identity_encoding_is_not_compressed() {
+    let c = cfg("");
+    let body = Convo::new("s", "t")
+        .extra("session_id", json!("run"))
+        .body(Api::Chat, Order::Sdk);
+    for enc in ["identity", " IDENTITY ", ""] {
+        let d = decide(&c, Api::Chat, &[("content-encoding", enc)], &body);
+        assert_eq!(d.source, "body:session_id", "{enc:?}");
+    }
+    let d = decide(&c, Api::Chat, &[("content-encoding", "br")], &body);
+    assert_eq!(d.source, "fallback:compressed");
+}
+
+/// Fallback keys are scoped by tenant like every other key (a repeated tenant
+/// header counts as no tenant).
+#[test]
+fn fallback_keys_carry_the_tenant() {
+    let c = cfg(r#"{"tenant_header":"x-t"}"#);
+    let placement = Placement::new(&c.endpoints);
+    let run = |tenant: &[(&str, &str)]| {
+        let mut h = headers(&[
+            (":path", "/v1/chat/completions"),
+            ("content-encoding", "gzip"),
+        ]);
+        h.extend(headers(tenant));
+        fallback(
+            &c,
+            &placement,
+            Api::Chat,
+            &h,
+            b"same body",
+            Reason::Compressed,
+        )
+    };
+    let (a, b) = (run(&[("x-t", "acme")]), run(&[("x-t", "globex")]));
+    assert_eq!(a.identity.tenant, b"acme");
+    assert_eq!(b.identity.tenant, b"globex");
+    assert_ne!(key(&a), key(&b));
+    let none = run(&[("x-t", "acme"), ("x-t", "acme2")]);
+    assert!(none.identity.tenant.is_empty());
+    assert_eq!(key(&none), key(&run(&[])));
+}
+
+/// `max_body_bytes` is the largest body read: one byte more is `too_large`.
+#[test]
+fn max_body_bytes_is_inclusive() {
+    let body = Convo::new("s", "t")
+        .extra("session_id", json!("run"))
+        .body(Api::Chat, Order::Sdk);
+    let at = cfg(&format!(r#"{{"max_body_bytes":{}}}"#, body.len()));
+    assert_eq!(decide(&at, Api::Chat, &[], &body).source, "body:session_id");
+    let below = cfg(&format!(r#"{{"max_body_bytes":{}}}"#, body.len() - 1));
+    assert_eq!(
+        decide(&below, Api::Chat, &[], &body).source,
+        "fallback:too_large"
+    );
+}
+
+/// `turn_count_max_bytes` decides which bodies are walked whole (and counted).
+#[test]
+fn turn_count_max_bytes_sets_the_whole_walk_limit() {
+    let mut convo = Convo::new("s", "t").extra("session_id", json!("run"));
+    for i in 0..40 {
+        convo = convo.with(Step::User(format!("turn {i} {}", "w".repeat(1200))));
+    }
+    let body = convo.body(Api::Chat, Order::Sdk);
+    // Larger than the head and tail reads together, so only a whole walk counts it.
+    assert!(body.len() > 40 * 1024, "{}", body.len());
+    let count = |limit: usize| {
+        let c = cfg(&format!(r#"{{"turn_count_max_bytes":{limit}}}"#));
+        decide(&c, Api::Chat, &[], &body).turn.and_then(|t| t.count)
+    };
+    assert_eq!(count(body.len()), Some(41));
+    assert_eq!(count(32 * 1024), None, "read from its ends, not counted");
+}
