@@ -435,39 +435,47 @@ fn a_failed_copy_is_a_miss() {
 
 #[test]
 fn host_tier_refuses_what_was_used_less_recently_than_it_holds() {
-    // Host holds 5 blocks: one 5-block retention fits; an older one cannot displace it.
-    let mut c = RetentionCache::try_new(cfg(6, 5)).expect("cfg");
-    let mut m = VecMover::new(6, 0);
-    turn(
-        &mut c,
-        &mut m,
-        1,
-        &chain(1, 5),
-        Some(marker(1, TurnKind::Tool)),
-        0,
-    );
-    turn(
-        &mut c,
-        &mut m,
-        2,
-        &chain(2, 5),
-        Some(marker(2, TurnKind::User)),
-        1,
-    );
-    assert!(c.host().record(&key(1)).is_some());
-    // Session 1 sends an unrelated short request: its host record is refreshed (used at 2).
-    let hit = TurnMarker {
-        prompt_end: false,
-        ..marker(1, TurnKind::Tool)
-    };
-    turn(&mut c, &mut m, 3, &chain(9, 1), Some(hit), 2);
-    turn(&mut c, &mut m, 4, &chain(3, 5), None, 3);
-    assert!(
-        c.host().record(&key(1)).is_some(),
-        "the more recently used record stays on the host"
-    );
-    assert!(c.host().record(&key(2)).is_none());
-    assert_eq!(c.stats().dropped, 1);
+    // The host holds 5 to 9 blocks: one 5-block retention fits; an older one cannot
+    // displace it, whatever room is left beside it.
+    for host_blocks in [5, 7, 9] {
+        let mut c = RetentionCache::try_new(cfg(6, host_blocks)).expect("cfg");
+        let mut m = VecMover::new(6, 0);
+        turn(
+            &mut c,
+            &mut m,
+            1,
+            &chain(1, 5),
+            Some(marker(1, TurnKind::Tool)),
+            0,
+        );
+        turn(
+            &mut c,
+            &mut m,
+            2,
+            &chain(2, 5),
+            Some(marker(2, TurnKind::User)),
+            1,
+        );
+        assert!(c.host().record(&key(1)).is_some());
+        // Session 1 sends an unrelated short request: its host record is refreshed (used at 2).
+        let hit = TurnMarker {
+            prompt_end: false,
+            ..marker(1, TurnKind::Tool)
+        };
+        turn(&mut c, &mut m, 3, &chain(9, 1), Some(hit), 2);
+        turn(&mut c, &mut m, 4, &chain(3, 5), None, 3);
+        assert!(
+            c.host().record(&key(1)).is_some(),
+            "the more recently used record stays on the host"
+        );
+        assert!(c.host().record(&key(2)).is_none());
+        assert_eq!(c.stats().dropped, 1);
+        assert_eq!(
+            c.host().used(),
+            5 * BB as u64,
+            "host of {host_blocks} blocks"
+        );
+    }
 }
 
 #[test]

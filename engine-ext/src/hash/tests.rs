@@ -101,3 +101,37 @@ proptest! {
         }
     }
 }
+
+/// Each kind of extra key has its own tag, so equal bytes of different kinds
+/// never give the same block hash; the encoding is the documented one.
+#[test]
+fn extra_key_kinds_are_told_apart() {
+    let salt = block_hash(ROOT_HASH, &[7], &[ExtraKey::CacheSalt(b"x".to_vec())]);
+    let lora = block_hash(ROOT_HASH, &[7], &[ExtraKey::Lora(b"x".to_vec())]);
+    assert_ne!(salt, lora);
+    let encoded = |tag: u8, body: &[u8]| {
+        let mut b = Vec::new();
+        b.extend_from_slice(&ROOT_HASH.0.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&7u32.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.push(tag);
+        b.extend_from_slice(body);
+        BlockHash(xxh3_128(&b))
+    };
+    let x = [1u32.to_le_bytes().as_slice(), b"x"].concat();
+    assert_eq!(salt, encoded(1, &x));
+    assert_eq!(lora, encoded(2, &x));
+    let mm = block_hash(
+        ROOT_HASH,
+        &[7],
+        &[ExtraKey::MultiModal { hash: 5, offset: 3 }],
+    );
+    let body = [
+        20u32.to_le_bytes().as_slice(),
+        &5u128.to_le_bytes(),
+        &3u32.to_le_bytes(),
+    ]
+    .concat();
+    assert_eq!(mm, encoded(3, &body));
+}
