@@ -2,7 +2,8 @@
 #   make test-kernels   NVRTC wheel -> every kernels/*.cu to PTX for sm_90 (fails on any
 #                       compile error, no GPU needed), CPU backend tests, the API example
 #                       in docs/kv-copy.md, GPU tests (skip with a printed reason when
-#                       there is no CUDA driver)
+#                       there is no GPU; where one is visible, or with
+#                       TETHER_REQUIRE_GPU=1, a GPU test that cannot run fails)
 #   make bench-kvcopy   CPU backend vs naive reference, GB/s side by side
 #   make gpu-bins       build what scripts/gpu-check.sh carries to an accelerator machine
 .PHONY: test-kernels nvrtc bench-kvcopy gpu-bins
@@ -21,13 +22,19 @@ $(KVCOPY_NVRTC_STAMP): | $(VENV)/bin/python
 
 nvrtc: $(KVCOPY_NVRTC_STAMP)
 
+# The switch scripts/gpu-check.sh sets on the accelerator machine: with it, "no CUDA
+# driver" or a backend that fails to start is a test failure, not a printed skip. On by
+# default wherever a GPU is visible (an NVIDIA device node or nvidia-smi); set
+# TETHER_REQUIRE_GPU=1 to demand one anywhere, 0 to allow skips.
+TETHER_REQUIRE_GPU ?= $(if $(wildcard /dev/nvidia0)$(shell command -v nvidia-smi 2>/dev/null),1,0)
+
 test-kernels: $(KVCOPY_NVRTC_STAMP)
 	$(KVCOPY_ENV) $(CARGO) run --quiet -p tether-kvcopy --bin kvcopy-ptx -- kernels --arch compute_90
 	$(CARGO) test --quiet -p tether-kvcopy --lib
 	$(CARGO) test --quiet -p tether-kvcopy --test copy_cpu
 	$(CARGO) test --quiet -p tether-kvcopy --test paged_layout
 	$(CARGO) test --quiet -p tether-kvcopy --doc
-	$(CARGO) test --quiet -p tether-kvcopy --test gpu_copy -- --include-ignored --nocapture
+	TETHER_REQUIRE_GPU=$(TETHER_REQUIRE_GPU) $(CARGO) test --quiet -p tether-kvcopy --test gpu_copy -- --include-ignored --nocapture
 
 bench-kvcopy:
 	$(CARGO) run --quiet --release -p tether-kvcopy --bin kvcopy-bench -- cpu

@@ -535,32 +535,33 @@ mod bad_input {
             (
                 &[],
                 br#"{"model":"m","messages":[{"role":"user","content":"unterminated"#,
-                "fallback:",
+                "fallback:truncated",
             ),
-            (&[], br#"{"model":"m","messages":[}]]"#, "fallback:"),
+            (
+                &[],
+                br#"{"model":"m","messages":[}]]"#,
+                "fallback:malformed_json",
+            ),
         ];
         for (headers, body, want) in cases {
             let out = raw(&mut vm, headers, body);
-            assert!(
-                source(&out).starts_with(want),
-                "{}: {}",
-                String::from_utf8_lossy(body),
-                source(&out)
-            );
+            assert_eq!(source(&out), want, "{}", String::from_utf8_lossy(body));
             assert_eq!(
                 out.upstream.unwrap().body,
                 body,
                 "the body passes unchanged"
             );
         }
-        assert!(
-            vm.state()
-                .metrics
-                .iter()
-                .any(|m| m.name.contains("not_json") && m.value == 1),
-            "{:?}",
-            vm.state().metrics
-        );
+        // Each request counted once, under its own reason.
+        for (reason, n) in [
+            ("not_json", 1),
+            ("malformed_json", 2),
+            ("compressed", 1),
+            ("truncated", 1),
+        ] {
+            let name = format!("tether_fallback_{reason}");
+            assert_eq!(vm.state().metric(&name), Some(n), "{name}");
+        }
     }
 
     #[test]
@@ -612,12 +613,8 @@ mod bad_input {
             Some("10.0.0.1:8000")
         );
         assert_ne!(out.upstream_header("x-data-parallel-rank"), Some("7"));
-        assert!(
-            vm.state()
-                .metric("tether_spoofed_header_removed")
-                .unwrap_or(0)
-                >= 1
-        );
+        // One count per spoofed header removed.
+        assert_eq!(vm.state().metric("tether_spoofed_header_removed"), Some(3));
     }
 
     #[test]
@@ -632,7 +629,8 @@ mod bad_input {
         req.headers.add(b"x-claude-code-session-id", b"\xff\xfe");
         let out = vm.run(&req).unwrap();
         assert!(!source(&out).starts_with("header:"), "{}", source(&out));
-        assert!(vm.state().metric("tether_bad_header").unwrap_or(0) >= 1);
+        // Both unusable headers (too long, not UTF-8), each counted once.
+        assert_eq!(vm.state().metric("tether_bad_header"), Some(2));
     }
 
     #[test]
@@ -693,12 +691,209 @@ mod configuration {
         assert!(matches!(err, HostError::ConfigureRejected { .. }));
     }
 
+    /// An empty configuration is the documented defaults (docs/gateway.md,
+    /// "Configuration"), spelled out here: every request below gets the same
+    /// headers, filter state and body upstream as under the explicit defaults,
+    /// and the behaviours each default stands for are checked directly.
     #[test]
     fn empty_configuration_means_defaults() {
+        let explicit = json!({
+            "mode": "hash",
+            "fallbacks": 2,
+            "session_sources": [
+                "header:x-session-id", "header:x-claude-code-session-id", "header:session-id",
+                "header:x-session-affinity", "header:x-dynamo-session-id", "body:session_id",
+                "body:vllm_xargs.agentic_context.session_id", "body:nvext.agent_context.session_id",
+                "body:prompt_cache_key", "body:metadata.session_id", "body:metadata.user_id",
+                "body:user+head"
+            ],
+            "subagent_sources": [
+                "header:x-claude-code-agent-id", "header:thread-id",
+                "body:vllm_xargs.agentic_context.agent_id", "body:nvext.agent_context.agent_id",
+                "body:metadata.agent_id"
+            ],
+            "parent_sources": [
+                "header:x-parent-session-id", "header:x-claude-code-parent-agent-id",
+                "header:x-codex-parent-thread-id", "header:x-dynamo-parent-session-id",
+                "body:vllm_xargs.agentic_context.parent_id", "body:nvext.agent_context.parent_id"
+            ],
+            "retention_ms": {"first": 300000, "user": 300000, "tool": 120000, "handoff": 300000},
+            "subagent_tools": ["Task", "Agent", "spawn_agent", "delegate"],
+            "engine": {"session_header": true, "body_session_id": false, "routed_dp_rank": false},
+            "max_body_bytes": 16777216,
+            "debug_header": false,
+            "header_fast_path": true,
+            "turn_count_max_bytes": 32768
+        });
+        let mut with_user = chat("s", "u", 0);
+        with_user["user"] = json!("alice");
+        let mut task = chat("s", "u", 0);
+        task["metadata"] = json!({"session_id": "run-1", "agent_id": "a1"});
+        task["messages"].as_array_mut().unwrap().extend([
+            json!({"role":"assistant","content":null,"tool_calls":[{"id":"t1","type":"function","function":{"name":"Task","arguments":"{}"}}]}),
+            json!({"role":"tool","tool_call_id":"t1","content":"sub done"}),
+        ]);
+        let mut big = chat("s", "u", 0);
+        big["padding"] = json!("x".repeat(1 << 20));
+        big["session_id"] = json!("big-1");
+        let requests: Vec<(&str, Vec<(&str, &str)>, Value)> = vec![
+            (
+                "header session",
+                vec![("x-session-id", "r1")],
+                chat("s", "u", 1),
+            ),
+            (
+                "later header source",
+                vec![("x-dynamo-session-id", "r2")],
+                chat("s", "u", 0),
+            ),
+            (
+                "subagent and parent headers",
+                vec![
+                    ("session-id", "r3"),
+                    ("thread-id", "t"),
+                    ("x-dynamo-parent-session-id", "p"),
+                ],
+                chat("s", "u", 0),
+            ),
+            ("tool turn in the body", vec![], {
+                let mut b = chat("s", "u", 2);
+                b["prompt_cache_key"] = json!("k");
+                b
+            }),
+            ("user + head", vec![], with_user),
+            ("Task result, body agent id", vec![], task),
+            ("1 MiB body", vec![], big),
+            ("long conversation", vec![], {
+                let mut b = chat("s", "u", 400);
+                b["session_id"] = json!("long-1");
+                b
+            }),
+            ("no identity", vec![], chat("s", "u", 0)),
+        ];
+        let mut reference = vm(explicit);
+        let mut outs = Vec::new();
         for config in ["", "{}"] {
-            plugin()
+            let mut vm = plugin()
                 .start(options(config))
                 .unwrap_or_else(|e| panic!("{config:?}: {e}"));
+            for (what, headers, body) in &requests {
+                let (a, b) = (
+                    send(&mut vm, CHAT, headers, body),
+                    send(&mut reference, CHAT, headers, body),
+                );
+                assert_eq!(
+                    format!("{:?}", a.upstream),
+                    format!("{:?}", b.upstream),
+                    "{config:?} {what}"
+                );
+                assert_eq!(a.properties_set, b.properties_set, "{config:?} {what}");
+                assert_eq!(
+                    format!("{:?}", a.filter_state),
+                    format!("{:?}", b.filter_state),
+                    "{config:?} {what}"
+                );
+                outs.push((*what, a));
+            }
+        }
+        // An output as the rank gets it: a header (header path) or the filter-state
+        // value Envoy copies into one (body path).
+        let get = |what: &str, h: &str| {
+            outs.iter()
+                .find(|(w, _)| *w == what)
+                .and_then(|(_, o)| {
+                    o.upstream_header(h)
+                        .or(o.filter_state_value(&format!("wasm.tether.{h}")))
+                })
+                .map(str::to_owned)
+        };
+        // Header sources in the default order, decided without reading the body.
+        assert_eq!(
+            get("header session", "x-tether-key-source").as_deref(),
+            Some("header:x-session-id")
+        );
+        assert_eq!(
+            get("later header source", "x-tether-key-source").as_deref(),
+            Some("header:x-dynamo-session-id")
+        );
+        assert_ne!(
+            get("subagent and parent headers", "x-tether-subagent").as_deref(),
+            Some("0000000000000000")
+        );
+        assert!(is_hex16(
+            get("subagent and parent headers", "x-tether-parent").as_deref()
+        ));
+        // Hash mode: a key, no endpoint pick.
+        assert!(is_hex16(get("header session", "x-tether-key").as_deref()));
+        assert_eq!(
+            get("header session", "x-gateway-destination-endpoint"),
+            None
+        );
+        // The engine gets the session header (engine.session_header) and the retention table.
+        assert!(is_hex16(
+            get("header session", "x-tether-session").as_deref()
+        ));
+        assert_eq!(
+            get("tool turn in the body", "x-tether-turn-kind").as_deref(),
+            Some("tool")
+        );
+        assert_eq!(
+            get("tool turn in the body", "x-tether-retention-ms").as_deref(),
+            Some("120000")
+        );
+        assert_eq!(
+            get("user + head", "x-tether-key-source").as_deref(),
+            Some("body:user+head")
+        );
+        assert_eq!(
+            get("user + head", "x-tether-retention-ms").as_deref(),
+            Some("300000")
+        );
+        // `Task` is a subagent tool; metadata.agent_id names the subagent.
+        assert_eq!(
+            get("Task result, body agent id", "x-tether-turn-kind").as_deref(),
+            Some("handoff")
+        );
+        assert_ne!(
+            get("Task result, body agent id", "x-tether-subagent").as_deref(),
+            Some("0000000000000000")
+        );
+        // 1 MiB is far below the 16 MiB limit; without identity the head hash keys the run.
+        assert_eq!(
+            get("1 MiB body", "x-tether-key-source").as_deref(),
+            Some("body:session_id")
+        );
+        assert_eq!(
+            get("no identity", "x-tether-key-source").as_deref(),
+            Some("head")
+        );
+        // Whole bodies up to 32 KiB are counted; a longer conversation is read from
+        // its ends and not counted.
+        assert_eq!(
+            get("tool turn in the body", "x-tether-turn").as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            get("long conversation", "x-tether-turn-kind").as_deref(),
+            Some("tool")
+        );
+        assert_eq!(get("long conversation", "x-tether-turn"), None);
+        // No debug header by default, and the body is not rewritten.
+        for (what, o) in &outs {
+            assert!(
+                !format!("{:?}", o.downstream).contains("x-tether-debug"),
+                "{what}"
+            );
+            let sent = requests
+                .iter()
+                .find(|(w, ..)| w == what)
+                .map(|(.., b)| b.to_string())
+                .unwrap();
+            assert_eq!(
+                o.upstream.as_ref().map(|u| u.body.clone()),
+                Some(sent.into_bytes()),
+                "{what}"
+            );
         }
     }
 }
