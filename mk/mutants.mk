@@ -1,0 +1,79 @@
+# Mutation testing with cargo-mutants (docs/mutants.md). Not part of `make test`.
+#   make mutants            everyday: only mutants on lines changed since $(MUTANTS_BASE)
+#                           (working tree included), each judged by its group's tests
+#   make mutants-full       the record run: every group, one after the other
+#   make mutants-group G=engine [MUTANTS_SHARD=0/3]   one group (or one consecutive slice of it; k of n, from 0)
+#   make mutants-report     per-module figures of the last runs; fails if a missed
+#                           mutant is not listed in mutants/survivors.txt
+# One job at a time (--jobs 1): the machine is shared. Results: target/mutants/<group>/.
+.PHONY: mutants mutants-full mutants-group mutants-report mutants-install
+
+CARGO_MUTANTS_VERSION := 27.1.0
+MUTANTS_ROOT := .tools/cargo-mutants-$(CARGO_MUTANTS_VERSION)
+MUTANTS_TOOL := $(MUTANTS_ROOT)/bin/cargo-mutants
+MUTANTS_BASE ?= main
+MUTANTS_SHARD ?=
+MUTANTS_OUT := target/mutants
+MUTANTS_GROUPS := wire placement filter engine
+
+# What each group mutates (the pure logic) and the tests that judge it.
+MUTANTS_FILES_wire := -f 'wire/src/*.rs'
+MUTANTS_FILES_placement := -f 'placement/src/*.rs'
+MUTANTS_FILES_filter := -f filter/src/decide.rs -f filter/src/identity.rs -f filter/src/turn.rs \
+	-f filter/src/scan.rs -f filter/src/config.rs
+MUTANTS_FILES_engine := -f engine-ext/src/cache.rs -f engine-ext/src/pool.rs -f engine-ext/src/host.rs \
+	-f engine-ext/src/victims.rs -f engine-ext/src/value.rs -f engine-ext/src/hash.rs \
+	-f engine-ext/src/marker.rs
+# Unit tests only (`--lib`, for the build too: no doc-test copy of the crate).
+MUTANTS_ARGS_wire := --profile mutants-quick --cargo-arg=--lib
+MUTANTS_ARGS_placement := --profile mutants-quick --cargo-arg=--lib
+MUTANTS_ARGS_filter := --profile mutants --cargo-arg=--lib
+MUTANTS_ARGS_engine := --profile mutants-quick --cargo-arg=--lib
+
+# The pinned release, from crates.io; an installed copy of the same version is reused.
+$(MUTANTS_TOOL):
+	@mkdir -p $(MUTANTS_ROOT)/bin
+	@if $(CARGO) mutants --version 2>/dev/null | grep -qx 'cargo-mutants $(CARGO_MUTANTS_VERSION)'; then \
+		ln -sf "$$(command -v cargo-mutants)" $@; \
+	else \
+		$(CARGO) install --locked --quiet --version $(CARGO_MUTANTS_VERSION) \
+			--root $(abspath $(MUTANTS_ROOT)) cargo-mutants; \
+	fi
+
+mutants-install: $(MUTANTS_TOOL)
+
+# One shard's results go to <group>.<k>-of-<n>/ (the report merges a group's shards,
+# so shards may run one after the other, side by side or on other machines).
+mutants-dir = $(MUTANTS_OUT)/$(1)$(if $(MUTANTS_SHARD),.$(subst /,-of-,$(MUTANTS_SHARD)))
+
+# $(call run-group,GROUP,EXTRA-ARGS)
+define run-group
+	@mkdir -p $(call mutants-dir,$(1))
+	@echo "== mutants: $(1) $(2)"
+	@start=$$(date +%s); \
+	$(MUTANTS_TOOL) mutants --jobs 1 --no-times $(MUTANTS_FILES_$(1)) $(MUTANTS_ARGS_$(1)) \
+		-o $(call mutants-dir,$(1)) $(2) | tee $(call mutants-dir,$(1))/run.log; rc=$${PIPESTATUS[0]}; \
+	echo "$$(( $$(date +%s) - start ))" > $(call mutants-dir,$(1))/wall_s; \
+	case $$rc in 0|2|3) ;; *) exit $$rc;; esac
+endef
+
+mutants: $(MUTANTS_TOOL)
+	@mkdir -p $(MUTANTS_OUT)
+	git diff $$(git merge-base $(MUTANTS_BASE) HEAD) -- '*.rs' > $(MUTANTS_OUT)/changes.diff
+	@if [ ! -s $(MUTANTS_OUT)/changes.diff ]; then echo "no Rust changes since $(MUTANTS_BASE)"; exit 0; fi
+	$(foreach g,$(MUTANTS_GROUPS),$(call run-group,$(g),--in-diff $(MUTANTS_OUT)/changes.diff)
+	)
+	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
+
+mutants-full: $(MUTANTS_TOOL)
+	$(foreach g,$(MUTANTS_GROUPS),$(call run-group,$(g),$(if $(MUTANTS_SHARD),--shard $(MUTANTS_SHARD) --sharding slice))
+	)
+	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
+
+mutants-group: $(MUTANTS_TOOL)
+	@test -n "$(G)" || { echo "usage: make mutants-group G=<$(MUTANTS_GROUPS)>"; exit 2; }
+	$(call run-group,$(G),$(if $(MUTANTS_SHARD),--shard $(MUTANTS_SHARD) --sharding slice))
+	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
+
+mutants-report:
+	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
