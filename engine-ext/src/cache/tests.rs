@@ -213,20 +213,12 @@ fn a_hit_refreshes_and_an_unrefreshed_retention_expires_first() {
     assert_eq!(c.stats().offloaded + c.stats().dropped, 0);
 }
 
-/// Among several expired retentions the earliest expiry goes first, whatever
-/// their values: here the earlier one (a tool wait) is also the more valuable.
+/// Among several expired retentions the earliest expiry goes first, however
+/// recently they were used: here the earliest to expire is the most recent.
 #[test]
 fn the_earliest_expired_retention_goes_first() {
     let mut c = RetentionCache::try_new(cfg(9, 0)).expect("cfg");
     let mut m = VecMover::new(9, 0);
-    turn(
-        &mut c,
-        &mut m,
-        1,
-        &chain(1, 3),
-        Some(marker(1, TurnKind::Tool)),
-        0,
-    );
     turn(
         &mut c,
         &mut m,
@@ -241,9 +233,17 @@ fn the_earliest_expired_retention_goes_first() {
         3,
         &chain(3, 3),
         Some(marker(3, TurnKind::User)),
+        5,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 3),
+        Some(marker(1, TurnKind::Tool)),
         10,
     );
-    let now = 10 + c.config().user.interval_ms + 1;
+    let now = 5 + c.config().intervals.user + 1;
     let exp = |k| {
         c.device_record(&key(k))
             .map(|r| r.meta.expires_ms)
@@ -951,8 +951,14 @@ fn a_refused_offload_releases_the_shared_prefix_it_pinned() {
                 "shared checkpoint"
             );
         }
-        // b must go too, but the host is full of the more valuable a: refused, dropped.
-        turn(&mut c, &mut m, 3, &chain(3, 5), None, 2);
+        // Session 1 is used again (an unrelated short request refreshes its host record).
+        let hit = TurnMarker {
+            prompt_end: false,
+            ..marker(1, TurnKind::Tool)
+        };
+        turn(&mut c, &mut m, 3, &chain(8, 1), Some(hit), 2);
+        // b must go too, but the host is full of the more recently used a: refused, dropped.
+        turn(&mut c, &mut m, 4, &chain(3, 5), None, 3);
         assert!(c.host().record(&key(2)).is_none(), "hybrid {hybrid}");
         assert!(c.host().record(&key(1)).is_some(), "hybrid {hybrid}");
         assert_eq!(c.stats().dropped, 1, "hybrid {hybrid}");
