@@ -945,3 +945,53 @@ fn turn_count_max_bytes_sets_the_whole_walk_limit() {
     assert_eq!(count(body.len()), Some(41));
     assert_eq!(count(32 * 1024), None, "read from its ends, not counted");
 }
+
+/// An empty body id is absent (the next source decides); `+head` sources key a
+/// user's runs apart by their conversation; an explicit subagent id is kept even
+/// when the session is a body field shared by a run's subagents.
+#[test]
+fn body_identity_edge_cases() {
+    let c = cfg("");
+    let body = Convo::new("s", "t")
+        .extra("session_id", json!(""))
+        .extra("prompt_cache_key", json!("pck"))
+        .body(Api::Chat, Order::Sdk);
+    let d = decide(&c, Api::Chat, &[], &body);
+    assert_eq!(
+        (d.source.as_str(), d.bad_headers),
+        ("body:prompt_cache_key", 0)
+    );
+    // user+head: one user, two runs -> two keys; the same run a turn later -> the same key.
+    let run1 = Convo::new("s", "fix the parser").extra("user", json!("alice"));
+    let run2 = Convo::new("s", "write the docs").extra("user", json!("alice"));
+    let k1 = decide(&c, Api::Chat, &[], &run1.body(Api::Chat, Order::Sdk));
+    let k2 = decide(&c, Api::Chat, &[], &run2.body(Api::Chat, Order::Sdk));
+    assert_eq!(
+        (k1.source.as_str(), k2.source.as_str()),
+        ("body:user+head", "body:user+head")
+    );
+    assert_ne!(key(&k1), key(&k2));
+    // The head is part of the session (a run), not a subagent of the user's session.
+    assert_ne!(k1.identity.session_hash(), k2.identity.session_hash());
+    assert_eq!(k1.identity.subagent, None);
+    let later = run1.clone().with(Step::User("and the tests".into()));
+    assert_eq!(
+        key(&decide(
+            &c,
+            Api::Chat,
+            &[],
+            &later.body(Api::Chat, Order::Sdk)
+        )),
+        key(&k1)
+    );
+    // A shared body session field with an explicit subagent header: the header names it.
+    let shared = Convo::new("sub", "task").extra("prompt_cache_key", json!("run"));
+    let d = decide(
+        &c,
+        Api::Chat,
+        &[("x-claude-code-agent-id", "agent-7")],
+        &shared.body(Api::Chat, Order::Sdk),
+    );
+    assert_eq!(d.source, "body:prompt_cache_key");
+    assert_eq!(d.identity.subagent.as_deref(), Some(&b"agent-7"[..]));
+}

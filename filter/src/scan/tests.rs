@@ -290,3 +290,66 @@ fn a_repeated_key_takes_its_last_value() {
     );
     assert_eq!(doc.members_named(&view, "session_id").count(), 2);
 }
+
+/// The backward scan's edge cases, at a non-zero base so every offset is checked
+/// as an absolute one: an all-blank tail, a tail that reaches the opening brace,
+/// a value cut at the start of the bytes, and a value whose key was cut off.
+#[test]
+fn tail_scan_edges_give_absolute_offsets() {
+    let base = 1000;
+    let tail = |buf: &[u8]| scan_tail(buf, base, None).unwrap();
+    // Nothing but blanks: cut before any value, at the start of the bytes.
+    assert_eq!(
+        tail(b"   ").end,
+        TailEnd::InValue {
+            end: base,
+            is_array: false,
+            elems: Vec::new()
+        }
+    );
+    // The whole (empty) object is in the bytes: its brace's absolute offset.
+    assert_eq!(tail(b"{}").end, TailEnd::Complete { start: base });
+    assert_eq!(tail(b"  { } ").end, TailEnd::Complete { start: base + 2 });
+    // A member, then the brace.
+    let t = tail(br#" {"a":1}"#);
+    assert_eq!(t.end, TailEnd::Complete { start: base + 1 });
+    assert_eq!(
+        t.members,
+        vec![Member {
+            key: Span::new(base + 3, base + 4),
+            value: Span::new(base + 6, base + 7)
+        }]
+    );
+    // The bytes start inside the last member's value: keyless, cut in an array.
+    let t = tail(b"[1,2]}");
+    assert!(t.members.is_empty());
+    assert_eq!(
+        t.end,
+        TailEnd::InValue {
+            end: base + 5,
+            is_array: true,
+            elems: vec![Span::new(base + 1, base + 2), Span::new(base + 3, base + 4)],
+        }
+    );
+    // Only the colon of the key survived: still keyless, never read before the bytes.
+    let t = tail(b" : [7] }");
+    assert!(t.members.is_empty());
+    assert_eq!(
+        t.end,
+        TailEnd::InValue {
+            end: base + 6,
+            is_array: true,
+            elems: vec![Span::new(base + 4, base + 5)]
+        }
+    );
+    // A complete member before the cut one.
+    let t = tail(br#"xx","k":"v"}"#);
+    assert_eq!(
+        t.members,
+        vec![Member {
+            key: Span::new(base + 5, base + 6),
+            value: Span::new(base + 8, base + 11)
+        }]
+    );
+    assert!(matches!(t.end, TailEnd::InValue { end, is_array: false, .. } if end == base + 3));
+}
