@@ -3,10 +3,13 @@
 #                           (working tree included), each judged by its group's tests
 #   make mutants-full       the record run: every group, one after the other
 #   make mutants-group G=engine [MUTANTS_SHARD=0/3]   one group (or one consecutive slice of it; k of n, from 0)
+#   make mutants-rerun G=filter   re-test only the group's missed mutants against the
+#                           current tree (after writing tests); the report counts the
+#                           latest outcome of each mutant
 #   make mutants-report     per-module figures of the last runs; fails if a missed
 #                           mutant is not listed in mutants/survivors.txt
 # One job at a time (--jobs 1): the machine is shared. Results: target/mutants/<group>/.
-.PHONY: mutants mutants-full mutants-group mutants-report mutants-install
+.PHONY: mutants mutants-full mutants-group mutants-rerun mutants-report mutants-install
 
 CARGO_MUTANTS_VERSION := 27.1.0
 MUTANTS_ROOT := .tools/cargo-mutants-$(CARGO_MUTANTS_VERSION)
@@ -22,8 +25,8 @@ MUTANTS_FILES_placement := -f 'placement/src/*.rs'
 MUTANTS_FILES_filter := -f filter/src/decide.rs -f filter/src/identity.rs -f filter/src/turn.rs \
 	-f filter/src/scan.rs -f filter/src/config.rs
 MUTANTS_FILES_engine := -f engine-ext/src/cache.rs -f engine-ext/src/pool.rs -f engine-ext/src/host.rs \
-	-f engine-ext/src/victims.rs -f engine-ext/src/value.rs -f engine-ext/src/hash.rs \
-	-f engine-ext/src/marker.rs
+	-f engine-ext/src/victims.rs -f engine-ext/src/hash.rs \
+	-f engine-ext/src/marker.rs -f engine-ext/src/record.rs
 # Unit tests only (`--lib`, for the build too: no doc-test copy of the crate).
 MUTANTS_ARGS_wire := --profile mutants-quick --cargo-arg=--lib
 MUTANTS_ARGS_placement := --profile mutants-quick --cargo-arg=--lib
@@ -73,6 +76,19 @@ mutants-full: $(MUTANTS_TOOL)
 mutants-group: $(MUTANTS_TOOL)
 	@test -n "$(G)" || { echo "usage: make mutants-group G=<$(MUTANTS_GROUPS)>"; exit 2; }
 	$(call run-group,$(G),$(if $(MUTANTS_SHARD),--shard $(MUTANTS_SHARD) --sharding slice))
+	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
+
+mutants-rerun: $(MUTANTS_TOOL)
+	@test -n "$(G)" || { echo "usage: make mutants-rerun G=<$(MUTANTS_GROUPS)>"; exit 2; }
+	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt --missed-regex $(G) \
+		> $(MUTANTS_OUT)/$(G).rerun.re
+	@mapfile -t res < $(MUTANTS_OUT)/$(G).rerun.re; \
+	if [ $${#res[@]} -eq 0 ]; then echo "$(G): no missed mutants to re-test"; exit 0; fi; \
+	args=(); for r in "$${res[@]}"; do args+=(--re "$$r"); done; \
+	mkdir -p $(MUTANTS_OUT)/$(G).rerun; start=$$(date +%s); \
+	$(MUTANTS_TOOL) mutants --jobs 1 --no-times $(MUTANTS_FILES_$(G)) $(MUTANTS_ARGS_$(G)) \
+		-o $(MUTANTS_OUT)/$(G).rerun "$${args[@]}" | tee $(MUTANTS_OUT)/$(G).rerun/run.log; \
+	echo "$$(( $$(date +%s) - start ))" > $(MUTANTS_OUT)/$(G).rerun/wall_s
 	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
 
 mutants-report:

@@ -6,7 +6,9 @@ missed / timeout / unviable per file and per group with the share of viable muta
 caught, and checks every missed mutant against the tracked survivors file, whose lines
 read `<file>: <mutation> | <reason>` (line numbers left out, so edits elsewhere do not
 stale them). Exits 1 when a missed mutant is not listed. `--markdown` prints the
-tables for the docs page.
+tables for the docs page; `--missed-regex GROUP` prints regexes selecting the
+group's missed mutants by exact name (for `make mutants-rerun`, before the
+mutated files change).
 """
 import json
 import re
@@ -47,24 +49,42 @@ def main() -> int:
     per_group = defaultdict(Counter)
     missed = []
     walls = {}
-    for outcomes in sorted(out.glob("*/mutants.out/outcomes.json")):
-        # `engine.2-of-3` is shard 2 of group `engine`: shards merge into their group.
+    # Runs in start order; a mutant tested again later (a shard re-run, `--iterate`)
+    # counts with its latest outcome.
+    runs = []
+    for outcomes in out.glob("*/mutants.out/outcomes.json"):
+        data = json.loads(outcomes.read_text())
+        runs.append((data.get("start_time", ""), outcomes, data))
+    latest = {}
+    missed_by_group = defaultdict(list)
+    for _, outcomes, data in sorted(runs, key=lambda r: r[0]):
+        # `engine.1-of-2` is shard 1 of group `engine`: shards merge into their group.
         group = outcomes.parent.parent.name.split(".")[0]
         wall = outcomes.parent.parent / "wall_s"
         if wall.exists():
             walls[group] = walls.get(group, 0) + int(wall.read_text().strip() or 0)
-        for o in json.loads(outcomes.read_text())["outcomes"]:
+        for o in data["outcomes"]:
             scenario = o["scenario"]
             if not isinstance(scenario, dict) or "Mutant" not in scenario:
                 continue
-            m = scenario["Mutant"]
             kind = SUMMARY.get(o["summary"])
-            if kind is None:
-                continue
-            per_file[(group, m["file"])][kind] += 1
-            per_group[group][kind] += 1
-            if kind == "missed":
-                missed.append(key(m["name"]))
+            if kind is not None:
+                m = scenario["Mutant"]
+                latest[m["name"]] = (group, m["file"], kind)
+    for name, (group, file, kind) in latest.items():
+        per_file[(group, file)][kind] += 1
+        per_group[group][kind] += 1
+        if kind == "missed":
+            missed.append(key(name))
+            missed_by_group[group].append(name)
+    if "--missed-regex" in sys.argv:
+        # One regex a line matching every missed mutant of group `args[2]`, at any line:
+        # `make mutants-rerun` re-tests just these against the current tree.
+        # Exact names (file:line:col): re-run before the mutated files change.
+        meta = set("\\.+*?()|[]{}^$#&-~")
+        for name in sorted(set(missed_by_group.get(args[2], []))):
+            print("^" + "".join("\\" + c if c in meta else c for c in name) + "$")
+        return 0
     if not per_group:
         print(f"no cargo-mutants results under {out}")
         return 0

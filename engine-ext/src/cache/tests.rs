@@ -335,6 +335,7 @@ fn least_recently_used_retention_is_evicted_first() {
 fn pressure_offloads_to_host_and_the_return_restores_bit_exactly() {
     let mut c = RetentionCache::try_new(cfg(8, 16)).expect("cfg");
     let mut m = VecMover::new(8, 0);
+    assert_eq!((c.host().len(), c.host().is_empty()), (0, true));
     let s1 = chain(1, 5);
     turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
     turn(
@@ -347,6 +348,7 @@ fn pressure_offloads_to_host_and_the_return_restores_bit_exactly() {
     );
     assert_eq!(c.stats().offloaded, 1);
     assert!(c.host().record(&key(1)).is_some());
+    assert_eq!((c.host().len(), c.host().is_empty()), (1, false));
     assert!(c.host().used() <= c.host().capacity());
     assert_eq!(c.peek_prefix(&s1), 2, "device lost part of session 1");
     let mut next = s1.clone();
