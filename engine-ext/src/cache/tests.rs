@@ -395,10 +395,20 @@ fn a_corrupt_host_byte_is_a_miss_and_never_served() {
         .payload_mut(HostKind::Block, victim)
         .expect("offloaded");
     p.bytes_mut_unchecked()[7] ^= 1;
-    let a = turn(&mut c, &mut m, 3, &s1, Some(marker(1, TurnKind::User)), 10);
+    // A hit without a prompt end, so nothing supersedes the host record: the miss
+    // itself must drop the corrupt payload and the record that needs it.
+    let hit = TurnMarker {
+        prompt_end: false,
+        ..marker(1, TurnKind::User)
+    };
+    let a = turn(&mut c, &mut m, 3, &s1, Some(hit), 10);
     assert_eq!(a.miss, Some(RestoreMiss::Checksum));
     assert_eq!(a.restored_blocks, 0);
     assert_eq!(a.cached_blocks, device);
+    assert!(
+        c.host().record(&key(1)).is_none(),
+        "the record needing it is dropped"
+    );
     assert!(!c.host().contains(HostKind::Block, victim));
     assert_eq!(c.stats().restore_misses, 1);
 }
@@ -967,4 +977,38 @@ fn a_refused_offload_releases_the_shared_prefix_it_pinned() {
         assert_eq!(c.host().used(), c.host().capacity(), "hybrid {hybrid}");
         c.check().expect("no reference left on the shared prefix");
     }
+}
+
+/// The host tier makes room by evicting its least recently used record (never the
+/// record being offloaded), and counts it.
+#[test]
+fn the_host_tier_evicts_its_least_recently_used_record_for_a_newer_one() {
+    let mut c = RetentionCache::try_new(cfg(6, 5)).expect("cfg");
+    let mut m = VecMover::new(6, 0);
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 5),
+        Some(marker(1, TurnKind::Tool)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 5),
+        Some(marker(2, TurnKind::Tool)),
+        1,
+    );
+    assert!(c.host().record(&key(1)).is_some());
+    assert_eq!(c.host().evicted_records(), 0);
+    turn(&mut c, &mut m, 3, &chain(3, 5), None, 2);
+    assert!(
+        c.host().record(&key(1)).is_none(),
+        "the older record made room"
+    );
+    assert!(c.host().record(&key(2)).is_some());
+    assert_eq!(c.host().evicted_records(), 1);
+    assert_eq!(c.stats().offloaded, 2);
 }

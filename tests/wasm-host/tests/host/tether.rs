@@ -736,7 +736,9 @@ mod configuration {
         let mut big = chat("s", "u", 0);
         big["padding"] = json!("x".repeat(1 << 20));
         big["session_id"] = json!("big-1");
-        let requests: Vec<(&str, Vec<(&str, &str)>, Value)> = vec![
+        // (what, headers, body)
+        type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Value);
+        let requests: Vec<Case<'_>> = vec![
             (
                 "header session",
                 vec![("x-session-id", "r1")],
