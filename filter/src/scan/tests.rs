@@ -352,4 +352,13 @@ fn tail_scan_edges_give_absolute_offsets() {
         }]
     );
     assert!(matches!(t.end, TailEnd::InValue { end, is_array: false, .. } if end == base + 3));
+    // A value must follow `"key":` exactly: a stray byte for the colon, or a bare key, is malformed.
+    for bad in [&br#"{"k"x1}"#[..], br#"{k:1}"#, br#"{"a":1,"k"x1}"#] {
+        assert_eq!(
+            scan_tail(bad, base, None),
+            Err(ScanError::Malformed),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
 }
