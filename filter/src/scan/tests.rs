@@ -352,6 +352,23 @@ fn tail_scan_edges_give_absolute_offsets() {
         }]
     );
     assert!(matches!(t.end, TailEnd::InValue { end, is_array: false, .. } if end == base + 3));
+    // The bytes start exactly at a key: that member is complete, the cut is before it.
+    let t = tail(br#""k":1}"#);
+    assert_eq!(
+        t.members,
+        vec![Member {
+            key: Span::new(base + 1, base + 2),
+            value: Span::new(base + 4, base + 5)
+        }]
+    );
+    assert_eq!(
+        t.end,
+        TailEnd::InValue {
+            end: base,
+            is_array: false,
+            elems: Vec::new()
+        }
+    );
     // A value must follow `"key":` exactly: a stray byte for the colon, or a bare key, is malformed.
     for bad in [&br#"{"k"x1}"#[..], br#"{k:1}"#, br#"{"a":1,"k"x1}"#] {
         assert_eq!(
