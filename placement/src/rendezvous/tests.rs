@@ -166,5 +166,7 @@ fn unit_stays_inside_the_open_interval() {
     assert_eq!(lo, 0.5 / (1u64 << 53) as f64);
     let hi = unit(u64::MAX);
     assert!(hi < 1.0 && hi > 1.0 - 1e-15, "{hi}");
+    // The top hashes get the largest f64 below 1.
+    assert_eq!(hi.to_bits(), 1.0f64.to_bits() - 1, "{hi}");
     assert!(unit(1 << 11) > lo);
 }
