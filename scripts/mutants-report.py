@@ -4,7 +4,7 @@
 Reads <out>/<group>/mutants.out/outcomes.json for every group run, prints caught /
 missed / timeout / unviable per file and per group with the share of viable mutants
 caught, and checks every missed mutant against the tracked survivors file, whose lines
-read `<file>: <mutation> | <reason>` (line numbers left out, so edits elsewhere do not
+read `<file>: <mutation> ## <reason>` (line numbers left out, so edits elsewhere do not
 stale them). Exits 1 when a missed mutant is not listed. `--markdown` prints the
 tables for the docs page; `--missed-regex GROUP` prints regexes selecting the
 group's missed mutants by exact name (for `make mutants-rerun`, before the
@@ -35,7 +35,7 @@ def load_survivors(path: Path) -> dict:
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip() and not line.startswith("#"):
-                mutant, _, reason = line.partition(" | ")
+                mutant, _, reason = line.partition(" ## ")
                 listed[mutant.strip()] = reason.strip()
     return listed
 
