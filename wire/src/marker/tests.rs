@@ -329,3 +329,47 @@ fn body_fields_read_like_headers() {
         })
     ));
 }
+
+/// Hashes longer than 32 digits fold with FNV-1a-128 over their lower-case digits
+/// (value computed outside this crate), and errors name the header in their text.
+#[test]
+fn long_hashes_fold_with_fnv1a_and_errors_read_as_sentences() {
+    let v = format!("{}A", "0123456789ABCDEF".repeat(2));
+    assert_eq!(
+        HexId::parse(SESSION, &v),
+        Ok(HexId(0xe405_f0a9_c990_ea81_b67a_572d_f2f1_21c4))
+    );
+    let e = HexId::parse(SESSION, "xyz").expect_err("not hex");
+    assert_eq!(
+        e.to_string(),
+        "header x-tether-session has a bad value \"xyz\""
+    );
+    assert_eq!(
+        MarkerError::Conflict(TURN).to_string(),
+        "header x-tether-turn is repeated with different values"
+    );
+}
+
+/// The retention table per kind, read and written by kind; kinds print as their wire names.
+#[test]
+fn retention_table_and_kind_names_by_kind() {
+    use crate::RetentionMs;
+    let mut r = RetentionMs::DEFAULT;
+    let want = [
+        (TurnKind::First, 300_000),
+        (TurnKind::User, 300_000),
+        (TurnKind::Tool, 120_000),
+        (TurnKind::Handoff, 300_000),
+    ];
+    for (k, ms) in want {
+        assert_eq!(r.get(k), ms, "{k}");
+    }
+    for (i, k) in TurnKind::ALL.into_iter().enumerate() {
+        *r.get_mut(k) = 7 + i as u64;
+    }
+    assert_eq!((r.first, r.user, r.tool, r.handoff), (7, 8, 9, 10));
+    assert_eq!(
+        TurnKind::ALL.map(|k| k.to_string()),
+        ["first", "user", "tool", "handoff"].map(String::from)
+    );
+}
