@@ -9,7 +9,7 @@
 #   make mutants-report     per-module figures of the last runs; fails if a missed
 #                           mutant is not listed in mutants/survivors.txt
 # One job at a time (--jobs 1): the machine is shared. Results: target/mutants/<group>/.
-.PHONY: mutants mutants-full mutants-group mutants-rerun mutants-report mutants-install
+.PHONY: mutants mutants-full mutants-group mutants-run-group mutants-rerun mutants-report mutants-install
 
 CARGO_MUTANTS_VERSION := 27.1.0
 MUTANTS_ROOT := .tools/cargo-mutants-$(CARGO_MUTANTS_VERSION)
@@ -60,22 +60,29 @@ define run-group
 	case $$rc in 0|2|3) ;; *) exit $$rc;; esac
 endef
 
+# One group without the report (the targets below loop over groups with it).
+MUTANTS_EXTRA ?=
+mutants-run-group: $(MUTANTS_TOOL)
+	$(call run-group,$(G),$(MUTANTS_EXTRA) $(if $(MUTANTS_SHARD),--shard $(MUTANTS_SHARD) --sharding slice))
+
 mutants: $(MUTANTS_TOOL)
 	@mkdir -p $(MUTANTS_OUT)
-	git diff $$(git merge-base $(MUTANTS_BASE) HEAD) -- '*.rs' > $(MUTANTS_OUT)/changes.diff
-	@if [ ! -s $(MUTANTS_OUT)/changes.diff ]; then echo "no Rust changes since $(MUTANTS_BASE)"; exit 0; fi
-	$(foreach g,$(MUTANTS_GROUPS),$(call run-group,$(g),--in-diff $(MUTANTS_OUT)/changes.diff)
-	)
-	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
+	@git diff $$(git merge-base $(MUTANTS_BASE) HEAD) -- '*.rs' > $(MUTANTS_OUT)/changes.diff; \
+	if [ ! -s $(MUTANTS_OUT)/changes.diff ]; then echo "no Rust changes since $(MUTANTS_BASE)"; exit 0; fi; \
+	for g in $(MUTANTS_GROUPS); do \
+		$(MAKE) --no-print-directory mutants-run-group G=$$g \
+			MUTANTS_EXTRA="--in-diff $(MUTANTS_OUT)/changes.diff" || exit $$?; \
+	done; \
+	$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
 
 mutants-full: $(MUTANTS_TOOL)
-	$(foreach g,$(MUTANTS_GROUPS),$(call run-group,$(g),$(if $(MUTANTS_SHARD),--shard $(MUTANTS_SHARD) --sharding slice))
-	)
+	@for g in $(MUTANTS_GROUPS); do \
+		$(MAKE) --no-print-directory mutants-run-group G=$$g || exit $$?; \
+	done
 	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
 
-mutants-group: $(MUTANTS_TOOL)
+mutants-group: mutants-run-group
 	@test -n "$(G)" || { echo "usage: make mutants-group G=<$(MUTANTS_GROUPS)>"; exit 2; }
-	$(call run-group,$(G),$(if $(MUTANTS_SHARD),--shard $(MUTANTS_SHARD) --sharding slice))
 	@$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
 
 mutants-rerun: $(MUTANTS_TOOL)
