@@ -65,15 +65,17 @@ MUTANTS_EXTRA ?=
 mutants-run-group: $(MUTANTS_TOOL)
 	$(call run-group,$(G),$(MUTANTS_EXTRA) $(if $(MUTANTS_SHARD),--shard $(MUTANTS_SHARD) --sharding slice))
 
+# The everyday run keeps its results apart from the record's (target/mutants-changed/).
+MUTANTS_CHANGED := $(MUTANTS_OUT)-changed
 mutants: $(MUTANTS_TOOL)
-	@mkdir -p $(MUTANTS_OUT)
-	@git diff $$(git merge-base $(MUTANTS_BASE) HEAD) -- '*.rs' > $(MUTANTS_OUT)/changes.diff; \
-	if [ ! -s $(MUTANTS_OUT)/changes.diff ]; then echo "no Rust changes since $(MUTANTS_BASE)"; exit 0; fi; \
+	@rm -rf $(MUTANTS_CHANGED) && mkdir -p $(MUTANTS_CHANGED)
+	@git diff $$(git merge-base $(MUTANTS_BASE) HEAD) -- '*.rs' > $(MUTANTS_CHANGED)/changes.diff; \
+	if [ ! -s $(MUTANTS_CHANGED)/changes.diff ]; then echo "no Rust changes since $(MUTANTS_BASE)"; exit 0; fi; \
 	for g in $(MUTANTS_GROUPS); do \
-		$(MAKE) --no-print-directory mutants-run-group G=$$g \
-			MUTANTS_EXTRA="--in-diff $(MUTANTS_OUT)/changes.diff" || exit $$?; \
+		$(MAKE) --no-print-directory mutants-run-group G=$$g MUTANTS_OUT=$(MUTANTS_CHANGED) \
+			MUTANTS_EXTRA="--in-diff $(MUTANTS_CHANGED)/changes.diff" || exit $$?; \
 	done; \
-	$(PYTHON) scripts/mutants-report.py $(MUTANTS_OUT) mutants/survivors.txt
+	$(PYTHON) scripts/mutants-report.py $(MUTANTS_CHANGED) mutants/survivors.txt
 
 mutants-full: $(MUTANTS_TOOL)
 	@for g in $(MUTANTS_GROUPS); do \
