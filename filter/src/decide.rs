@@ -349,6 +349,22 @@ pub fn on_body(
     d
 }
 
+/// The body-path decision on a whole body held in memory, for a request that
+/// names no identity in its headers: what the filter concludes at end of
+/// stream (tests, tools and benchmarks compare against it).
+pub fn on_whole_body(cfg: &Config, placement: &Placement, api: Api, body: &[u8]) -> Decision {
+    let mut fetch = |s: usize, l: usize| body.get(s..s.checked_add(l)?).map(<[u8]>::to_vec);
+    on_body(
+        cfg,
+        placement,
+        api,
+        &Vec::new(),
+        body.len(),
+        None,
+        &mut fetch,
+    )
+}
+
 /// Body fields the filter owns and their JSON values for this request.
 fn owned_fields(cfg: &Config, d: &Decision) -> Vec<(&'static str, String)> {
     let mut out = Vec::new();

@@ -1,12 +1,17 @@
 //! JSON byte primitives: skip one value forward or backward, walk objects and
 //! arrays lazily, unescape small strings — no DOM, no allocation on the hot path.
 //!
-//! Strings are skipped with `memchr` (SIMD in the wasm build), so the cost of a
-//! walk is dominated by the few bytes outside strings. Nothing here validates
-//! JSON fully: separators inside skipped containers are not checked, but
-//! bracket kinds, string ends and scalar tokens are, and any input yields a
-//! result or a [`Stop`], never a panic.
+//! Forward, strings and containers are skipped 64 bytes at a time ([`blocks`]:
+//! bit masks of quotes, backslashes and brackets, SIMD in the wasm build), so a
+//! walk costs a few operations per byte even on structure-dense JSON; backward
+//! walks (only over the tail) search for quotes with `memchr`. Nothing here
+//! validates JSON fully: separators inside skipped containers are not checked,
+//! but bracket kinds, string ends, backslashes outside strings and scalar
+//! tokens are, and any input yields a result or a [`Stop`], never a panic.
 
+pub mod blocks;
+
+use blocks::{BLOCK, Escapes, LANE};
 use std::borrow::Cow;
 
 /// Why a walk stopped before the value ended.
@@ -97,49 +102,80 @@ pub fn skip_ws_back(buf: &[u8], mut end: usize) -> usize {
 
 /// `i` is at an opening quote; returns the index after the closing quote.
 ///
-/// Searches for `"` only (one SIMD search per quote, not per escape: text full
-/// of `\n` costs nothing extra); a quote preceded by an odd run of backslashes
-/// is escaped. The run never crosses the opening quote, so this is exact.
+/// Finds the first quote not escaped by a backslash run, a block at a time;
+/// text full of `\n` costs nothing extra.
 #[inline]
 pub fn skip_string(buf: &[u8], i: usize) -> Result<usize, Stop> {
-    let mut j = i + 1;
+    let mut p = i + 1;
+    let mut esc = Escapes::default();
     loop {
-        let rest = buf.get(j..).ok_or(Stop::Incomplete)?;
-        let q = j + memchr::memchr(b'"', rest).ok_or(Stop::Incomplete)?;
-        let mut run = 0usize;
-        while q - run > i + 1 && buf.get(q - run - 1) == Some(&b'\\') {
-            run += 1;
+        let (quote, backslash, n) = blocks::classify_lane_at(buf, p);
+        if n == 0 {
+            return Err(Stop::Incomplete);
         }
-        if run.is_multiple_of(2) {
-            return Ok(q + 1);
+        let real = blocks::first(n);
+        let quote = quote & !esc.next_of::<16>(backslash & real) & real;
+        if quote != 0 {
+            return Ok(p + quote.trailing_zeros() as usize + 1);
         }
-        j = q + 1;
+        if n < LANE {
+            return Err(Stop::Incomplete);
+        }
+        p += LANE;
     }
 }
 
 /// `end` is just after a closing quote; returns the index of the opening quote.
 ///
 /// Scanning backward is exact: inside a JSON string every `"` is escaped, so
-/// the opening quote is the nearest `"` preceded by an even run of backslashes.
+/// the opening quote is the nearest `"` preceded by an even run of
+/// backslashes. A block at a time, from the end.
 #[inline]
 pub fn skip_string_back(buf: &[u8], end: usize) -> Result<usize, Stop> {
-    let mut hi = end.checked_sub(1).ok_or(Stop::Incomplete)?;
+    let mut p = end.checked_sub(1).ok_or(Stop::Incomplete)?;
     loop {
-        let window = buf.get(..hi).ok_or(Stop::Malformed)?;
-        let q = memchr::memrchr(b'"', window).ok_or(Stop::Incomplete)?;
-        let mut run = 0usize;
-        while q > run && buf.get(q - run - 1) == Some(&b'\\') {
-            run += 1;
-        }
-        if run == q && run > 0 {
-            // The backslash run reaches the start of the bytes at hand: parity unknown.
+        if p == 0 {
             return Err(Stop::Incomplete);
         }
-        if run.is_multiple_of(2) {
-            return Ok(q);
+        let s = p.saturating_sub(LANE);
+        let (quote, backslash, n) = blocks::classify_lane_at(buf, s);
+        let real = blocks::first(n.min(p - s));
+        let quote = unescaped_back::<16>(buf, s, quote & real, backslash & real)?;
+        if quote != 0 {
+            return Ok(s + 63 - quote.leading_zeros() as usize);
         }
-        hi = q;
+        p = s;
     }
+}
+
+/// The quotes of the block at `s` that no backslash escapes. Whether its first
+/// byte is escaped depends on the run of backslashes just before `s`; when that
+/// run reaches the start of `buf` (a tail cut anywhere in the body), bytes
+/// before it may continue the run, and if the two possible answers differ the
+/// bytes at hand cannot decide.
+#[inline]
+fn unescaped_back<const W: u32>(
+    buf: &[u8],
+    s: usize,
+    quote: u64,
+    backslash: u64,
+) -> Result<u64, Stop> {
+    let run = buf
+        .get(..s)
+        .unwrap_or_default()
+        .iter()
+        .rev()
+        .take_while(|&&b| b == b'\\')
+        .count();
+    let escaped = |carry: bool| {
+        let mut esc = Escapes::with_carry(carry);
+        quote & !esc.next_of::<W>(backslash)
+    };
+    let known = escaped(run % 2 == 1);
+    if run == s && escaped(run % 2 == 0) != known {
+        return Err(Stop::Incomplete);
+    }
+    Ok(known)
 }
 
 #[inline]
@@ -190,27 +226,47 @@ pub fn skip_value(buf: &[u8], i: usize) -> Result<usize, Stop> {
 }
 
 /// Skips a whole object or array starting at `i`, checking bracket kinds.
+///
+/// A block at a time: the unescaped quotes give (by a prefix XOR) the bytes
+/// inside strings, and only the brackets outside them are visited. A
+/// backslash outside a string is malformed.
 fn skip_container(buf: &[u8], i: usize) -> Result<usize, Stop> {
     let mut nest = Nesting::new();
-    let mut j = i;
+    let mut p = i;
+    let mut esc = Escapes::default();
+    // All ones when the block starts inside a string.
+    let mut in_string = 0u64;
     loop {
-        let b = *buf.get(j).ok_or(Stop::Incomplete)?;
-        match b {
-            b'"' => {
-                j = skip_string(buf, j)?;
-                continue;
-            }
-            b'{' => nest.push(true)?,
-            b'[' => nest.push(false)?,
-            b'}' | b']' => {
-                nest.pop(b == b'}')?;
+        let (m, n) = blocks::classify_at(buf, p);
+        if n == 0 {
+            return Err(Stop::Incomplete);
+        }
+        let real = blocks::first(n);
+        let quote = m.quote & !esc.next(m.backslash & real) & real;
+        let inside = blocks::prefix_xor(quote) ^ in_string;
+        in_string = ((inside as i64) >> 63) as u64;
+        if m.backslash & !inside & real != 0 {
+            return Err(Stop::Malformed);
+        }
+        let mut brackets = (m.open | m.close) & !inside & real;
+        while brackets != 0 {
+            let k = brackets.trailing_zeros();
+            let bit = 1u64 << k;
+            let object = m.curly & bit != 0;
+            if m.open & bit != 0 {
+                nest.push(object)?;
+            } else {
+                nest.pop(object)?;
                 if nest.depth == 0 {
-                    return Ok(j + 1);
+                    return Ok(p + k as usize + 1);
                 }
             }
-            _ => {}
+            brackets &= brackets - 1;
         }
-        j += 1;
+        if n < BLOCK {
+            return Err(Stop::Incomplete);
+        }
+        p += BLOCK;
     }
 }
 
@@ -235,30 +291,47 @@ pub fn skip_value_back(buf: &[u8], end: usize) -> Result<usize, Stop> {
     }
 }
 
+/// The mirror of `skip_container`, a block at a time from the end: whether a
+/// block's last byte is inside a string is known from the block after it, so
+/// the quote parity runs from there.
 fn skip_container_back(buf: &[u8], end: usize) -> Result<usize, Stop> {
     let mut nest = Nesting::new();
-    let mut j = end;
+    let mut p = end;
+    // All ones when the byte at `p` is inside a string.
+    let mut in_string = 0u64;
     loop {
-        if j == 0 {
+        if p == 0 {
             return Err(Stop::Incomplete);
         }
-        let b = *buf.get(j - 1).ok_or(Stop::Malformed)?;
-        match b {
-            b'"' => {
-                j = skip_string_back(buf, j)?;
-                continue;
-            }
-            b'}' => nest.push(true)?,
-            b']' => nest.push(false)?,
-            b'{' | b'[' => {
-                nest.pop(b == b'{')?;
+        let s = p.saturating_sub(BLOCK);
+        let (m, n) = blocks::classify_at(buf, s);
+        let real = blocks::first(n.min(p - s));
+        let quote = unescaped_back::<64>(buf, s, m.quote & real, m.backslash & real)?;
+        // `prefix_xor` counts from the block's start; fix its carry so that the
+        // state after the block's last real byte is `in_string`.
+        let odd = u64::from(quote.count_ones() % 2 == 1);
+        let carry = (in_string & 1) ^ odd;
+        let inside = blocks::prefix_xor(quote) ^ carry.wrapping_neg();
+        in_string = carry.wrapping_neg();
+        if m.backslash & !inside & real != 0 {
+            return Err(Stop::Malformed);
+        }
+        let mut brackets = (m.open | m.close) & !inside & real;
+        while brackets != 0 {
+            let k = 63 - brackets.leading_zeros();
+            let bit = 1u64 << k;
+            let object = m.curly & bit != 0;
+            if m.close & bit != 0 {
+                nest.push(object)?;
+            } else {
+                nest.pop(object)?;
                 if nest.depth == 0 {
-                    return Ok(j - 1);
+                    return Ok(s + k as usize);
                 }
             }
-            _ => {}
+            brackets &= !bit;
         }
-        j -= 1;
+        p = s;
     }
 }
 
@@ -387,15 +460,54 @@ impl<'a> Value<'a> {
         }
     }
 
+    /// When this object's first member is `key` with a string value free of
+    /// escapes, that string's bytes (without quotes): a look at the leading
+    /// bytes only, for the `{"role": "user", …}` shape SDKs write, with no
+    /// member walk. `None` means "look properly" ([`Value::get`]).
+    pub fn first_plain_str(&self, key: &str) -> Option<&'a [u8]> {
+        let b = self.0;
+        let mut i = skip_ws(b, 1);
+        if b.first() != Some(&b'{') || b.get(i) != Some(&b'"') {
+            return None;
+        }
+        i += 1;
+        let k = key.as_bytes();
+        if b.get(i..i + k.len())? != k || b.get(i + k.len()) != Some(&b'"') {
+            return None;
+        }
+        i = skip_ws(b, i + k.len() + 1);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let rest = b.get(i + 1..)?;
+        let end = rest.iter().position(|&c| c == b'"' || c == b'\\')?;
+        (rest.get(end) == Some(&b'"'))
+            .then(|| rest.get(..end))
+            .flatten()
+    }
+
     /// A string value, unescaped (borrowed when it holds no escapes).
     pub fn str(&self) -> Option<Cow<'a, str>> {
         let inner = self.0.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
         unescape(inner)
     }
 
-    /// True when this is a string equal to `s` (after unescaping).
+    /// True when this is a string equal to `s` (after unescaping). Compares
+    /// the raw bytes first: unescaping never lengthens a string, so only a
+    /// longer value with a backslash needs unescaping.
     pub fn str_is(&self, s: &str) -> bool {
-        self.str().is_some_and(|v| v == s)
+        let Some(inner) = self
+            .0
+            .strip_prefix(b"\"")
+            .and_then(|b| b.strip_suffix(b"\""))
+        else {
+            return false;
+        };
+        raw_eq(inner, s)
     }
 }
 
@@ -469,10 +581,23 @@ impl<'a> Iterator for Elements<'a> {
 /// Compares a raw (still escaped) key with a plain one. Escaped keys are
 /// unescaped first, so `"cache\u005fsalt"` cannot hide from the filter.
 pub fn key_eq(raw: &[u8], plain: &str) -> bool {
-    if memchr::memchr(b'\\', raw).is_none() {
-        return raw == plain.as_bytes();
+    raw_eq(raw, plain)
+}
+
+/// Whether the inside of a JSON string, unescaped, equals `plain`, without
+/// unescaping in the common cases. Unescaping never lengthens a string, so
+/// a shorter value never matches; one of the same length matches only byte
+/// for byte (when `plain` has no backslash); only a longer one with a
+/// backslash is unescaped.
+#[inline]
+fn raw_eq(raw: &[u8], plain: &str) -> bool {
+    let p = plain.as_bytes();
+    match raw.len().cmp(&p.len()) {
+        std::cmp::Ordering::Less => false,
+        std::cmp::Ordering::Equal if raw == p => !p.contains(&b'\\'),
+        std::cmp::Ordering::Equal if !p.contains(&b'\\') => false,
+        _ => raw.contains(&b'\\') && unescape(raw).is_some_and(|k| k == plain),
     }
-    unescape(raw).is_some_and(|k| k == plain)
 }
 
 /// Unescapes the inside of a JSON string; `None` if it is not valid.

@@ -204,10 +204,25 @@ pub struct TailScan {
     pub end: TailEnd,
 }
 
+/// How the tail walks a trailing array (without one, every element is recorded).
+#[derive(Clone, Copy)]
+pub struct TailWalk<'a> {
+    /// The walk stops after the first element (from the end) this accepts: the
+    /// last turns are all the filter needs.
+    pub enough: &'a dyn Fn(Value<'_>) -> bool,
+    /// Whether an element could be a conversation entry. An array whose last
+    /// element is not (a `tools` list after `messages`) is not the
+    /// conversation: only that element is recorded and the rest is skipped
+    /// whole, without looking at each element.
+    pub turnlike: &'a dyn Fn(Value<'_>) -> bool,
+}
+
 /// Scans `buf`, the last bytes of the body starting at absolute offset `base`, backward.
-/// With `enough`, the walk of a trailing array stops after the first element
-/// (from the end) it accepts: the last turns are all the filter needs.
-pub fn scan_tail(buf: &[u8], base: usize, enough: Enough<'_>) -> Result<TailScan, ScanError> {
+pub fn scan_tail(
+    buf: &[u8],
+    base: usize,
+    walk: Option<TailWalk<'_>>,
+) -> Result<TailScan, ScanError> {
     let mut members = Vec::new();
     let mut e = json::skip_ws_back(buf, buf.len());
     match e.checked_sub(1).and_then(|k| buf.get(k)) {
@@ -236,7 +251,7 @@ pub fn scan_tail(buf: &[u8], base: usize, enough: Enough<'_>) -> Result<TailScan
         let mut elems = Vec::new();
         let is_array = buf.get(value_end.wrapping_sub(1)) == Some(&b']');
         let vs = if is_array {
-            scan_array_tail(buf, value_end, &mut elems, enough)
+            scan_array_tail(buf, value_end, &mut elems, walk)
         } else {
             json::skip_value_back(buf, value_end)
         };
@@ -320,7 +335,7 @@ fn scan_array_tail(
     buf: &[u8],
     end: usize,
     elems: &mut Vec<Span>,
-    enough: Enough<'_>,
+    walk: Option<TailWalk<'_>>,
 ) -> Result<usize, Stop> {
     let mut j = json::skip_ws_back(buf, end - 1);
     if j > 0 && buf.get(j - 1) == Some(&b'[') {
@@ -329,8 +344,14 @@ fn scan_array_tail(
     loop {
         let s = json::skip_value_back(buf, j)?;
         elems.push(Span::new(s, j));
-        if enough.is_some_and(|f| buf.get(s..j).is_some_and(|b| f(Value(b)))) {
-            return Err(Stop::Incomplete);
+        if let Some(w) = walk {
+            let value = buf.get(s..j).map(Value);
+            if elems.len() == 1 && !value.is_some_and(|v| (w.turnlike)(v)) {
+                return json::skip_value_back(buf, end);
+            }
+            if value.is_some_and(|v| (w.enough)(v)) {
+                return Err(Stop::Incomplete);
+            }
         }
         j = json::skip_ws_back(buf, s);
         match j.checked_sub(1).and_then(|k| buf.get(k)) {
@@ -489,7 +510,10 @@ pub fn read_doc(
     let mut head: Vec<u8> = Vec::new();
     let mut tail: Vec<u8> = Vec::new();
     loop {
-        if head_len.saturating_add(tail_len) >= size {
+        // Once the two ends would cover half the body, read all of it: one
+        // forward scan of the whole costs less than walking most of it from
+        // both ends again.
+        if head_len.saturating_add(tail_len).saturating_mul(2) >= size {
             stats.middle = true;
             return read_full(api, size, fetch, stats);
         }
@@ -504,7 +528,10 @@ pub fn read_doc(
         let ts = scan_tail(
             &tail,
             tail_base,
-            Some(&|v| api.looks_like_turn_fast(v) && api.ends_turn_run(v)),
+            Some(TailWalk {
+                enough: &|v| api.looks_like_turn_fast(v) && api.ends_turn_run(v),
+                turnlike: &|v| api.looks_like_turn(v),
+            }),
         )?;
         let view = View {
             head,

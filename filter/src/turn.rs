@@ -221,14 +221,29 @@ pub fn classify(
 }
 
 /// Turns = maximal runs of user/tool entries (each run is answered by one model call).
+/// Walks every entry of the conversation, so each is looked at once: its
+/// `role` (and for Responses its `type`), compared in place.
 fn count_turns<'a>(api: Api, entries: impl Iterator<Item = Value<'a>>) -> u32 {
     let mut turns = 0u32;
     let mut in_run = false;
+    let system_roles = matches!(api, Api::Chat | Api::Responses);
     for v in entries {
-        if api.is_preamble(v) {
+        // SDKs put `role` first: read it in place, else walk the members.
+        let fast = v.first_plain_str("role");
+        let role = if fast.is_some() { None } else { v.get("role") };
+        let role_is = |r: &str| match fast {
+            Some(raw) => raw == r.as_bytes(),
+            None => role.is_some_and(|x| x.str_is(r)),
+        };
+        if system_roles && (role_is("system") || role_is("developer")) {
             continue;
         }
-        if is_assistant_side(api, v) {
+        let assistant = role_is("assistant")
+            || api == Api::Responses
+                && v.get("type")
+                    .and_then(|t| t.str())
+                    .is_some_and(|t| t == "reasoning" || t.ends_with("_call"));
+        if assistant {
             in_run = false;
         } else if !in_run {
             turns = turns.saturating_add(1);
@@ -236,17 +251,6 @@ fn count_turns<'a>(api: Api, entries: impl Iterator<Item = Value<'a>>) -> u32 {
         }
     }
     turns
-}
-
-/// Assistant messages, reasoning and tool calls (cheap: `role` / `type` only).
-fn is_assistant_side(api: Api, v: Value<'_>) -> bool {
-    if v.get("role").is_some_and(|r| r.str_is("assistant")) {
-        return true;
-    }
-    api == Api::Responses
-        && v.get("type")
-            .and_then(|t| t.str())
-            .is_some_and(|t| t == "reasoning" || t.ends_with("_call"))
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let tail = 1 + usize::from(knobs >> 4) * 5;
     let mut fetch = |s: usize, l: usize| body.get(s..s.checked_add(l)?).map(<[u8]>::to_vec);
     let whole = scan::scan_full(body, api);
-    let _ = scan::read_doc(
+    let ends = scan::read_doc(
         api,
         body.len(),
         ReadLimits {
@@ -39,6 +39,20 @@ fuzz_target!(|data: &[u8]| {
     );
     // Oracle: a body serde_json accepts as an object is scanned whole, with the same keys.
     if let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(body) {
+        // And read from its two ends (backward block scan included), every
+        // member found is serde_json's (when no key repeats, so the value is one).
+        let (view, doc, _) = ends.as_ref().expect("valid JSON object rejected from its ends");
+        if whole.as_ref().is_ok_and(|d| d.members.len() == map.len()) {
+            for m in &doc.members {
+                let key = tether_filter::json::unescape(view.bytes(m.key).expect("key in view"))
+                    .expect("key unescapes")
+                    .into_owned();
+                let value: serde_json::Value =
+                    serde_json::from_slice(view.bytes(m.value).expect("value in view"))
+                        .expect("member value is JSON");
+                assert_eq!(map.get(&key), Some(&value), "member {key:?} read from the ends differs");
+            }
+        }
         let doc = whole
             .as_ref()
             .expect("valid JSON object rejected by the scanner");

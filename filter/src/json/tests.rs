@@ -24,6 +24,29 @@ fn backward_strings_respect_backslash_runs() {
     }
     // A run of backslashes reaching the start of the bytes at hand cannot be decided.
     assert_eq!(skip_string_back(br#"\\""#, 3), Err(Stop::Incomplete));
+    // Nor can a quote at the very start: a backslash may sit just before it.
+    assert_eq!(skip_string_back(br#""ab""#, 4), Err(Stop::Incomplete));
+    assert_eq!(skip_string_back(br#" "ab""#, 5), Ok(1));
+    // Runs crossing a 64-byte block boundary, both ways.
+    for pad in 55..75 {
+        for run in 0..5 {
+            let text = format!("{}{}\\\"x", "a".repeat(pad), "\\\\".repeat(run));
+            let b = format!(" [\"{text}\"]");
+            let end = b.len() - 1;
+            assert_eq!(skip_value_back(b.as_bytes(), end), Ok(2), "{b}");
+            assert_eq!(skip_value(b.as_bytes(), 2), Ok(end), "{b}");
+            assert_eq!(skip_value_back(b.as_bytes(), b.len()), Ok(1), "{b}");
+            assert_eq!(skip_value(b.as_bytes(), 1), Ok(b.len()), "{b}");
+        }
+    }
+}
+
+#[test]
+fn backslashes_outside_strings_are_malformed() {
+    assert_eq!(skip_value(br#"[\"a"]"#, 0), Err(Stop::Malformed));
+    // Backward, the same bytes read as a string opened further back.
+    assert!(skip_value_back(br#"[\"a"]"#, 6).is_err());
+    assert_eq!(skip_value(br#"["\\"]"#, 0), Ok(6));
 }
 
 #[test]
@@ -40,6 +63,35 @@ fn mismatched_brackets_and_deep_nesting_are_malformed() {
         Err(Stop::Incomplete),
         "a number may continue"
     );
+}
+
+#[test]
+fn first_plain_string_member() {
+    assert_eq!(
+        Value(br#"{"role":"user","x":1}"#).first_plain_str("role"),
+        Some(&b"user"[..])
+    );
+    assert_eq!(
+        Value(br#"{ "role" : "tool" }"#).first_plain_str("role"),
+        Some(&b"tool"[..])
+    );
+    // Anything else is left to the member walk.
+    for v in [
+        &br#"{"x":1,"role":"user"}"#[..],
+        br#"{"role":"us\u0065r"}"#,
+        br#"{"ro\u006ce":"user"}"#,
+        br#"{"role":1}"#,
+        br#"{"roles":"user"}"#,
+        br#"{"role":"user"#,
+        br#"["role"]"#,
+    ] {
+        assert_eq!(
+            Value(v).first_plain_str("role"),
+            None,
+            "{}",
+            String::from_utf8_lossy(v)
+        );
+    }
 }
 
 #[test]
@@ -71,4 +123,31 @@ fn lazy_walks() {
     assert_eq!(Value(b"[]").elements().count(), 0);
     assert_eq!(Value(b"{}").members().count(), 0);
     assert_eq!(Value(b"\"s\"").members().count(), 0);
+}
+
+/// The in-place string comparison agrees with unescaping then comparing.
+#[cfg(not(target_arch = "wasm32"))]
+mod raw_comparison {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn json_inner(s: &str) -> String {
+        let quoted = serde_json::to_string(s).unwrap();
+        quoted[1..quoted.len() - 1].to_owned()
+    }
+
+    proptest! {
+        #[test]
+        fn str_is_matches_unescape(a in "[a-z\"\\\\\u{e9}]{0,6}", b in "[a-z\"\\\\\u{e9}]{0,6}", escape_all in any::<bool>()) {
+            let inner = if escape_all {
+                a.chars().map(|c| format!("\\u{:04x}", c as u32)).collect::<String>()
+            } else {
+                json_inner(&a)
+            };
+            let value = format!("\"{inner}\"");
+            prop_assert_eq!(Value(value.as_bytes()).str_is(&b), a == b);
+            prop_assert_eq!(Value(value.as_bytes()).str_is(&a), true);
+            prop_assert_eq!(key_eq(inner.as_bytes(), &b), a == b);
+        }
+    }
 }

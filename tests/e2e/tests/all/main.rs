@@ -2,6 +2,7 @@
 //! processes, the tether filter and the floor filter. See docs/e2e.md.
 
 mod bad_input;
+mod body_scan;
 mod buffering;
 mod config;
 mod demo;

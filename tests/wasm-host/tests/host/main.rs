@@ -4,4 +4,5 @@ mod abi;
 mod cli;
 mod common;
 mod floor;
+mod scan;
 mod tether;
