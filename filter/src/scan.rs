@@ -510,10 +510,11 @@ pub fn read_doc(
     let mut head: Vec<u8> = Vec::new();
     let mut tail: Vec<u8> = Vec::new();
     loop {
-        // Once the two ends would cover half the body, read all of it: one
-        // forward scan of the whole costs less than walking most of it from
-        // both ends again.
-        if head_len.saturating_add(tail_len).saturating_mul(2) >= size {
+        // When the ends would cover the body, read all of it; and once they
+        // had to grow and would cover half of it: one forward scan of the
+        // whole costs less than walking most of it from both ends again.
+        let ends = head_len.saturating_add(tail_len);
+        if ends >= size || (stats.regrows > 0 && ends.saturating_mul(2) >= size) {
             stats.middle = true;
             return read_full(api, size, fetch, stats);
         }

@@ -354,19 +354,32 @@ fn tail_scan_edges_give_absolute_offsets() {
         }]
     );
     assert!(matches!(t.end, TailEnd::InValue { end, is_array: false, .. } if end == base + 3));
-    // The bytes start exactly at a key: that member is complete, the cut is before it.
-    let t = tail(br#""k":1}"#);
+    // The bytes start just before a key: that member is complete, the cut is before it.
+    let t = tail(br#" "k":1}"#);
     assert_eq!(
         t.members,
         vec![Member {
-            key: Span::new(base + 1, base + 2),
-            value: Span::new(base + 4, base + 5)
+            key: Span::new(base + 2, base + 3),
+            value: Span::new(base + 5, base + 6)
         }]
     );
     assert_eq!(
         t.end,
         TailEnd::InValue {
             end: base,
+            is_array: false,
+            elems: Vec::new()
+        }
+    );
+    // Exactly at a key's quote, the bytes cannot tell whether a backslash just
+    // before them escapes it (`{"a\"k":1}` has the key `a"k`, not `k`): the
+    // key is left for more bytes.
+    let t = tail(br#""k":1}"#);
+    assert!(t.members.is_empty());
+    assert_eq!(
+        t.end,
+        TailEnd::InValue {
+            end: base + 5,
             is_array: false,
             elems: Vec::new()
         }
