@@ -15,13 +15,16 @@
 //!   harness identities;
 //! - [`replay`]: `tether replay`, a trace sent to a serving stack and measured;
 //! - [`report`]: replay reports (JSON, markdown, SVG plots) and `compare`;
-//! - [`profile`]: GPU profiles from tether JSON;
+//! - [`profile`]: GPU profiles from tether JSON or Dynamo's profiling NPZ;
+//! - [`plan`]: the P/D planner (replica counts per interval against
+//!   objectives and a cost target, verified by simulation);
 //! - [`sim`]: the fleet simulator — a trace on simulated ranks (the rank's
 //!   engine on the real retention policy) placed by the gateway's placement.
 
 pub mod cli;
 pub mod generate;
 pub mod import;
+pub mod plan;
 pub mod profile;
 pub mod replay;
 pub mod report;

@@ -1,6 +1,8 @@
 //! The `tether` binary as a user runs it: import, stats, synth, generate,
 //! replay and compare, and how it refuses bad input.
 
+#[path = "cli/plan.rs"]
+mod plan;
 #[path = "cli/replay.rs"]
 mod replay;
 

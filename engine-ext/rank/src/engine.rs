@@ -326,8 +326,13 @@ struct Step {
     end: SimMs,
     decodes: Vec<usize>,
     chunks: Vec<(usize, usize)>,
-    /// Durations of the steps of a decode run after the first (empty for one step).
-    more: Vec<f64>,
+    /// Steps of a decode run after the first (0 for one step).
+    more: usize,
+    /// End of the run's first step.
+    first_end: SimMs,
+    /// The later steps' durations for the ITL metrics, grouped by equal
+    /// µs-rounded values: (µs, steps, their exact sum in ms).
+    itl_groups: Vec<(u64, u64, f64)>,
 }
 
 /// One simulated engine. See the module docs.
@@ -504,7 +509,7 @@ impl Engine {
             None => self.next_start()?,
         };
         let in_step = |i: usize| match &self.in_flight {
-            Some(s) if s.decodes.contains(&i) => 1 + s.more.len(),
+            Some(s) if s.decodes.contains(&i) => 1 + s.more,
             _ => 0,
         };
         let mut decoding = 0usize;
@@ -736,7 +741,9 @@ impl Engine {
             })
         };
         let mut end = start + step_ms(context_sum, prefill_ms);
-        let mut more = Vec::new();
+        let first_end = end;
+        let mut more = 0;
+        let mut itl_groups: Vec<(u64, u64, f64)> = Vec::new();
         if chunks.is_empty() && decodes.iter().all(|&i| !self.running[i].req.stream) {
             // A decode run: further steps of the same batch while nothing can join
             // or leave it before they start (each sequence gains one token a step).
@@ -747,11 +754,20 @@ impl Engine {
                 .unwrap_or(1);
             let join_at = self.next_join();
             let mut sum = context_sum;
-            while more.len() + 1 < steps_left && end <= now && join_at.is_none_or(|j| j > end) {
+            let steps = self.model.decode_steps(decodes.len());
+            while more + 1 < steps_left && end <= now && join_at.is_none_or(|j| j > end) {
                 sum += decodes.len();
-                let d = step_ms(sum, 0.0);
-                more.push(d);
+                let d = steps.step_ms(sum as f64 / decodes.len() as f64);
+                more += 1;
                 end += d;
+                let us = (d * 1000.0 + 0.5) as u64;
+                match itl_groups.last_mut() {
+                    Some(g) if g.0 == us => {
+                        g.1 += 1;
+                        g.2 += d;
+                    }
+                    _ => itl_groups.push((us, 1, d)),
+                }
             }
         }
         self.in_flight = Some(Step {
@@ -760,6 +776,8 @@ impl Engine {
             decodes,
             chunks,
             more,
+            first_end,
+            itl_groups,
         });
         true
     }
@@ -788,11 +806,10 @@ impl Engine {
     fn complete(&mut self, step: Step, out: &mut Vec<Event>) {
         let at = step.end;
         self.clock = self.clock.max(at);
-        self.metrics.steps += 1 + step.more.len() as u64;
+        self.metrics.steps += 1 + step.more as u64;
         self.metrics.busy_ms += step.end - step.start;
         debug_assert!(step.start <= step.end);
-        // End of the run's first step: the other steps' durations follow it.
-        let first_end = step.end - step.more.iter().sum::<f64>();
+        let first_end = step.first_end;
         for &(i, c) in &step.chunks {
             let l = &mut self.running[i];
             if l.cancelled {
@@ -851,16 +868,12 @@ impl Engine {
             if l.cancelled || l.done {
                 continue;
             }
-            let steps = 1 + step.more.len();
+            let steps = 1 + step.more;
             l.generated += steps;
             decoded += 1;
             let m = &mut self.metrics;
             m.generation_tokens += steps as u64;
-            let gap = if step.more.is_empty() {
-                at - l.last_token
-            } else {
-                first_end - l.last_token
-            };
+            let gap = first_end - l.last_token;
             m.itl.observe(gap / 1000.0);
             let _ = m.itl_us.record((gap * 1000.0).round() as u64);
             l.last_token = at;
@@ -870,12 +883,10 @@ impl Engine {
                 out.push(Event::Token { id: l.req.id, at });
             }
         }
-        for d in &step.more {
-            self.metrics.itl.observe_n(d / 1000.0, decoded);
-            let _ = self
-                .metrics
-                .itl_us
-                .record_n((d * 1000.0).round() as u64, decoded);
+        for &(us, n, total) in &step.itl_groups {
+            let m = &mut self.metrics;
+            m.itl.observe_n(total / n as f64 / 1000.0, n * decoded);
+            let _ = m.itl_us.record_n(us, n * decoded);
         }
         for l in self.running.iter().filter(|l| l.done && !l.cancelled) {
             let o = Outcome {

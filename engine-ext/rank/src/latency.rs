@@ -83,9 +83,31 @@ impl LatencyModel {
         (self.decode_ms(s.decodes, s.mean_context) + s.prefill_ms).max(MIN_STEP_MS)
     }
 
+    /// Durations of decode-only steps of `batch` sequences, by mean context:
+    /// the same values as [`LatencyModel::step_ms`] with no prefill, the batch
+    /// interpolation done once.
+    pub fn decode_steps(&self, batch: usize) -> DecodeSteps {
+        DecodeSteps {
+            curve: (batch > 0).then(|| self.profile.decode_itl_ms.at_batch(batch as f64)),
+        }
+    }
+
     /// Host → device transfer time in ms of `bytes`.
     pub fn restore_ms(&self, bytes: u64) -> f64 {
         bytes as f64 / (self.profile.host_restore_gbps * 1e6)
+    }
+}
+
+/// Decode-only step times at one batch size ([`LatencyModel::decode_steps`]).
+#[derive(Debug, Clone)]
+pub struct DecodeSteps {
+    curve: Option<crate::profile::BatchCurve>,
+}
+
+impl DecodeSteps {
+    /// Duration in ms of a decode-only step at mean context `context`.
+    pub fn step_ms(&self, context: f64) -> f64 {
+        (self.curve.as_ref().map_or(0.0, |c| c.itl_ms(context)) + 0.0).max(MIN_STEP_MS)
     }
 }
 
@@ -139,6 +161,22 @@ mod tests {
         });
         assert_eq!(mixed, 9.0);
         assert_eq!(m.step_ms(&StepShape::default()), MIN_STEP_MS);
+    }
+
+    #[test]
+    fn decode_steps_at_a_batch_equal_single_steps() {
+        let m = LatencyModel::new(profile());
+        for b in [1usize, 7, 51, 300] {
+            let fast = m.decode_steps(b);
+            for c in [10.0, 999.5, 1000.0, 1777.25, 3000.0, 9000.0] {
+                let slow = m.step_ms(&StepShape {
+                    decodes: b,
+                    mean_context: c,
+                    prefill_ms: 0.0,
+                });
+                assert_eq!(fast.step_ms(c).to_bits(), slow.to_bits(), "b {b} c {c}");
+            }
+        }
     }
 
     #[test]

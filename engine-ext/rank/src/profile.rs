@@ -127,6 +127,32 @@ impl DecodeSurface {
         Ok(Self { by_context })
     }
 
+    /// A surface from `(context, batch, itl_ms)` points: grouped by context,
+    /// each group's batches sorted (they must be distinct); `field` names them
+    /// in errors.
+    pub fn from_points(
+        field: &str,
+        points: impl IntoIterator<Item = (f64, f64, f64)>,
+    ) -> Result<Self, ProfileError> {
+        let mut groups: Vec<(f64, Vec<(f64, f64)>)> = Vec::new();
+        for (c, b, itl) in points {
+            match groups.iter_mut().find(|(x, _)| *x == c) {
+                Some((_, v)) => v.push((b, itl)),
+                None => groups.push((c, vec![(b, itl)])),
+            }
+        }
+        groups.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut by_context = Vec::with_capacity(groups.len());
+        for (c, mut pts) in groups {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            by_context.push((
+                c,
+                Curve::try_new(&format!("{field} (context {c}) batches"), pts)?,
+            ));
+        }
+        Self::try_new(field, by_context)
+    }
+
     /// The per-context curves.
     pub fn curves(&self) -> &[(f64, Curve)] {
         &self.by_context
@@ -134,17 +160,42 @@ impl DecodeSurface {
 
     /// ITL in ms of one decode step over `batch` sequences of mean context `context`.
     pub fn itl_ms(&self, batch: f64, context: f64) -> f64 {
-        let c = &self.by_context;
+        self.at_batch(batch).itl_ms(context)
+    }
+
+    /// The surface at one batch size: ITL by context, with the per-context
+    /// batch interpolation done once (a decode run keeps its batch while its
+    /// context grows; the values are those of [`DecodeSurface::itl_ms`]).
+    pub fn at_batch(&self, batch: f64) -> BatchCurve {
+        BatchCurve {
+            points: self
+                .by_context
+                .iter()
+                .map(|(c, curve)| (*c, curve.at(batch)))
+                .collect(),
+        }
+    }
+}
+
+/// ITL by context at one batch size ([`DecodeSurface::at_batch`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchCurve {
+    points: Vec<(f64, f64)>,
+}
+
+impl BatchCurve {
+    /// ITL in ms at mean context `context`.
+    pub fn itl_ms(&self, context: f64) -> f64 {
+        let c = &self.points;
         if c.len() == 1 {
-            return c[0].1.at(batch);
+            return c[0].1;
         }
         let i = match c.iter().position(|(cx, _)| *cx >= context) {
             Some(0) => 0,
             Some(j) => j - 1,
             None => c.len() - 2,
         };
-        let (c0, y0) = (c[i].0, c[i].1.at(batch));
-        let (c1, y1) = (c[i + 1].0, c[i + 1].1.at(batch));
+        let ((c0, y0), (c1, y1)) = (c[i], c[i + 1]);
         (y0 + (y1 - y0) * (context - c0) / (c1 - c0)).max(0.0)
     }
 }
@@ -270,8 +321,7 @@ impl Profile {
                 "every isl and ttft_ms must be positive",
             ));
         }
-        // Group decode points by context (in file order within a context, then sorted).
-        let mut groups: Vec<(f64, Vec<(f64, f64)>)> = Vec::new();
+        let mut points = Vec::with_capacity(j.decode.points.len());
         for (i, p) in j.decode.points.iter().enumerate() {
             if !(p.context.is_finite() && p.context > 0.0) {
                 return Err(field_err(
@@ -291,21 +341,9 @@ impl Profile {
                     "must be positive",
                 ));
             }
-            match groups.iter_mut().find(|(c, _)| *c == p.context) {
-                Some((_, v)) => v.push((p.batch, p.itl_ms)),
-                None => groups.push((p.context, vec![(p.batch, p.itl_ms)])),
-            }
+            points.push((p.context, p.batch, p.itl_ms));
         }
-        groups.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut by_context = Vec::with_capacity(groups.len());
-        for (c, mut pts) in groups {
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            by_context.push((
-                c,
-                Curve::try_new(&format!("decode.points (context {c}) batches"), pts)?,
-            ));
-        }
-        let decode = DecodeSurface::try_new("decode.points", by_context)?;
+        let decode = DecodeSurface::from_points("decode.points", points)?;
         let p = Profile {
             name: j.name,
             model: j.model,

@@ -28,6 +28,8 @@ enum Command {
     Compare(cli::compare::Args),
     /// Routing policies and cache modes side by side on a simulated fleet.
     Simulate(Box<cli::simulate::Args>),
+    /// Plan prefill and decode replicas against latency objectives and a cost target.
+    Plan(Box<cli::plan::Args>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,5 +39,6 @@ fn main() -> anyhow::Result<()> {
         Command::Compare(a) => cli::compare::run(a),
         Command::Gateway(a) => cli::gateway::run(a),
         Command::Simulate(a) => cli::simulate::run(*a),
+        Command::Plan(a) => cli::plan::run(*a),
     }
 }

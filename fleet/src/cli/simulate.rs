@@ -43,6 +43,27 @@ pub struct Args {
     /// Cache modes, comma-separated: lru, retention, retention-host.
     #[arg(long, default_value = "lru,retention,retention-host")]
     pub cache: String,
+    /// Engine, routing and P/D settings shared with `tether plan`.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Runs at once (default: the machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the throughput-per-GPU vs interactivity chart (SVG) here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Engine, routing, P/D and identity settings of a simulated fleet (shared by
+/// `tether simulate` and `tether plan`; `docs/cli.md`).
+#[derive(Debug, Clone, ClapArgs)]
+pub struct FleetArgs {
     /// Device KV tokens per rank (default: the profile's max_kv_tokens).
     #[arg(long)]
     pub kv_tokens: Option<u64>,
@@ -98,18 +119,53 @@ pub struct Args {
     /// Replay the trace this many times faster (arrivals divided by it).
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
-    /// Runs at once (default: the machine's cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Write the report as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write the throughput-per-GPU vs interactivity chart (SVG) here.
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
-    /// No progress bars.
-    #[arg(long)]
-    pub quiet: bool,
+}
+
+impl FleetArgs {
+    /// The simulation settings these flags describe, for `profile` and `fleet`.
+    pub fn config(&self, profile: &Profile, fleet: FleetShape) -> Result<SimConfig> {
+        let a = self;
+        let device_kv = a.kv_tokens.unwrap_or(profile.max_kv_tokens);
+        let host_bytes = match a.host_gib {
+            Some(g) if g > 0.0 && g.is_finite() => (g * (1u64 << 30) as f64) as u64,
+            Some(g) => bail!("--host-gib: {g} must be positive"),
+            None => 4 * device_kv * profile.kv_bytes_per_token,
+        };
+        if a.sessions_per_user.is_nan() || a.sessions_per_user < 1.0 {
+            bail!("--sessions-per-user: must be at least 1");
+        }
+        Ok(SimConfig {
+            fleet,
+            engine: EngineSettings {
+                block_size: a.block_size,
+                device_kv_tokens: a.kv_tokens,
+                max_num_seqs: a.max_num_seqs,
+                max_num_batched_tokens: a.max_num_batched_tokens,
+                ..EngineSettings::default()
+            },
+            host_bytes,
+            pd: PdOptions {
+                threshold_tokens: a.pd_threshold,
+                kv_link_gbps: a.kv_link_gbps,
+            },
+            balance_factor: a.balance_factor,
+            balance_floor: a.balance_floor,
+            fallbacks: a.fallbacks,
+            load_poll_ms: a.load_poll_ms,
+            prefix: PrefixOptions {
+                cache_threshold: a.prefix_threshold,
+                balance_abs: a.balance_abs,
+                balance_rel: a.balance_rel,
+            },
+            identity: IdentityModel {
+                sessions_per_user: a.sessions_per_user,
+                users_per_address: a.users_per_address,
+                seed: a.identity_seed,
+            },
+            speedup: a.speedup,
+            ..SimConfig::default()
+        })
+    }
 }
 
 fn parse_pd(s: &str) -> Result<(usize, usize), String> {
@@ -238,55 +294,18 @@ pub fn run(a: Args) -> Result<()> {
     if fleet.prefill + fleet.decode > 4096 {
         bail!("--ranks/--pd: at most 4096 ranks");
     }
-    let device_kv = a.kv_tokens.unwrap_or(profile.max_kv_tokens);
-    let host_bytes = match a.host_gib {
-        Some(g) if g > 0.0 && g.is_finite() => (g * (1u64 << 30) as f64) as u64,
-        Some(g) => bail!("--host-gib: {g} must be positive"),
-        None => 4 * device_kv * profile.kv_bytes_per_token,
-    };
-    let identity = IdentityModel {
-        sessions_per_user: a.sessions_per_user,
-        users_per_address: a.users_per_address,
-        seed: a.identity_seed,
-    };
-    if a.sessions_per_user.is_nan() || a.sessions_per_user < 1.0 {
-        bail!("--sessions-per-user: must be at least 1");
-    }
-    let base = SimConfig {
-        fleet,
-        engine: EngineSettings {
-            block_size: a.block_size,
-            device_kv_tokens: a.kv_tokens,
-            max_num_seqs: a.max_num_seqs,
-            max_num_batched_tokens: a.max_num_batched_tokens,
-            ..EngineSettings::default()
-        },
-        host_bytes,
-        pd: PdOptions {
-            threshold_tokens: a.pd_threshold,
-            kv_link_gbps: a.kv_link_gbps,
-        },
-        balance_factor: a.balance_factor,
-        balance_floor: a.balance_floor,
-        fallbacks: a.fallbacks,
-        load_poll_ms: a.load_poll_ms,
-        prefix: PrefixOptions {
-            cache_threshold: a.prefix_threshold,
-            balance_abs: a.balance_abs,
-            balance_rel: a.balance_rel,
-        },
-        identity: identity.clone(),
-        speedup: a.speedup,
-        ..SimConfig::default()
-    };
+    let base = a.fleet.config(&profile, fleet)?;
+    let identity = base.identity.clone();
+    let device_kv = a.fleet.kv_tokens.unwrap_or(profile.max_kv_tokens);
+    let host_bytes = base.host_bytes;
     let configs = grid(&policies, &caches, &base);
     if configs.is_empty() {
         bail!("nothing to run: the oracle alone needs an aggregated fleet");
     }
-    let block = if a.block_size == 0 {
+    let block = if a.fleet.block_size == 0 {
         trace.block_size() as usize
     } else {
-        a.block_size
+        a.fleet.block_size
     };
     let oracle = oracle_hits(&trace, block);
     let ids = Identities::derive(&trace, &identity);
@@ -300,7 +319,11 @@ pub fn run(a: Args) -> Result<()> {
     );
     println!(
         "identity {} users ({} from the trace, the rest {} sessions each on average), {} client addresses ({} users each)",
-        ids.users, ids.users_from_trace, a.sessions_per_user, ids.addresses, a.users_per_address
+        ids.users,
+        ids.users_from_trace,
+        identity.sessions_per_user,
+        ids.addresses,
+        identity.users_per_address
     );
     println!(
         "fleet    {} of {} ({} GPU each, ${}/GPU-hour); device KV {device_kv} tokens/rank, host tier {:.1} GiB/rank with retention-host, blocks of {block} tokens",

@@ -167,6 +167,9 @@ pub struct FleetShape {
     /// all ranks active throughout. Each step's counts are at most `prefill` /
     /// `decode`.
     pub steps: Vec<Step>,
+    /// The fleet is paid for at least until this time (the end of a plan's
+    /// last interval), even when the trace is served sooner.
+    pub until_ms: Option<f64>,
 }
 
 impl FleetShape {
@@ -176,6 +179,7 @@ impl FleetShape {
             prefill: 0,
             decode: n,
             steps: Vec::new(),
+            until_ms: None,
         }
     }
 
@@ -185,6 +189,7 @@ impl FleetShape {
             prefill: p,
             decode: d,
             steps: Vec::new(),
+            until_ms: None,
         }
     }
 

@@ -173,10 +173,21 @@ impl Router {
 
     fn bounded(&mut self, key: u64, loads: &[f64], total: Option<f64>) -> Option<usize> {
         self.order(key);
-        self.gather(loads);
         let order: Vec<usize> = self.orders.get(&key)?.iter().map(|&j| j as usize).collect();
-        let total = total.unwrap_or_else(|| self.view.iter().sum());
-        let pos = first_under_bound(&order, &self.view, &self.shares, total, self.bound)?;
+        // Endpoint j is rank active[j]; with every rank active that is j itself,
+        // and the pool's loads serve as the view without a copy.
+        let all = self.active.len() == loads.len();
+        let view: &[f64] = if all {
+            loads
+        } else {
+            self.gather(loads);
+            &self.view
+        };
+        let total = match total {
+            Some(t) if all => t,
+            _ => view.iter().sum(),
+        };
+        let pos = first_under_bound(&order, view, &self.shares, total, self.bound)?;
         Some(self.active[*order.get(pos)?])
     }
 

@@ -390,7 +390,11 @@ pub fn simulate(
     if let Some(p) = progress {
         p(n as u64);
     }
-    let end = sim.tot.last_token.max(span_end);
+    let end = sim
+        .tot
+        .last_token
+        .max(span_end)
+        .max(cfg.fleet.until_ms.unwrap_or(f64::NEG_INFINITY));
     gpu_ms += sim.active_ranks() as f64 * gpe * (end - active_since);
     Ok(sim.finish(profile, gpu_ms, end, started))
 }

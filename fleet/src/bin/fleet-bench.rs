@@ -1,0 +1,354 @@
+//! Fleet benchmark: the simulator's and the planner's targets, each printed
+//! with its verdict (BENCHMARKS.md, "Fleet simulator and planner").
+//!
+//! 1. **Routing** on the bundled traces (and a real Mooncake conversation
+//!    trace with `--real`): `tether-bounded` must keep ≥ 95 % of the oracle's
+//!    saved prefill at busiest/mean busy time ≤ 1.25; `client-hash` must visibly
+//!    not.
+//! 2. **Planning** a long-prompt agent mix (generated, seeded): the P/D plan
+//!    must beat coupled scaling on $/Mtok, need fewer prefill GPUs than the
+//!    no-reuse plan, and agree with its own simulation within 10 %.
+//! 3. **Scale**: 1 M requests (generated, seeded) on 1,024 ranks in under 60 s.
+//!
+//! Run: `cargo run --release -p tether-fleet --bin fleet-bench -- --real conversation_trace.jsonl`
+
+use anyhow::Result;
+use clap::Parser;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tether_fleet::generate::{GenerateOptions, generate};
+use tether_fleet::import::{Format, ImportOptions, import};
+use tether_fleet::plan::size::Slo;
+use tether_fleet::plan::{PlanConfig, Target, output, plan};
+use tether_fleet::sim::report::peak_rss_bytes;
+use tether_fleet::sim::{
+    CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
+};
+use tether_fleet::trace::Trace;
+use tether_rank::engine::EngineSettings;
+use tether_rank::profile::Profile;
+
+#[derive(Parser, Debug)]
+#[command(about = "Fleet simulator and planner targets, with verdicts")]
+struct Args {
+    /// A real Mooncake conversation trace (FAST'25 `conversation_trace.jsonl`).
+    #[arg(long)]
+    real: Option<PathBuf>,
+    /// Ranks of the routing comparison.
+    #[arg(long, default_value_t = 8)]
+    ranks: usize,
+    /// Sessions of the scale trace (≈ 52.6 requests each).
+    #[arg(long, default_value_t = 19_200)]
+    scale_sessions: u32,
+    /// Ranks of the scale run.
+    #[arg(long, default_value_t = 1024)]
+    scale_ranks: usize,
+    /// Skip parts: `routing`, `plan`, `scale` (comma-separated).
+    #[arg(long, default_value = "")]
+    skip: String,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn profile(name: &str) -> Result<Profile> {
+    Ok(Profile::from_file(
+        &root().join("examples/profiles").join(name),
+    )?)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "MET" } else { "MISSED" }
+}
+
+/// CPU seconds this process has used (user + system).
+fn cpu_s() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (tick(11) + tick(12)) / 100.0
+}
+
+fn routing(trace: &Trace, name: &str, ranks: usize, llama: &Profile) -> Result<()> {
+    let base = SimConfig {
+        cache: CacheMode::RetentionHost,
+        fleet: FleetShape::aggregated(ranks),
+        engine: EngineSettings {
+            block_size: 0,
+            ..EngineSettings::default()
+        },
+        host_bytes: 4 * llama.max_kv_tokens * llama.kv_bytes_per_token,
+        ..SimConfig::default()
+    };
+    let oracle = oracle_hits(trace, trace.block_size() as usize);
+    let run = |policy: Policy| -> Result<RunReport> {
+        let cfg = SimConfig {
+            policy,
+            ..base.clone()
+        };
+        Ok(simulate(trace, llama, &cfg, &oracle, false, None)?.report)
+    };
+    let reports = [
+        run(Policy::TetherBounded)?,
+        run(Policy::Tether)?,
+        run(Policy::ClientHash)?,
+        run(Policy::Oracle)?,
+    ];
+    for r in &reports {
+        println!(
+            "  {:<16} {:>6.1} % of the oracle's saved prefill, busiest/mean busy {:.2}, returning-turn hits {:.1} %, TTFT p99 {:.0} ms",
+            r.policy.name(),
+            r.oracle_share * 100.0,
+            r.balance.busy_max_over_mean,
+            r.returning.hit_ratio * 100.0,
+            r.ttft_ms.p99
+        );
+    }
+    let ideal = tether_fleet::trace::stats::ideal_hits(trace);
+    println!(
+        "  (the trace's ideal: {:.1} % of prompt tokens with one infinite cache, {:.1} % with perfect session affinity: a session-keyed policy's ceiling is ~{:.0} % of the oracle, plus what common prefixes give every rank)",
+        ideal.global * 100.0,
+        ideal.session * 100.0,
+        100.0 * ideal.session / ideal.global.max(1e-12)
+    );
+    let ok = |r: &RunReport| r.oracle_share >= 0.95 && r.balance.busy_max_over_mean <= 1.25;
+    let why = |r: &RunReport| {
+        let mut w = Vec::new();
+        if r.oracle_share < 0.95 {
+            w.push(format!(
+                "oracle share {:.1} % < 95 %",
+                r.oracle_share * 100.0
+            ));
+        }
+        if r.balance.busy_max_over_mean > 1.25 {
+            w.push(format!(
+                "max/mean {:.2} > 1.25",
+                r.balance.busy_max_over_mean
+            ));
+        }
+        if w.is_empty() {
+            "both conditions hold".into()
+        } else {
+            w.join(", ")
+        }
+    };
+    println!(
+        "verdict [{name}]: tether-bounded >= 95 % of the oracle's saved prefill at max/mean <= 1.25: {} ({})",
+        verdict(ok(&reports[0])),
+        why(&reports[0])
+    );
+    println!(
+        "verdict [{name}]: client-hash visibly does not: {} ({})",
+        verdict(!ok(&reports[2])),
+        why(&reports[2])
+    );
+    Ok(())
+}
+
+fn long_prompt_mix() -> GenerateOptions {
+    GenerateOptions {
+        seed: 12,
+        sessions: 400,
+        block_size: 512,
+        max_context_tokens: 98_304,
+        summary_tokens: 8_000.0,
+        session_gap_ms: 12_000.0,
+        ..GenerateOptions::default()
+    }
+}
+
+fn planning() -> Result<()> {
+    let opts = long_prompt_mix();
+    let trace = generate(&opts)?;
+    let qwen = profile("qwen3-32b-fp8-h200-tp4.json")?;
+    println!(
+        "long-prompt agent mix: tether trace generate --seed 12 --sessions 400 --block-size 512 --max-context-tokens 98304 --summary-tokens 8000 --session-gap-ms 12000 ({} requests); profile {}",
+        trace.requests().len(),
+        qwen.name
+    );
+    let slo = Slo {
+        ttft_p90_ms: Some(3000.0),
+        ttft_p99_ms: Some(10_000.0),
+        itl_p99_ms: Some(30.0),
+    };
+    let cfg = PlanConfig {
+        sim: SimConfig {
+            policy: Policy::TetherBounded,
+            cache: CacheMode::RetentionHost,
+            engine: EngineSettings {
+                block_size: 0,
+                ..EngineSettings::default()
+            },
+            host_bytes: 4 * qwen.max_kv_tokens * qwen.kv_bytes_per_token,
+            ..SimConfig::default()
+        },
+        slo,
+        target: Some(Target::Blended(0.5)),
+        api_price: None,
+        interval_ms: 600_000.0,
+        rounds: 6,
+        observed_hits: None,
+    };
+    let t0 = Instant::now();
+    let r = plan(&trace, &qwen, &cfg)?;
+    print!("{}", output::text(&r));
+    println!(
+        "(planned and verified in {:.1} s)",
+        t0.elapsed().as_secs_f64()
+    );
+    let cost = |name: &str| {
+        r.variants.iter().find(|v| v.name == name).map(|v| {
+            (
+                v.simulated
+                    .as_ref()
+                    .map_or(v.predicted_usd_per_mtok, |s| s.usd_per_mtok),
+                v,
+            )
+        })
+    };
+    if let (Some((p, pv)), Some((c, _)), Some((_, nv))) =
+        (cost("plan"), cost("coupled"), cost("no-reuse"))
+    {
+        println!(
+            "verdict: the P/D plan beats coupled scaling on $/Mtok: {} (P/D ${p:.4} vs coupled ${c:.4} per Mtok, {:+.1} %)",
+            verdict(p < c),
+            100.0 * (p - c) / c
+        );
+        println!(
+            "verdict: the cache-aware plan needs fewer prefill GPUs than the no-reuse plan: {} (peak {} vs {} GPUs, {:.0} % fewer; {:.1} vs {:.1} prefill GPU-hours)",
+            verdict(pv.peak_prefill_gpus < nv.peak_prefill_gpus),
+            pv.peak_prefill_gpus,
+            nv.peak_prefill_gpus,
+            100.0 * (1.0 - pv.peak_prefill_gpus as f64 / nv.peak_prefill_gpus.max(1) as f64),
+            pv.prefill_gpu_hours,
+            nv.prefill_gpu_hours
+        );
+        let agree = r
+            .variants
+            .iter()
+            .all(|v| v.agreement.is_none_or(|a| (0.9..=1.1).contains(&a)));
+        println!(
+            "verdict: every plan's predicted and simulated $/Mtok within 10 %: {} ({})",
+            verdict(agree),
+            r.variants
+                .iter()
+                .map(|v| format!("{} {:.3}", v.name, v.agreement.unwrap_or(f64::NAN)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn scale(sessions: u32, ranks: usize) -> Result<()> {
+    let opts = GenerateOptions {
+        seed: 7,
+        sessions,
+        block_size: 512,
+        max_context_tokens: 32_000,
+        summary_tokens: 4_000.0,
+        session_gap_ms: 50.0,
+        ..GenerateOptions::default()
+    };
+    let t0 = Instant::now();
+    let trace = generate(&opts)?;
+    println!(
+        "scale trace: tether trace generate --seed 7 --sessions {sessions} --block-size 512 --max-context-tokens 32000 --summary-tokens 4000 --session-gap-ms 50: {} requests, generated in {:.1} s",
+        trace.requests().len(),
+        t0.elapsed().as_secs_f64()
+    );
+    let llama = profile("llama-3.1-8b-fp8-h200-tp1.json")?;
+    let cfg = SimConfig {
+        policy: Policy::TetherBounded,
+        cache: CacheMode::Retention,
+        fleet: FleetShape::aggregated(ranks),
+        ..SimConfig::default()
+    };
+    let oracle = oracle_hits(&trace, trace.block_size() as usize);
+    let (w0, c0) = (Instant::now(), cpu_s());
+    let r = simulate(&trace, &llama, &cfg, &oracle, false, None)?.report;
+    let (wall, cpu) = (w0.elapsed().as_secs_f64(), cpu_s() - c0);
+    println!(
+        "  {} requests on {ranks} ranks ({} / {}): {:.1} s wall, {:.1} s CPU, {} engine steps, {:.1} % of the oracle, busiest/mean {:.2}; peak memory {} MiB",
+        r.finished,
+        r.policy.name(),
+        r.cache.name(),
+        wall,
+        cpu,
+        r.steps,
+        r.oracle_share * 100.0,
+        r.balance.busy_max_over_mean,
+        peak_rss_bytes().map_or(0, |b| b >> 20)
+    );
+    println!(
+        "verdict: 1 M requests on {ranks} ranks in under 60 s: {} ({wall:.1} s wall; {cpu:.1} s CPU{})",
+        verdict(wall < 60.0),
+        if cpu < 0.8 * wall {
+            ": the machine was shared, wall time includes waiting for a core"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let skip: Vec<&str> = a.skip.split(',').map(str::trim).collect();
+    if !skip.contains(&"routing") {
+        let llama = profile("llama-3.1-8b-fp8-h200-tp1.json")?;
+        println!(
+            "== routing: {} ranks of {}, retention + host tier",
+            a.ranks, llama.name
+        );
+        let mut traces: Vec<(String, Trace)> = Vec::new();
+        for t in ["agent-demo", "agent-subagents", "agent-tenants"] {
+            let p = root().join(format!("examples/traces/{t}.jsonl"));
+            traces.push((
+                t.into(),
+                import(Format::Tether, &p, &ImportOptions::default())?,
+            ));
+        }
+        let syn = root().join("examples/traces/mooncake_synthetic_trace.jsonl");
+        traces.push((
+            "mooncake-synthetic".into(),
+            import(Format::Mooncake, &syn, &ImportOptions::default())?,
+        ));
+        if let Some(p) = &a.real {
+            traces.push((
+                "mooncake-conversation (real)".into(),
+                import(Format::Mooncake, p, &ImportOptions::default())?,
+            ));
+        }
+        for (name, trace) in &traces {
+            println!(
+                "{name}: {} requests, {} sessions",
+                trace.requests().len(),
+                trace.sessions().len()
+            );
+            routing(trace, name, a.ranks, &llama)?;
+        }
+    }
+    if !skip.contains(&"plan") {
+        println!("== planning");
+        planning()?;
+    }
+    if !skip.contains(&"scale") {
+        println!("== scale");
+        scale(a.scale_sessions, a.scale_ranks)?;
+    }
+    Ok(())
+}

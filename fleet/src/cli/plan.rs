@@ -1,0 +1,227 @@
+//! `tether plan`: prefill and decode replica counts per interval against
+//! latency objectives and a cost target, each plan verified by simulating it
+//! (`docs/cli.md`, method in `docs/planning.md`).
+
+use super::simulate::{FleetArgs, load_profile};
+use crate::import::{Format, ImportOptions, import};
+use crate::plan::size::Slo;
+use crate::plan::{ApiPrice, PlanConfig, Target, output, plan};
+use crate::report::Report;
+use crate::report::observe::Observation;
+use crate::sim::{CacheMode, FleetShape, Policy};
+use crate::trace::{Trace, content_hash};
+use anyhow::{Context, Result, bail};
+use clap::Args as ClapArgs;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+/// `tether plan`.
+#[derive(Debug, ClapArgs)]
+pub struct Args {
+    /// The trace.
+    pub trace: PathBuf,
+    /// Its format (a foreign trace is imported in memory with default options).
+    #[arg(long, default_value = "tether", value_parser = Format::parse)]
+    pub format: Format,
+    /// GPU profile: tether JSON, or a JSON naming Dynamo's NPZ files (docs/profile.md).
+    #[arg(long)]
+    pub profile: PathBuf,
+    /// A replay of this trace (`tether replay --out DIR`): plan on the cache hits it observed.
+    #[arg(long)]
+    pub replay: Option<PathBuf>,
+    /// TTFT p90 objective, ms.
+    #[arg(long)]
+    pub ttft_p90_ms: Option<f64>,
+    /// TTFT p99 objective, ms.
+    #[arg(long)]
+    pub ttft_p99_ms: Option<f64>,
+    /// Per-token ITL p99 objective, ms.
+    #[arg(long)]
+    pub itl_p99_ms: Option<f64>,
+    /// Minimum interactivity, output tokens/s per stream (an ITL of 1000 / this ms).
+    #[arg(long)]
+    pub min_interactivity: Option<f64>,
+    /// Cost target, $ per million tokens: `X` (every token) or `IN,OUT` (input and output prices).
+    #[arg(long, value_parser = parse_target)]
+    pub target: Option<Target>,
+    /// An API's prices per million tokens, `IN,CACHED_IN,OUT`: prints its cost ÷ the plan's.
+    #[arg(long, value_parser = parse_api)]
+    pub api_price: Option<ApiPrice>,
+    /// Routing policy of the planned fleet.
+    #[arg(long, default_value = "tether-bounded", value_parser = Policy::parse)]
+    pub policy: Policy,
+    /// Cache mode of the planned fleet.
+    #[arg(long, default_value = "retention-host", value_parser = CacheMode::parse)]
+    pub cache: CacheMode,
+    /// Planning interval, seconds of trace time.
+    #[arg(long, default_value_t = 300.0)]
+    pub interval_s: f64,
+    /// Simulation rounds per plan to correct the profile's first guess.
+    #[arg(long, default_value_t = 6)]
+    pub rounds: usize,
+    /// Engine, routing and P/D settings (as `tether simulate`).
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+    /// Write the whole report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the replica counts per interval as JSON here.
+    #[arg(long)]
+    pub replicas: Option<PathBuf>,
+    /// Write a Kubernetes-style YAML snippet of the plan here.
+    #[arg(long)]
+    pub yaml: Option<PathBuf>,
+}
+
+fn numbers(s: &str, n: &[usize]) -> Result<Vec<f64>, String> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<f64>()
+                .map_err(|_| format!("`{x}` is not a number"))
+        })
+        .collect::<Result<_, _>>()?;
+    if !n.contains(&v.len()) {
+        return Err(format!(
+            "`{s}`: expected {} comma-separated numbers",
+            n.iter()
+                .map(|x| x.to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ));
+    }
+    if v.iter().any(|x| !x.is_finite() || *x < 0.0) {
+        return Err(format!("`{s}`: prices must be non-negative"));
+    }
+    Ok(v)
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    let v = numbers(s, &[1, 2])?;
+    Ok(match v.as_slice() {
+        [x] => Target::Blended(*x),
+        [i, o] => Target::Split {
+            input: *i,
+            output: *o,
+        },
+        _ => unreachable!("checked above"),
+    })
+}
+
+fn parse_api(s: &str) -> Result<ApiPrice, String> {
+    let v = numbers(s, &[3])?;
+    Ok(ApiPrice {
+        input: v[0],
+        cached_input: v[1],
+        output: v[2],
+    })
+}
+
+/// The cache hits a replay observed, per trace request (`None`: not served).
+fn observed_hits(dir: &Path, trace: &Trace) -> Result<Vec<Option<u32>>> {
+    let report = Report::read(&dir.join("report.json"))
+        .with_context(|| format!("--replay {}", dir.display()))?;
+    let hash = content_hash(trace);
+    if report.trace.content_hash != hash {
+        bail!(
+            "--replay {}: that replay ran trace {}, not this one ({hash})",
+            dir.display(),
+            report.trace.content_hash
+        );
+    }
+    let path = dir.join("requests.jsonl");
+    let f = std::fs::File::open(&path).with_context(|| format!("--replay: {}", path.display()))?;
+    let mut hits = vec![None; trace.requests().len()];
+    for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.with_context(|| format!("{}:{}", path.display(), n + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let o: Observation =
+            serde_json::from_str(&line).with_context(|| format!("{}:{}", path.display(), n + 1))?;
+        if let (Some(s), Some(slot)) = (o.served(), hits.get_mut(o.request as usize)) {
+            *slot = Some(u32::try_from(s.cached_tokens).unwrap_or(u32::MAX));
+        }
+    }
+    Ok(hits)
+}
+
+/// Runs it.
+pub fn run(a: Args) -> Result<()> {
+    let trace = import(a.format, &a.trace, &ImportOptions::default())?;
+    let profile = load_profile(&a.profile)?;
+    let itl = match (a.itl_p99_ms, a.min_interactivity) {
+        (x, Some(i)) if i > 0.0 && i.is_finite() => {
+            Some(x.map_or(1000.0 / i, |x| x.min(1000.0 / i)))
+        }
+        (_, Some(i)) => bail!("--min-interactivity: {i} must be positive"),
+        (x, None) => x,
+    };
+    let slo = Slo {
+        ttft_p90_ms: a.ttft_p90_ms,
+        ttft_p99_ms: a.ttft_p99_ms,
+        itl_p99_ms: itl,
+    };
+    for (flag, v) in [
+        ("--ttft-p90-ms", slo.ttft_p90_ms),
+        ("--ttft-p99-ms", slo.ttft_p99_ms),
+        ("--itl-p99-ms", slo.itl_p99_ms),
+    ] {
+        if v.is_some_and(|x| x.is_nan() || x <= 0.0) {
+            bail!("{flag}: must be positive");
+        }
+    }
+    if slo.ttft_p90_ms.is_none() && slo.ttft_p99_ms.is_none() && slo.itl_p99_ms.is_none() {
+        bail!(
+            "give at least one objective: --ttft-p90-ms, --ttft-p99-ms, --itl-p99-ms or --min-interactivity"
+        );
+    }
+    let observed = a
+        .replay
+        .as_deref()
+        .map(|d| observed_hits(d, &trace))
+        .transpose()?;
+    let mut sim = a.fleet.config(&profile, FleetShape::aggregated(1))?;
+    sim.policy = a.policy;
+    sim.cache = a.cache;
+    let cfg = PlanConfig {
+        sim,
+        slo,
+        target: a.target,
+        api_price: a.api_price,
+        interval_ms: a.interval_s * 1000.0,
+        rounds: a.rounds,
+        observed_hits: observed,
+    };
+    let report = plan(&trace, &profile, &cfg)?;
+    println!(
+        "trace {} ({}): {} requests; profile {} ({} GPU/engine, ${}/GPU-hour)",
+        a.trace.display(),
+        content_hash(&trace),
+        trace.requests().len(),
+        profile.name,
+        profile.gpus_per_engine,
+        profile.gpu_hour_usd
+    );
+    print!("{}", output::text(&report));
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.replicas {
+        std::fs::write(
+            p,
+            serde_json::to_string_pretty(&output::replicas_json(&report))?,
+        )
+        .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.yaml {
+        std::fs::write(
+            p,
+            output::yaml(&report, &profile.model, profile.gpus_per_engine),
+        )
+        .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
