@@ -11,8 +11,12 @@ test-e2e: wasm envoy-install
 	$(CARGO) build --quiet -p tether-rank --bin tether-rank
 	$(CARGO) test --quiet -p tether-e2e -p tether-envoy
 
-# A scripted planner / tool caller / verifier run through Envoy, turn by turn;
-# exits non-zero if any agent moved between ranks.
+# The bundled agent trace replayed through Envoy + tether in front of four
+# tether-rank processes under three settings (round robin + LRU, tether + LRU,
+# tether + retention + host tier), compared; reports and plots in target/demo.
+# The ranks are release builds: in debug they tokenize too slowly to follow
+# the trace's timestamps.
 demo: wasm envoy-install
-	$(CARGO) build --quiet -p tether-e2e --bin tether-demo --bin tether-echo-rank
-	$(CARGO) run --quiet -p tether-e2e --bin tether-demo
+	$(CARGO) build --quiet --release -p tether-rank --bin tether-rank
+	$(CARGO) build --quiet -p tether-e2e --bin tether-demo
+	TETHER_RANK=$(abspath target/release/tether-rank) $(CARGO) run --quiet -p tether-e2e --bin tether-demo

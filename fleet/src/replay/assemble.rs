@@ -93,6 +93,7 @@ pub fn report(
         wall_s: out.wall_s,
         trace_s: out.trace_s,
         clock: String::new(),
+        lag_ms: Default::default(),
         partial: out.partial.is_some(),
         partial_reason: out.partial.clone(),
     };

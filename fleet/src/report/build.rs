@@ -231,6 +231,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
         tokens.device_cached = dev_known.then_some(dev);
         tokens.restored = res_known.then_some(restored);
     }
+    run.lag_ms = Dist::of(observations.iter().map(|o| o.lag_ms).collect());
     run.clock = match (
         clocks.contains(&Clock::Simulated),
         clocks.contains(&Clock::Client),

@@ -75,6 +75,18 @@ pub fn render(r: &Report, plots: &[String]) -> String {
         run.clock,
         run.targets.join(", ")
     );
+    if run.schedule == "fixed" && run.lag_ms.count > 0 {
+        let _ = writeln!(
+            s,
+            "Requests were sent behind their trace timestamps by {} (p50 / p90 / p99 of trace time){}.\n",
+            dist(&run.lag_ms, "ms"),
+            if run.lag_ms.p90 > 1000.0 {
+                " — the replay did not keep up at this speedup; lower it for timings that follow the trace"
+            } else {
+                ""
+            }
+        );
+    }
 
     let q = &r.requests;
     let errors = if q.errors_by_kind.is_empty() {

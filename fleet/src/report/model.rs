@@ -117,6 +117,10 @@ pub struct RunInfo {
     pub trace_s: f64,
     /// Where the latencies come from: `simulated`, `client`, or `mixed`.
     pub clock: String,
+    /// How far behind its schedule each request was sent, trace ms (fixed
+    /// schedule: after its timestamp; a replay that cannot keep up at its
+    /// speedup shows here — lower the speedup).
+    pub lag_ms: Dist,
     /// The replay stopped before the end (^C, a deadline): the report covers
     /// only what was sent until then.
     pub partial: bool,

@@ -266,3 +266,43 @@ fn sigint_writes_a_partial_report() {
             .contains("**PARTIAL**")
     );
 }
+
+#[test]
+fn gateway_writes_a_bootstrap_and_refuses_reserved_plugin_fields() {
+    let dir = TempDir::new("gateway");
+    let out = dir.path("envoy.yaml");
+    let o = tether(&[
+        "gateway",
+        "--ranks",
+        "127.0.0.1:8001,127.0.0.1:8002",
+        "--mode",
+        "hash",
+        "--output",
+        &out,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let y = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        y.contains("port_value: 8002") && y.contains("maglev") && !y.contains("${"),
+        "{y}"
+    );
+    let cfg = dir.path("plugin.json");
+    std::fs::write(&cfg, r#"{"mode": "pick", "fallbacks": 1}"#).unwrap();
+    let o = tether(&[
+        "gateway",
+        "--ranks",
+        "127.0.0.1:8001",
+        "--plugin-config",
+        &cfg,
+        "--output",
+        &out,
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("plugin configuration field `mode`"),
+        "{}",
+        text(&o)
+    );
+    let o = tether(&["gateway", "--ranks", "127.0.0.1:8001", "--mode", "random"]);
+    assert!(text(&o).contains("unknown mode `random`"), "{}", text(&o));
+}

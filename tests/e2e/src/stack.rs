@@ -27,6 +27,8 @@ pub struct StackSpec {
     pub retries: u32,
     /// Envoy worker threads.
     pub concurrency: u32,
+    /// MAGLEV bounded load (hash mode), else the template's.
+    pub hash_balance_factor: Option<u32>,
 }
 
 impl StackSpec {
@@ -39,6 +41,7 @@ impl StackSpec {
             plugin_config: Map::new(),
             retries: 2,
             concurrency: 1,
+            hash_balance_factor: None,
         }
     }
 }
@@ -67,7 +70,7 @@ impl Stack {
             listen: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
             admin: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
             retries: spec.retries,
-            hash_balance_factor: None,
+            hash_balance_factor: spec.hash_balance_factor,
         };
         let yaml = render(&gw).map_err(|e| HarnessError::Protocol {
             what: "tether_envoy::render".into(),

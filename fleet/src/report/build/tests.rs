@@ -64,6 +64,7 @@ pub fn run_info() -> RunInfo {
         wall_s: 10.0,
         trace_s: 3600.0,
         clock: String::new(),
+        lag_ms: Default::default(),
         partial: false,
         partial_reason: None,
     }
