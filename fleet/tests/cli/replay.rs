@@ -125,6 +125,18 @@ fn a_replay_writes_its_report_and_compare_refuses_other_traces() {
             "the rank's speedup is used when not given"
         );
     }
+    // Live schedule: two session trees at a time, every request still served.
+    let live = dir.path("live");
+    let o = tether(&[
+        "replay", "--trace", &a, "--target", &addr, "--out", &live, "--live", "2", "--quiet",
+        "--stream", "--api", "messages",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = report(&live);
+    assert_eq!(r["run"]["schedule"], "live");
+    assert_eq!(r["requests"]["completed"], r["requests"]["in_trace"]);
+    assert_eq!(r["config"]["keys"]["replay.schedule"], "live 2");
+    assert_eq!(r["config"]["keys"]["replay.api"], "messages");
     let o = tether(&["compare", &dir.path("ra"), &dir.path("rb")]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(

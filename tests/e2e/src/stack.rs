@@ -12,6 +12,28 @@ use tether_fleet::replay::{Options, Outcomes, replay};
 use tether_fleet::report::Report;
 use tether_fleet::trace::Trace;
 
+/// Flags for `tether-rank` with the shipped Llama-3.1-8B FP8 / H200 profile:
+/// `cache` (`lru`, `retention`, `retention-host`), device KV tokens, and the
+/// host tier (GiB, used with `retention-host` only).
+pub fn rank_args(speedup: f64, cache: &str, kv_tokens: u64, host_gib: f64) -> Vec<String> {
+    let profile =
+        crate::paths::workspace_root().join("examples/profiles/llama-3.1-8b-fp8-h200-tp1.json");
+    let mut v: Vec<String> = vec![
+        "--profile".into(),
+        profile.display().to_string(),
+        "--speedup".into(),
+        speedup.to_string(),
+        "--cache".into(),
+        cache.into(),
+        "--kv-tokens".into(),
+        kv_tokens.to_string(),
+    ];
+    if cache == "retention-host" {
+        v.extend(["--host-gib".into(), host_gib.to_string()]);
+    }
+    v
+}
+
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct StackSpec {

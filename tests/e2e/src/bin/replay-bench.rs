@@ -19,7 +19,7 @@ use clap::Parser;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_e2e::stack::replay_blocking;
+use tether_e2e::stack::{rank_args, replay_blocking};
 use tether_e2e::{Stack, StackSpec, paths};
 use tether_envoy::Mode;
 use tether_fleet::cli::replay::write_report;
@@ -48,8 +48,9 @@ struct Args {
     /// Ranks behind Envoy.
     #[arg(long, default_value_t = 8)]
     ranks: usize,
-    /// Speedup for the bundled traces.
-    #[arg(long, default_value_t = 100.0)]
+    /// Speedup for the bundled traces (the replay keeps up at 25× here; each
+    /// report says how far behind the trace's timestamps requests went).
+    #[arg(long, default_value_t = 25.0)]
     speedup: f64,
     /// Speedup for the Mooncake trace (59 min of trace).
     #[arg(long, default_value_t = 25.0)]
@@ -114,20 +115,7 @@ fn run(
     trace: &Arc<tether_fleet::trace::Trace>,
     s: &Setting,
 ) -> Result<(Report, f64)> {
-    let profile = paths::workspace_root().join("examples/profiles/llama-3.1-8b-fp8-h200-tp1.json");
-    let mut rank_args: Vec<String> = vec![
-        "--profile".into(),
-        profile.display().to_string(),
-        "--speedup".into(),
-        case.speedup.to_string(),
-        "--cache".into(),
-        s.cache.into(),
-        "--kv-tokens".into(),
-        case.kv_tokens.to_string(),
-    ];
-    if s.cache == "retention-host" {
-        rank_args.extend(["--host-gib".into(), case.host_gib.to_string()]);
-    }
+    let rank_args = rank_args(case.speedup, s.cache, case.kv_tokens, case.host_gib);
     let mut spec = StackSpec::new(a.ranks, s.mode, &[]);
     spec.rank_args = rank_args;
     spec.concurrency = a.concurrency;
@@ -171,7 +159,12 @@ fn sticky_bound(trace: &tether_fleet::trace::Trace, engines: usize) -> f64 {
     let mut loads: Vec<u64> = trace
         .agents()
         .iter()
-        .map(|a| a.requests.iter().map(|&r| u64::from(trace.request(r).input_tokens)).sum())
+        .map(|a| {
+            a.requests
+                .iter()
+                .map(|&r| u64::from(trace.request(r).input_tokens))
+                .sum()
+        })
         .collect();
     loads.sort_unstable_by(|a, b| b.cmp(a));
     let mut bins = vec![0u64; engines.max(1)];
@@ -182,7 +175,11 @@ fn sticky_bound(trace: &tether_fleet::trace::Trace, engines: usize) -> f64 {
     }
     let total: u64 = bins.iter().sum();
     let max = bins.iter().copied().max().unwrap_or(0);
-    if total == 0 { 1.0 } else { max as f64 * bins.len() as f64 / total as f64 }
+    if total == 0 {
+        1.0
+    } else {
+        max as f64 * bins.len() as f64 / total as f64
+    }
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -269,15 +266,22 @@ fn main() -> Result<()> {
         let mut results: Vec<Report> = Vec::new();
         for s in &SETTINGS {
             let (r, wall) = run(&a, case, &trace, s)?;
+            let load = format!(
+                "{} / {}",
+                r.load
+                    .max_over_mean_prompt_tokens
+                    .map_or("-".into(), |v| format!("{v:.2}")),
+                r.load
+                    .max_over_mean_requests
+                    .map_or("-".into(), |v| format!("{v:.2}"))
+            );
             println!(
                 "| {} | {} | {} | {} | {} | {} | {:.0} / {:.0} | {} | {:.0} |",
                 s.name,
                 pct(r.hit_ratio.overall),
                 pct(r.hit_ratio.of_ideal),
                 pct(r.hit_ratio.returning),
-                r.load
-                    .max_over_mean_prompt_tokens
-                    .map_or("-".into(), |v| format!("{v:.2}")),
+                load,
                 count(r.reprefill.avoidable_tokens),
                 r.latency.ttft_ms.p50,
                 r.latency.ttft_ms.p90,
@@ -294,8 +298,7 @@ fn main() -> Result<()> {
             }
             results.push(r);
         }
-        let [rr, pick_lru, pick_ret, hash_ret] =
-            [&results[0], &results[1], &results[2], &results[3]];
+        let [rr, pick_lru, pick_ret] = [&results[0], &results[1], &results[2]];
         println!(
             "ideal hit ratio: {} with perfect affinity ({} on returning turns), {} with one shared cache",
             pct(rr.hit_ratio.ideal_session),
@@ -306,36 +309,19 @@ fn main() -> Result<()> {
             "best max/mean load any agent-sticky placement reaches on this trace (longest-first packing): {:.2}",
             sticky_bound(&trace, a.ranks)
         );
-        let meets = |r: &Report| {
-            r.hit_ratio.of_ideal >= OF_IDEAL
-                && r.load
-                    .max_over_mean_prompt_tokens
-                    .is_some_and(|l| l <= LOAD)
-        };
-        let best = [pick_ret, hash_ret, pick_lru]
-            .into_iter()
-            .find(|r| meets(r));
-        let routing_ok = best.is_some();
+        // Judged on tether as shipped for this: pick mode + retention + host
+        // tier. The other tether rows are shown, not judged.
+        let load = pick_ret
+            .load
+            .max_over_mean_prompt_tokens
+            .unwrap_or(f64::INFINITY);
+        let routing_ok = pick_ret.hit_ratio.of_ideal >= OF_IDEAL && load <= LOAD;
         println!(
-            "verdict {}: tether routing ≥ {:.0} % of ideal at max/mean load ≤ {LOAD}: {} ({})",
+            "verdict {}: tether routing (pick + retention + host) ≥ {:.0} % of ideal at max/mean load ≤ {LOAD}: {} ({} of ideal at load {load:.2})",
             case.name,
             OF_IDEAL * 100.0,
             verdict(routing_ok),
-            match best {
-                Some(r) => format!(
-                    "{}: {} of ideal, load {:.2}",
-                    r.run.label,
-                    pct(r.hit_ratio.of_ideal),
-                    r.load.max_over_mean_prompt_tokens.unwrap_or(0.0)
-                ),
-                None => format!(
-                    "pick+retention {} of ideal at load {:.2}; hash bounded {} of ideal at load {:.2}",
-                    pct(pick_ret.hit_ratio.of_ideal),
-                    pick_ret.load.max_over_mean_prompt_tokens.unwrap_or(0.0),
-                    pct(hash_ret.hit_ratio.of_ideal),
-                    hash_ret.load.max_over_mean_prompt_tokens.unwrap_or(0.0)
-                ),
-            }
+            pct(pick_ret.hit_ratio.of_ideal),
         );
         let rr_ok = rr.hit_ratio.of_ideal + RR_GAP <= pick_lru.hit_ratio.of_ideal;
         println!(

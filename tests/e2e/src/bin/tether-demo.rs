@@ -15,7 +15,7 @@ use clap::Parser;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_e2e::stack::replay_blocking;
+use tether_e2e::stack::{rank_args, replay_blocking};
 use tether_e2e::{Stack, StackSpec, paths};
 use tether_envoy::Mode;
 use tether_fleet::cli::replay::write_report;
@@ -86,24 +86,6 @@ const SETTINGS: [Setting; 3] = [
     },
 ];
 
-fn rank_args(a: &Args, cache: &str) -> Vec<String> {
-    let profile = paths::workspace_root().join("examples/profiles/llama-3.1-8b-fp8-h200-tp1.json");
-    let mut v: Vec<String> = vec![
-        "--profile".into(),
-        profile.display().to_string(),
-        "--speedup".into(),
-        a.speedup.to_string(),
-        "--cache".into(),
-        cache.into(),
-        "--kv-tokens".into(),
-        a.kv_tokens.to_string(),
-    ];
-    if cache == "retention-host" {
-        v.extend(["--host-gib".into(), a.host_gib.to_string()]);
-    }
-    v
-}
-
 fn ms(v: f64) -> String {
     format!("{v:.0} ms")
 }
@@ -148,7 +130,7 @@ fn main() -> Result<()> {
     for s in &SETTINGS {
         let t0 = Instant::now();
         let mut spec = StackSpec::new(a.ranks, s.mode, &[]);
-        spec.rank_args = rank_args(&a, s.cache);
+        spec.rank_args = rank_args(a.speedup, s.cache, a.kv_tokens, a.host_gib);
         let stack = Stack::start(&spec).with_context(|| format!("starting {}", s.title))?;
         let opts = stack.options(Options {
             targets: Vec::new(),

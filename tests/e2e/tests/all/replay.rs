@@ -7,7 +7,8 @@ use crate::support::need_envoy_and_filter;
 use serde_json::Map;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tether_e2e::{Stack, StackSpec, paths, stack::replay_blocking};
+use tether_e2e::stack::{rank_args, replay_blocking};
+use tether_e2e::{Stack, StackSpec, paths};
 use tether_envoy::{GatewaySpec, Mode, render};
 use tether_fleet::replay::assemble::Source;
 use tether_fleet::replay::{Options, Route, Schedule};
@@ -18,13 +19,6 @@ use tether_fleet::trace::{
 };
 
 const SPEEDUP: f64 = 100.0;
-
-fn profile() -> String {
-    paths::workspace_root()
-        .join("examples/profiles/llama-3.1-8b-fp8-h200-tp1.json")
-        .display()
-        .to_string()
-}
 
 fn need_rank() {
     crate::support::need(paths::require(
@@ -139,26 +133,9 @@ fn options(identity: Identity) -> Options {
     }
 }
 
-fn rank_args(cache: &str, kv_tokens: u64) -> Vec<String> {
-    let mut v = vec![
-        "--profile".to_owned(),
-        profile(),
-        "--speedup".to_owned(),
-        SPEEDUP.to_string(),
-        "--cache".to_owned(),
-        cache.to_owned(),
-        "--kv-tokens".to_owned(),
-        kv_tokens.to_string(),
-    ];
-    if cache == "retention-host" {
-        v.extend(["--host-gib".to_owned(), "4".to_owned()]);
-    }
-    v
-}
-
 fn run(trace: &Arc<Trace>, mode: Mode, identity: Identity, label: &str) -> Report {
     let mut spec = StackSpec::new(4, mode, &[]);
-    spec.rank_args = rank_args("lru", 1 << 20);
+    spec.rank_args = rank_args(SPEEDUP, "lru", 1 << 20, 0.0);
     let stack = Stack::start(&spec).unwrap_or_else(|e| panic!("starting the stack: {e}"));
     let opts = stack.options(options(identity));
     let src = Source {
@@ -281,7 +258,7 @@ fn a_rank_dying_mid_replay_is_counted_and_pick_mode_retries_on_the_fallback() {
     need_rank();
     let trace = Arc::new(agent_trace(16, 8));
     let mut spec = StackSpec::new(4, Mode::Pick, &[]);
-    spec.rank_args = rank_args("lru", 1 << 20);
+    spec.rank_args = rank_args(SPEEDUP, "lru", 1 << 20, 0.0);
     let mut stack = Stack::start(&spec).unwrap();
     let opts = stack.options(options(Identity::None));
     let src = Source {
