@@ -31,6 +31,29 @@ impl CacheMode {
     }
 }
 
+/// What the rank does in a disaggregated (P/D) fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// Prefill and decode here; `x-prefiller-host-port` is ignored (a plain engine).
+    Both,
+    /// A prefill endpoint: every request is answered with one token.
+    Prefill,
+    /// A decode endpoint: with `x-prefiller-host-port`, the prompt is prefilled
+    /// there and its KV transferred here; without it, served here whole.
+    Decode,
+}
+
+impl Role {
+    /// Flag spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Both => "both",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
 /// `tether-rank`: a simulated OpenAI/Anthropic-compatible engine rank whose KV
 /// cache is tether's retention policy.
 #[derive(Debug, Clone, Parser)]
@@ -87,6 +110,12 @@ pub struct Args {
     /// Name sent in the `x-tether-rank` response header (default: the bound `ip:port`).
     #[arg(long)]
     pub rank_id: Option<String>,
+    /// P/D role (docs/rank.md "P/D roles").
+    #[arg(long, value_enum, default_value_t = Role::Both)]
+    pub role: Role,
+    /// KV-transfer link of a decode-role rank, GB/s (prefilled KV arriving from a prefiller).
+    #[arg(long, default_value_t = 50.0)]
+    pub kv_link_gbps: f64,
 }
 
 /// A command line the rank cannot start with.
@@ -235,6 +264,9 @@ impl RankConfig {
                 "must be non-empty visible ASCII (it is sent as a header value)",
             ));
         }
+        if !(args.kv_link_gbps.is_finite() && args.kv_link_gbps > 0.0) {
+            return Err(flag("kv-link-gbps", "must be a positive number"));
+        }
         if args.max_body_bytes == 0 {
             return Err(flag("max-body-bytes", "must be positive"));
         }
@@ -268,7 +300,7 @@ impl RankConfig {
                 retention: self.args.cache != CacheMode::Lru,
                 max_num_seqs: self.args.max_num_seqs,
                 max_num_batched_tokens: self.args.max_num_batched_tokens,
-                ..EngineSettings::default()
+                kv_link_gbps: self.args.kv_link_gbps,
             },
         )
     }
@@ -290,6 +322,8 @@ impl RankConfig {
             "speedup": a.speedup,
             "served_model_name": self.model_name,
             "profile_hash": self.profile_hash,
+            "role": a.role.name(),
+            "kv_link_gbps": a.kv_link_gbps,
         });
         let hash = format!(
             "{:016x}",

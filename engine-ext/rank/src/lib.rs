@@ -12,7 +12,8 @@
 //! - [`metrics`], [`load`]: what the engine counted, in vLLM's metric names, and
 //!   the load report for load-aware routing.
 //!
-//! The tokio/hyper shell is [`server`]; [`request`] and [`reply`] are the wire
+//! The tokio/hyper shell is [`server`] (with [`pd`], a decode rank's prefill
+//! leg); [`request`] and [`reply`] are the wire
 //! formats of the four APIs; [`config`] the command line.
 
 pub mod clock;
@@ -21,6 +22,7 @@ pub mod engine;
 pub mod latency;
 pub mod load;
 pub mod metrics;
+pub mod pd;
 pub mod profile;
 pub mod prompt;
 pub mod reply;

@@ -37,6 +37,8 @@ pub mod headers {
     pub const SIM_ITL_MS: &str = "x-tether-sim-itl-ms";
     /// Prompt tokens served from cache (device hit + host restore).
     pub const CACHED_TOKENS: &str = "x-tether-cached-tokens";
+    /// Decode role: the prefiller (`ip:port`) whose KV this answer decoded from.
+    pub const PREFILLED_BY: &str = "x-tether-prefilled-by";
 }
 
 /// Words of the simulated model's answer; each is one token under the prompt
@@ -110,6 +112,8 @@ pub fn tether_usage(o: &Outcome, dp_rank: usize) -> Value {
         "device_cached_tokens": o.device_cached_tokens,
         "restored_tokens": o.restored_tokens,
         "computed_tokens": o.computed_tokens(),
+        "transferred_tokens": o.transferred_tokens,
+        "sim_transfer_ms": round3(o.transfer_ms),
         "restore_miss": o.restore_miss,
     })
 }

@@ -28,13 +28,15 @@ pub enum BadReason {
     BadDpRank,
     /// The prompt is empty, or longer than the engine can hold.
     BadPrompt,
+    /// `x-prefiller-host-port` is not one `ip:port` (decode role).
+    BadPrefiller,
     /// The engine could not serve it (internal).
     Engine,
 }
 
 impl BadReason {
     /// Every reason, in counter order.
-    pub const ALL: [BadReason; 10] = [
+    pub const ALL: [BadReason; 11] = [
         BadReason::UnknownPath,
         BadReason::Method,
         BadReason::NotJson,
@@ -44,6 +46,7 @@ impl BadReason {
         BadReason::BadMarker,
         BadReason::BadDpRank,
         BadReason::BadPrompt,
+        BadReason::BadPrefiller,
         BadReason::Engine,
     ];
 
@@ -59,6 +62,7 @@ impl BadReason {
             BadReason::BadMarker => "bad_marker",
             BadReason::BadDpRank => "bad_dp_rank",
             BadReason::BadPrompt => "bad_prompt",
+            BadReason::BadPrefiller => "bad_prefiller",
             BadReason::Engine => "engine",
         }
     }

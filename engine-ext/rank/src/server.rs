@@ -10,11 +10,12 @@
 //! `usage.tether` extension and the `x-tether-sim-*` headers are the model's.
 
 use crate::clock::SimClock;
-use crate::config::RankConfig;
+use crate::config::{RankConfig, Role};
 use crate::engine::{Engine, Event, Outcome, SimRequest};
 use crate::latency::LatencyModel;
 use crate::load::{LoadReport, RankLoad};
 use crate::metrics::{self, EngineMetrics, RankView};
+use crate::pd;
 use crate::prompt::PromptApi;
 use crate::reply::{self, Meta, headers as rh};
 use crate::request::{self, BadReason, Refusal};
@@ -60,6 +61,10 @@ pub struct Rank {
     config_json: Bytes,
     /// `x-tether-rank` on every generation response (`--rank-id`).
     id_header: Option<HeaderValue>,
+    /// Decode role: the client of prefill legs, and their outcomes.
+    legs: pd::LegClient,
+    legs_sent: AtomicU64,
+    legs_failed: AtomicU64,
 }
 
 impl std::fmt::Debug for Rank {
@@ -112,6 +117,10 @@ impl Rank {
             bad: std::array::from_fn(|_| AtomicU64::new(0)),
             config_json,
             id_header,
+            legs: hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http(),
+            legs_sent: AtomicU64::new(0),
+            legs_failed: AtomicU64::new(0),
         }))
     }
 
@@ -212,6 +221,22 @@ impl Rank {
         );
         let _ = writeln!(out, "# TYPE tether_rank_engine_hour_usd gauge");
         let _ = writeln!(out, "tether_rank_engine_hour_usd {}", p.engine_hour_usd());
+        let _ = writeln!(
+            out,
+            "# HELP tether_rank_prefill_legs_total Prefill legs sent to a prefiller (decode role), by outcome."
+        );
+        let _ = writeln!(out, "# TYPE tether_rank_prefill_legs_total counter");
+        let sent = self.legs_sent.load(Ordering::Relaxed);
+        let failed = self.legs_failed.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "tether_rank_prefill_legs_total{{outcome=\"ok\"}} {}",
+            sent.saturating_sub(failed)
+        );
+        let _ = writeln!(
+            out,
+            "tether_rank_prefill_legs_total{{outcome=\"failed\"}} {failed}"
+        );
         out
     }
 }
@@ -431,7 +456,7 @@ async fn handle(rank: Arc<Rank>, req: Request<Incoming>) -> Result<Response<Rank
                 Refusal::new(BadReason::Method, format!("{path} accepts POST")),
             ));
         }
-        return Ok(generate(rank, api, req).await);
+        return Ok(generate(rank, api, &path, req).await);
     }
     let get = method == Method::GET || method == Method::HEAD;
     Ok(match path.as_str() {
@@ -533,8 +558,15 @@ fn header_marker(req: &Request<Incoming>) -> Result<Option<TurnMarker>, Refusal>
     TurnMarker::from_headers(pairs).map_err(|e| Refusal::new(BadReason::BadMarker, e.to_string()))
 }
 
-async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Response<RankBody> {
+async fn generate(
+    rank: Arc<Rank>,
+    api: PromptApi,
+    path: &str,
+    req: Request<Incoming>,
+) -> Response<RankBody> {
     let refused = |r: Refusal| refuse(&rank, Some(api), r);
+    // When the request reached this rank: a decode rank's prefill leg counts in its latency.
+    let received = rank.clock.now_ms();
     let dp = match pick_dp(&rank, &req) {
         Ok(d) => d,
         Err(r) => return refused(r),
@@ -542,6 +574,19 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
     let marker = match header_marker(&req) {
         Ok(m) => m,
         Err(r) => return refused(r),
+    };
+    let prefiller = if rank.cfg.args.role == Role::Decode {
+        match pd::prefiller(
+            req.headers()
+                .get_all(tether_wire::headers::PREFILLER)
+                .iter()
+                .map(|v| v.as_bytes()),
+        ) {
+            Ok(p) => p,
+            Err(r) => return refused(r),
+        }
+    } else {
+        None
     };
     let limit = rank.cfg.args.max_body_bytes;
     let too_large = || {
@@ -580,15 +625,18 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
         Ok(p) => p,
         Err(r) => return refused(r),
     };
-    drop(body);
     let marker = marker.or(parsed.body_marker);
     let prompt = parsed.tokens.len();
     if prompt == 0 {
         return refused(Refusal::new(BadReason::BadPrompt, "the prompt is empty"));
     }
-    let max_tokens = parsed
+    let mut max_tokens = parsed
         .max_tokens
         .unwrap_or(rank.cfg.args.default_max_tokens);
+    if rank.cfg.args.role == Role::Prefill {
+        // A prefiller's answer is the first token; the decode rank makes the rest.
+        max_tokens = 1;
+    }
     if let Some(limit) = rank.cfg.max_model_len
         && (prompt + max_tokens) as u64 > limit
     {
@@ -605,6 +653,27 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
         lora: None,
     };
     let hashes = rank.hasher.hash_prompt(&parsed.tokens, &keys);
+    // Decode role with a prefiller: the prompt's KV is computed there and sent
+    // here; if the leg fails, the prompt is prefilled here (counted).
+    let mut kv_in_tokens = 0;
+    let mut used_prefiller = None;
+    if let Some(to) = prefiller {
+        rank.legs_sent.fetch_add(1, Ordering::Relaxed);
+        let leg = match pd::prefill_body(api, &body) {
+            Ok(b) => pd::prefill_leg(&rank.legs, to, path, dp, b).await,
+            Err(e) => Err(e),
+        };
+        match leg {
+            Ok(()) => {
+                kv_in_tokens = prompt;
+                used_prefiller = Some(to);
+            }
+            Err(_) => {
+                rank.legs_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    drop(body);
     let id = rank.next_id.fetch_add(1, Ordering::Relaxed);
     let sim = SimRequest {
         id,
@@ -613,7 +682,7 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
         max_tokens,
         marker,
         stream: parsed.stream,
-        kv_in_tokens: 0,
+        kv_in_tokens,
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let slot = &rank.slots[dp];
@@ -644,18 +713,27 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
     };
     let first = rx.recv().await;
     match first {
-        Some(Event::Done { outcome, .. }) if !parsed.stream => {
+        Some(Event::Done { mut outcome, .. }) if !parsed.stream => {
             live.finished = true;
+            if used_prefiller.is_some() {
+                outcome.arrival = outcome.arrival.min(received);
+            }
             let mut r = full(
                 StatusCode::OK,
                 "application/json",
                 reply::body(api, &meta, &outcome),
             );
             timing_headers(&mut r, dp, &outcome);
+            prefiller_header(&mut r, used_prefiller);
             rank.identify(&mut r);
             r
         }
-        Some(Event::First { at, admitted, .. }) if parsed.stream => {
+        Some(Event::First {
+            at, mut admitted, ..
+        }) if parsed.stream => {
+            if used_prefiller.is_some() {
+                admitted.arrival = admitted.arrival.min(received);
+            }
             // Usage the API announces up front (Anthropic) is known from admission;
             // it is repeated exactly in the final usage.
             let mut render = reply::Stream::new(api, meta, parsed.include_usage);
@@ -678,6 +756,7 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
             put(h, rh::SIM_QUEUE_MS, fmt_ms(queue));
             put(h, rh::SIM_TTFT_MS, fmt_ms(at - arrival));
             put(h, rh::CACHED_TOKENS, cached.to_string());
+            prefiller_header(&mut r, used_prefiller);
             rank.identify(&mut r);
             r
         }
@@ -689,6 +768,13 @@ async fn generate(rank: Arc<Rank>, api: PromptApi, req: Request<Incoming>) -> Re
             BadReason::Engine,
             "the engine dropped the request",
         )),
+    }
+}
+
+/// `x-tether-prefilled-by`: the prefiller whose KV this answer decoded from.
+fn prefiller_header(r: &mut Response<RankBody>, by: Option<std::net::SocketAddr>) {
+    if let Some(by) = by {
+        put(r.headers_mut(), rh::PREFILLED_BY, by.to_string());
     }
 }
 

@@ -9,3 +9,4 @@ mod cache;
 mod dp;
 mod harness;
 mod observe;
+mod pd;
