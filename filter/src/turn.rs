@@ -253,5 +253,20 @@ fn count_turns<'a>(api: Api, entries: impl Iterator<Item = Value<'a>>) -> u32 {
     turns
 }
 
+/// Bytes of the conversation after its last assistant entry: the part of a
+/// returning turn's prompt that its rank has not seen yet (tool results, the
+/// user's reply), for the P/D decision (`crate::pd`). `None` when no assistant
+/// entry is among the known last entries (a first turn, a text prompt).
+pub fn new_turn_bytes(api: Api, doc: &Doc, view: &View) -> Option<usize> {
+    let conv = doc.conv.as_ref()?;
+    let elems = conv.last_elems();
+    let end = elems.last()?.end;
+    let assistant = elems.iter().rev().find(|s| {
+        view.value(**s)
+            .is_some_and(|v| matches!(entry(api, v), Entry::Assistant(_)))
+    })?;
+    Some(end.saturating_sub(assistant.end))
+}
+
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,8 @@
 //!   independent of the endpoint choice;
 //! - [`load`]: load-aware choices given a load view — bounded-load spill down a
 //!   key's rendezvous order, the least-loaded endpoint of a pool (a P/D prefill
-//!   pool), and the P/D decision by uncached prompt tokens.
+//!   pool), and the P/D decision by uncached prompt tokens; [`load::report`]
+//!   is the rank's `/load` report those views are polled from.
 //!
 //! Pure and deterministic; no allocation on the per-key path except the pick's
 //! order list. Documented for users in `docs/gateway.md` ("Placement").

@@ -29,6 +29,8 @@
 
 use crate::rendezvous::Placement;
 
+pub mod report;
+
 /// A bounded-load rule: the allowed excess over a fair share, and a floor.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LoadBound {

@@ -13,7 +13,7 @@ use crate::clock::SimClock;
 use crate::config::{RankConfig, Role};
 use crate::engine::{Engine, Event, Outcome, SimRequest};
 use crate::latency::LatencyModel;
-use crate::load::{LoadReport, RankLoad};
+use crate::load::{LoadReport, RankLoad, rank_load};
 use crate::metrics::{self, EngineMetrics, RankView};
 use crate::pd;
 use crate::prompt::PromptApi;
@@ -148,7 +148,7 @@ impl Rank {
             .slots
             .iter()
             .enumerate()
-            .map(|(i, s)| RankLoad::from_gauges(i, &lock(s).engine.gauges()))
+            .map(|(i, s)| rank_load(i, &lock(s).engine.gauges()))
             .collect();
         LoadReport {
             server_load: ranks.iter().map(|r| r.running + r.waiting).sum(),

@@ -254,3 +254,26 @@ fn handoff_needs_the_result_of_the_task_call_itself() {
         );
     }
 }
+
+#[test]
+fn new_turn_bytes_is_what_follows_the_last_assistant_entry() {
+    let body = br#"{"messages":[{"role":"user","content":"first"},{"role":"assistant","content":"ok"},{"role":"user","content":"again please"}]}"#;
+    let doc = scan_full(body, Api::Chat).unwrap();
+    let view = View {
+        head: body.to_vec(),
+        tail: Vec::new(),
+        tail_base: body.len(),
+        size: body.len(),
+    };
+    let tail = br#",{"role":"user","content":"again please"}"#;
+    assert_eq!(new_turn_bytes(Api::Chat, &doc, &view), Some(tail.len()));
+    let first = br#"{"messages":[{"role":"user","content":"first"}]}"#;
+    let doc = scan_full(first, Api::Chat).unwrap();
+    let view = View {
+        head: first.to_vec(),
+        tail: Vec::new(),
+        tail_base: first.len(),
+        size: first.len(),
+    };
+    assert_eq!(new_turn_bytes(Api::Chat, &doc, &view), None);
+}
