@@ -25,11 +25,6 @@ pub struct RecordMeta {
 }
 
 impl RecordMeta {
-    /// True once the interval has run out.
-    pub fn expired(&self, now: Millis) -> bool {
-        now >= self.expires_ms
-    }
-
     /// Eviction order among live records: least recently used first.
     ///
     /// Measured against value models that weight a record by its prefill cost per

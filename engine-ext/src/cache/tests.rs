@@ -979,6 +979,41 @@ fn a_refused_offload_releases_the_shared_prefix_it_pinned() {
     }
 }
 
+/// On a tie in recency the host keeps what it holds: an incoming record must have
+/// been used strictly more recently than its victim (cargo-mutants survivor:
+/// `<` -> `<=` in `VictimIndex::pick`, which made equals displace each other).
+#[test]
+fn the_host_tier_keeps_its_record_when_the_incoming_one_is_as_recent() {
+    let mut c = RetentionCache::try_new(cfg(6, 5)).expect("cfg");
+    let mut m = VecMover::new(6, 0);
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 5),
+        Some(marker(1, TurnKind::Tool)),
+        0,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 5),
+        Some(marker(2, TurnKind::Tool)),
+        0,
+    );
+    assert!(c.host().record(&key(1)).is_some());
+    turn(&mut c, &mut m, 3, &chain(3, 5), None, 2);
+    assert!(
+        c.host().record(&key(1)).is_some(),
+        "an equally recent record does not displace the host's"
+    );
+    assert!(c.host().record(&key(2)).is_none());
+    assert_eq!(c.host().evicted_records(), 0);
+    assert_eq!(c.stats().dropped, 1);
+    c.check().expect("invariants");
+}
+
 /// The host tier makes room by evicting its least recently used record (never the
 /// record being offloaded), and counts it.
 #[test]
