@@ -5,7 +5,7 @@
 //!    trace with `--real`): `tether-bounded` must keep ≥ 95 % of the oracle's
 //!    saved prefill at busiest/mean busy time ≤ 1.25; `client-hash` must visibly
 //!    not.
-//! 2. **Planning** a long-prompt agent mix (generated, seeded): the P/D plan
+//! 2. **Planning** two long-prompt agent mixes (generated, seeded): the P/D plan
 //!    must beat coupled scaling on $/Mtok, need fewer prefill GPUs than the
 //!    no-reuse plan, and agree with its own simulation within 10 %.
 //! 3. **Scale**: 1 M requests (generated, seeded) on 1,024 ranks in under 60 s.
@@ -158,8 +158,16 @@ fn routing(trace: &Trace, name: &str, ranks: usize, llama: &Profile) -> Result<(
     Ok(())
 }
 
-fn long_prompt_mix() -> GenerateOptions {
-    GenerateOptions {
+/// The two long-prompt agent mixes the planner is judged on. P/D pays a floor
+/// of prefill replicas per interval that a coupled engine does not: it wins
+/// when the *uncached* prefill per turn is large and steady, and loses when
+/// retention leaves little of it. So the benchmark plans both kinds of agent
+/// traffic with the same objectives and target and prints a verdict for each:
+/// the default generator (4 K-token tool results, ~80 % of the prompt cached)
+/// and a tool-heavy mix (12 K-token tool results — file reads, logs, search
+/// pages — over 6 calls a turn, ~65 % cached).
+fn long_prompt_mixes() -> [(&'static str, String, GenerateOptions); 2] {
+    let base = GenerateOptions {
         seed: 12,
         sessions: 400,
         block_size: 512,
@@ -167,15 +175,34 @@ fn long_prompt_mix() -> GenerateOptions {
         summary_tokens: 8_000.0,
         session_gap_ms: 12_000.0,
         ..GenerateOptions::default()
-    }
+    };
+    let cmd = "tether trace generate --seed 12 --sessions 400 --block-size 512 --max-context-tokens 98304 --summary-tokens 8000 --session-gap-ms 12000";
+    [
+        ("default agent mix", cmd.to_owned(), base.clone()),
+        (
+            "tool-heavy agent mix",
+            format!("{cmd} --tool-result-tokens 12000 --calls-per-turn 6"),
+            GenerateOptions {
+                tool_result_tokens: 12_000.0,
+                calls_per_turn_mean: 6.0,
+                ..base
+            },
+        ),
+    ]
 }
 
 fn planning() -> Result<()> {
-    let opts = long_prompt_mix();
-    let trace = generate(&opts)?;
+    for (name, cmd, opts) in long_prompt_mixes() {
+        plan_mix(name, &cmd, &opts)?;
+    }
+    Ok(())
+}
+
+fn plan_mix(name: &str, cmd: &str, opts: &GenerateOptions) -> Result<()> {
+    let trace = generate(opts)?;
     let qwen = profile("qwen3-32b-fp8-h200-tp4.json")?;
     println!(
-        "long-prompt agent mix: tether trace generate --seed 12 --sessions 400 --block-size 512 --max-context-tokens 98304 --summary-tokens 8000 --session-gap-ms 12000 ({} requests); profile {}",
+        "{name}: {cmd} ({} requests); profile {}",
         trace.requests().len(),
         qwen.name
     );
@@ -223,12 +250,12 @@ fn planning() -> Result<()> {
         (cost("plan"), cost("coupled"), cost("no-reuse"))
     {
         println!(
-            "verdict: the P/D plan beats coupled scaling on $/Mtok: {} (P/D ${p:.4} vs coupled ${c:.4} per Mtok, {:+.1} %)",
+            "verdict: {name}: the P/D plan beats coupled scaling on $/Mtok: {} (P/D ${p:.4} vs coupled ${c:.4} per Mtok, {:+.1} %)",
             verdict(p < c),
             100.0 * (p - c) / c
         );
         println!(
-            "verdict: the cache-aware plan needs fewer prefill GPUs than the no-reuse plan: {} (peak {} vs {} GPUs, {:.0} % fewer; {:.1} vs {:.1} prefill GPU-hours)",
+            "verdict: {name}: the cache-aware plan needs fewer prefill GPUs than the no-reuse plan: {} (peak {} vs {} GPUs, {:.0} % fewer; {:.1} vs {:.1} prefill GPU-hours)",
             verdict(pv.peak_prefill_gpus < nv.peak_prefill_gpus),
             pv.peak_prefill_gpus,
             nv.peak_prefill_gpus,
@@ -241,7 +268,7 @@ fn planning() -> Result<()> {
             .iter()
             .all(|v| v.agreement.is_none_or(|a| (0.9..=1.1).contains(&a)));
         println!(
-            "verdict: every plan's predicted and simulated $/Mtok within 10 %: {} ({})",
+            "verdict: {name}: every plan's predicted and simulated $/Mtok within 10 %: {} ({})",
             verdict(agree),
             r.variants
                 .iter()
