@@ -16,3 +16,22 @@ pub const ALL: [(&str, &str); 4] = [
     ("hash.yaml", HASH),
     ("vllm-dp.yaml", VLLM_DP),
 ];
+
+/// The plugin configuration each bootstrap is written for (its
+/// `header_mutation` entries and header-path route match these outputs;
+/// `tether_envoy::outputs::check`).
+pub const PLUGIN_CONFIGS: [(&str, &str); 4] = [
+    (
+        "demo.yaml",
+        r#"{"mode":"pick","endpoints":[{"address":"127.0.0.1:8000","dp_size":2},{"address":"127.0.0.1:8001"}]}"#,
+    ),
+    (
+        "original-dst.yaml",
+        r#"{"mode":"pick","fallbacks":0,"endpoints":[{"address":"127.0.0.1:8000"},{"address":"127.0.0.1:8001"}],"outputs":["destination"]}"#,
+    ),
+    ("hash.yaml", r#"{"mode":"hash"}"#),
+    (
+        "vllm-dp.yaml",
+        r#"{"mode":"pick","endpoints":[{"address":"127.0.0.1:8000","dp_size":4}],"outputs":["dp_rank","vllm"]}"#,
+    ),
+];

@@ -5,9 +5,12 @@
 //! (`docs/e2e.md`). This crate embeds them ([`bootstraps`]), fills
 //! placeholders ([`template`], used by the end-to-end harness) and renders a
 //! ready bootstrap for any list of ranks ([`render`], used by
-//! `tether gateway`), so nobody fills placeholders by hand.
+//! `tether gateway`), so nobody fills placeholders by hand; and holds the
+//! chain around the filter to the filter's `outputs` ([`outputs`]: check and
+//! align the `header_mutation` entries and the header-path route).
 
 pub mod bootstraps;
+pub mod outputs;
 pub mod render;
 pub mod template;
 

@@ -135,6 +135,14 @@ impl GatewaySpec {
                 .collect();
             c.insert("endpoints".into(), Json::Array(eps));
         }
+        // The ranks behind `tether gateway` retain turns: unless told
+        // otherwise, the filter sends the markers (`retain`) with what the mode
+        // needs to place requests.
+        let preset = match self.mode {
+            Mode::Pick => "pick",
+            Mode::Hash | Mode::RoundRobin => "hash",
+        };
+        c.insert("outputs".into(), serde_json::json!([preset, "retain"]));
         c.extend(self.plugin_config.clone());
         Ok(Json::Object(c))
     }
@@ -197,6 +205,8 @@ pub fn render(spec: &GatewaySpec) -> Result<String, RenderError> {
         template: name,
         why: e.to_string(),
     })?;
+    // The header_mutation entries and the header-path route for these outputs.
+    crate::outputs::align(&mut doc);
     if spec.admin.ip().to_string() != "127.0.0.1" {
         *get_mut(
             &mut doc,

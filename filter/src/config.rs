@@ -1,6 +1,7 @@
 //! Plugin configuration: parsed once from JSON into a typed, validated struct;
 //! every error names the offending field (see `docs/gateway.md`).
 
+use crate::outputs::Outputs;
 use serde::de::DeserializeOwned;
 use std::net::SocketAddr;
 use tether_wire::{RetentionMs, TurnKind};
@@ -96,27 +97,6 @@ impl Source {
     }
 }
 
-/// Engine-native outputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Engine {
-    /// Set `X-Session-ID` = key (vLLM/SGLang session header).
-    pub session_header: bool,
-    /// Set body `session_id` = key (body rewrite).
-    pub body_session_id: bool,
-    /// Set body `routed_dp_rank` = DP rank (SGLang; pick mode; body rewrite).
-    pub routed_dp_rank: bool,
-}
-
-impl Default for Engine {
-    fn default() -> Self {
-        Self {
-            session_header: true,
-            body_session_id: false,
-            routed_dp_rank: false,
-        }
-    }
-}
-
 /// The validated plugin configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -132,9 +112,10 @@ pub struct Config {
     /// Interval sent per turn kind (`x-tether-retention-ms`); defaults from the wire contract.
     pub retention_ms: RetentionMs,
     pub subagent_tools: Vec<String>,
-    pub engine: Engine,
+    /// What the filter writes (`outputs`): a preset or a list; the default is
+    /// what the mode itself needs (`docs/gateway.md`, "Outputs").
+    pub outputs: Outputs,
     pub max_body_bytes: usize,
-    pub debug_header: bool,
     /// Decide in the header callback when a header names the session (no body read, no turn markers).
     pub header_fast_path: bool,
     /// Bodies up to this size are walked whole, so `x-tether-turn` is exact.
@@ -199,9 +180,8 @@ impl Default for Config {
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),
-            engine: Engine::default(),
+            outputs: Outputs::default_for(Mode::Hash),
             max_body_bytes: 16 * 1024 * 1024,
-            debug_header: false,
             header_fast_path: true,
             turn_count_max_bytes: 32 * 1024,
         }
@@ -227,6 +207,7 @@ impl Config {
         if raw.iter().all(|b| b.is_ascii_whitespace()) {
             return Ok(cfg);
         }
+        let mut outputs = None;
         let value: serde_json::Value = serde_json::from_slice(raw)
             .map_err(|e| ConfigError::new("(configuration)", format!("not JSON: {e}")))?;
         let obj = value
@@ -301,20 +282,14 @@ impl Config {
                     }
                 }
                 "subagent_tools" => cfg.subagent_tools = field(name, v)?,
-                "engine" => {
-                    for (k, v) in object(name, v)? {
-                        let path = format!("engine.{k}");
-                        let slot = match k.as_str() {
-                            "session_header" => &mut cfg.engine.session_header,
-                            "body_session_id" => &mut cfg.engine.body_session_id,
-                            "routed_dp_rank" => &mut cfg.engine.routed_dp_rank,
-                            _ => return Err(ConfigError::new(path, "unknown field")),
-                        };
-                        *slot = field(&path, v)?;
-                    }
+                "outputs" => outputs = Some(v),
+                "engine" | "debug_header" => {
+                    return Err(ConfigError::new(
+                        name,
+                        "replaced by `outputs` (docs/gateway.md, \"Outputs\")",
+                    ));
                 }
                 "max_body_bytes" => cfg.max_body_bytes = field(name, v)?,
-                "debug_header" => cfg.debug_header = field(name, v)?,
                 "header_fast_path" => cfg.header_fast_path = field(name, v)?,
                 "turn_count_max_bytes" => cfg.turn_count_max_bytes = field(name, v)?,
                 other => return Err(ConfigError::new(other, "unknown field")),
@@ -326,21 +301,27 @@ impl Config {
                 "must not be empty in pick mode",
             ));
         }
-        if cfg.engine.routed_dp_rank && cfg.mode != Mode::Pick {
-            return Err(ConfigError::new(
-                "engine.routed_dp_rank",
-                "needs mode \"pick\" (the filter must choose the rank)",
-            ));
-        }
+        cfg.outputs = match outputs {
+            Some(v) => Outputs::parse(v, cfg.mode).map_err(|(f, why)| ConfigError::new(f, why))?,
+            None => Outputs::default_for(cfg.mode),
+        };
         if cfg.max_body_bytes == 0 {
             return Err(ConfigError::new("max_body_bytes", "must be positive"));
         }
         Ok(cfg)
     }
 
-    /// True when the body is rewritten at end of stream (salt or engine body fields).
+    /// True when a body that cannot be rewritten must be refused: what the
+    /// filter writes there guards the engine (the tenant's `cache_salt`, the
+    /// turn markers in `kv_transfer_params.tether`), so a client's own copy
+    /// must never get through.
+    pub fn must_rewrite(&self) -> bool {
+        self.cache_salt.is_some() || self.outputs.has(crate::outputs::Output::KvTransferParams)
+    }
+
+    /// True when the body is rewritten at end of stream (salt or body outputs).
     pub fn rewrites_body(&self) -> bool {
-        self.cache_salt.is_some() || self.engine.body_session_id || self.engine.routed_dp_rank
+        self.cache_salt.is_some() || self.outputs.body_fields().next().is_some()
     }
 }
 

@@ -6,9 +6,11 @@ use crate::api::Api;
 use crate::config::{Config, Mode};
 use crate::head::head_hash;
 use crate::identity::{self, BodyRef, Headers, Identity, KeySource, Resolution};
+use crate::kv_params;
+use crate::outputs::Output;
 use crate::placement::{Pick, Placement};
 use crate::rewrite::{self, Edit};
-use crate::scan::{self, ReadLimits, ReadStats, ScanError};
+use crate::scan::{self, Doc, ReadLimits, ReadStats, ScanError, View};
 use crate::turn::{self, Turn};
 
 /// Why a request got the fallback key (or none); each has a counter.
@@ -146,6 +148,9 @@ pub struct Decision {
     /// and the body could not be rewritten, so a client `cache_salt` could
     /// otherwise reach the engine.
     pub reject: Option<(u32, &'static str)>,
+    /// The client's `kv_transfer_params` held its own `tether` member, which
+    /// the rewrite removed (counter `tether_spoofed_body_marker_removed`).
+    pub spoofed_markers: bool,
 }
 
 /// What the header callback does.
@@ -240,12 +245,13 @@ pub fn fallback(
         reason,
     );
     let mut d = finish_unread(cfg, placement, api, id, 0, false);
-    // Salting is on but this body is not rewritten: refuse it rather than let a
-    // client `cache_salt` through.
-    if cfg.cache_salt.is_some() {
+    // Salting or marker fields are on but this body is not rewritten: refuse
+    // it rather than let a client `cache_salt` or `kv_transfer_params.tether`
+    // through.
+    if cfg.must_rewrite() {
         d.reject = match reason {
             Reason::NoBody | Reason::UnknownFormat => None,
-            Reason::TooLarge => Some((413, "tether: request body too large to salt\n")),
+            Reason::TooLarge => Some((413, "tether: request body too large to rewrite\n")),
             Reason::Compressed | Reason::NotJson => {
                 Some((415, "tether: request body must be uncompressed JSON\n"))
             }
@@ -267,6 +273,50 @@ pub fn on_body(
     reason: Option<Reason>,
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
 ) -> Decision {
+    on_body_marked(
+        cfg,
+        placement,
+        api,
+        headers,
+        size,
+        reason,
+        fetch,
+        &mut |_| {},
+    )
+}
+
+/// A step of the body decision, for timing where its cost goes ([`on_body_marked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Reading the body's ends (or all of it) and scanning them.
+    Scan,
+    /// The conversation-head hash.
+    Head,
+    /// Identity sources and the key.
+    Identity,
+    /// Turn markers.
+    Turn,
+    /// The decision assembled (placement included).
+    Place,
+    /// The body rewrite planned.
+    Rewrite,
+}
+
+/// [`on_body`], calling `mark` after each [`Step`] that ran.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "on_body's arguments plus the step marker"
+)]
+pub fn on_body_marked(
+    cfg: &Config,
+    placement: &Placement,
+    api: Api,
+    headers: &Headers,
+    size: usize,
+    reason: Option<Reason>,
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+    mark: &mut dyn FnMut(Step),
+) -> Decision {
     let prefix = |fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>| {
         fetch(0, size.min(identity::FALLBACK_PREFIX)).unwrap_or_default()
     };
@@ -286,7 +336,13 @@ pub fn on_body(
         return fallback(cfg, placement, api, headers, &p, r);
     }
     let limits = ReadLimits {
-        full_max: cfg.turn_count_max_bytes,
+        // Only an exact turn count needs the whole conversation of a body
+        // the two ends would not cover.
+        full_max: if cfg.outputs.has(Output::Turn) {
+            cfg.turn_count_max_bytes
+        } else {
+            0
+        },
         ..ReadLimits::default()
     };
     let (view, doc, stats) = match scan::read_doc(api, size, limits, fetch) {
@@ -300,7 +356,9 @@ pub fn on_body(
             return fallback(cfg, placement, api, headers, &p, r);
         }
     };
+    mark(Step::Scan);
     let head = head_hash(api, &doc, &view);
+    mark(Step::Head);
     let (res, bad) = identity::resolve(
         cfg,
         headers,
@@ -310,9 +368,24 @@ pub fn on_body(
             head,
         }),
     );
+    mark(Step::Identity);
     let mut d = match res {
         Resolution::Known(id) => {
-            let turn = turn::classify(api, &doc, &view, &cfg.subagent_tools, id.parent.is_some());
+            let turn = cfg
+                .outputs
+                .needs_turn()
+                .then(|| {
+                    turn::classify_counting(
+                        api,
+                        &doc,
+                        &view,
+                        &cfg.subagent_tools,
+                        id.parent.is_some(),
+                        cfg.outputs.has(Output::Turn),
+                    )
+                })
+                .flatten();
+            mark(Step::Turn);
             finish(cfg, placement, api, id, turn, None, stats, bad, false)
         }
         Resolution::NeedBody | Resolution::Nothing => {
@@ -324,9 +397,14 @@ pub fn on_body(
             d
         }
     };
+    mark(Step::Place);
     if cfg.rewrites_body() {
-        let owned = owned_fields(cfg, &d);
-        d.edit = match rewrite::plan(&doc, &view, &owned) {
+        let mut spoofed = false;
+        d.edit = match rewrite::plan(
+            &doc,
+            &view,
+            &owned_fields(cfg, &d, &doc, &view, &mut spoofed),
+        ) {
             Some(e) => Some(e),
             None => {
                 // A client copy sits after the conversation: read it all and rewrite the whole prefix.
@@ -338,13 +416,15 @@ pub fn on_body(
                         tail_base: size,
                         size,
                     };
-                    rewrite::plan(&full, &fv, &owned)
+                    rewrite::plan(&full, &fv, &owned_fields(cfg, &d, &full, &fv, &mut spoofed))
                 })
             }
         };
-        if cfg.cache_salt.is_some() && d.edit.is_none() {
-            d.reject = Some((400, "tether: request body cannot be salted\n"));
+        d.spoofed_markers = spoofed && d.edit.is_some();
+        if cfg.must_rewrite() && d.edit.is_none() {
+            d.reject = Some((400, "tether: request body cannot be rewritten\n"));
         }
+        mark(Step::Rewrite);
     }
     d
 }
@@ -365,23 +445,37 @@ pub fn on_whole_body(cfg: &Config, placement: &Placement, api: Api, body: &[u8])
     )
 }
 
-/// Body fields the filter owns and their JSON values for this request.
-fn owned_fields(cfg: &Config, d: &Decision) -> Vec<(&'static str, String)> {
+/// Body fields the filter owns and their JSON values for this request (the
+/// client's `kv_transfer_params`, from `doc`, is merged into ours; `spoofed`
+/// tells whether it held markers of its own).
+fn owned_fields(
+    cfg: &Config,
+    d: &Decision,
+    doc: &Doc,
+    view: &View,
+    spoofed: &mut bool,
+) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = Vec::new();
     if let Some(secret) = &cfg.cache_salt {
         out.push((
             "cache_salt",
-            format!("\"{}\"", cache_salt(secret, &d.identity.tenant)),
+            format!("\"{}\"", cache_salt(secret, &d.identity.tenant)).into_bytes(),
         ));
     }
-    if cfg.engine.body_session_id {
+    if cfg.outputs.has(Output::BodySessionId) {
         out.push((
             "session_id",
-            format!("\"{}\"", identity::hex16(d.identity.key())),
+            format!("\"{}\"", identity::hex16(d.identity.key())).into_bytes(),
         ));
     }
-    if let (true, Some(p)) = (cfg.engine.routed_dp_rank, &d.pick) {
-        out.push(("routed_dp_rank", p.rank.to_string()));
+    if let (true, Some(p)) = (cfg.outputs.has(Output::RoutedDpRank), &d.pick) {
+        out.push(("routed_dp_rank", p.rank.to_string().into_bytes()));
+    }
+    if cfg.outputs.has(Output::KvTransferParams) {
+        let ours = kv_params::tether_object(cfg, d);
+        let client = doc.member(view, kv_params::FIELD);
+        *spoofed = kv_params::has_markers(client);
+        out.push((kv_params::FIELD, kv_params::merged(&ours, client)));
     }
     out
 }
@@ -462,6 +556,7 @@ fn finish(
         bad_headers,
         header_path,
         reject: None,
+        spoofed_markers: false,
     }
 }
 

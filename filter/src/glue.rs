@@ -8,22 +8,18 @@
 //! output header and one increment per counter, by ids resolved at configure
 //! time. Nothing is kept for the later callbacks unless they use it.
 
-use crate::config::{Config, Mode};
+use crate::config::Config;
 use crate::decide::{self, Decision, HeaderOutcome, Reason};
 use crate::host;
 use crate::identity::KeySource;
 use crate::markers;
 use crate::metrics::{self, CounterIds, Fixed};
+use crate::outputs::{HASHABLE_KEY, ORIGINAL_DST_KEY, Output};
 use crate::placement::Placement;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
 use std::collections::HashMap;
 use std::rc::Rc;
-
-/// Filter-state key read by an `ORIGINAL_DST` cluster.
-const ORIGINAL_DST_KEY: &str = "envoy.network.transport_socket.original_dst_address";
-/// Filter-state key usable by `hash_policy.filter_state`.
-const HASHABLE_KEY: &str = "envoy.hashable_string";
 
 /// Configuration and counters shared by all HTTP contexts of a VM.
 struct Shared {
@@ -32,12 +28,32 @@ struct Shared {
     counters: CounterIds,
     /// The only headers copied out of Envoy.
     read_headers: decide::ReadHeaders,
+    /// Counts not yet handed to Envoy: (metric id, count).
+    pending: std::cell::RefCell<Vec<(u32, i64)>>,
+    #[cfg(feature = "phase-timing")]
+    timings: crate::timing::Log,
 }
 
 impl Shared {
+    /// Counts in the VM: a request makes no counter host call; the root
+    /// context's tick hands the sums to Envoy ([`COUNTER_FLUSH`]).
     fn count(&self, id: Option<u32>) {
         if let Some(id) = id {
-            let _ = host::increment(id, 1);
+            let mut pending = self.pending.borrow_mut();
+            match pending.iter_mut().find(|(i, _)| *i == id) {
+                Some((_, n)) => *n += 1,
+                None => pending.push((id, 1)),
+            }
+        }
+    }
+
+    /// Hands the counts gathered since the last flush to Envoy.
+    fn flush_counters(&self) {
+        let mut pending = self.pending.borrow_mut();
+        for (id, n) in pending.iter_mut().filter(|(_, n)| *n > 0) {
+            if host::increment(*id, *n).is_ok() {
+                *n = 0;
+            }
         }
     }
 
@@ -45,6 +61,9 @@ impl Shared {
         self.count(self.counters.fixed(f));
     }
 }
+
+/// How often counts kept in the VM reach Envoy's stats.
+const COUNTER_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Root {
     shared: Option<Rc<Shared>>,
@@ -86,13 +105,23 @@ impl RootContext for Root {
         let counters = CounterIds::new(&cfg, |name| defined.get(name).copied());
         let placement = Placement::new(&cfg.endpoints);
         let read_headers = decide::ReadHeaders::new(&cfg);
+        self.set_tick_period(COUNTER_FLUSH);
         self.shared = Some(Rc::new(Shared {
             read_headers,
+            pending: std::cell::RefCell::new(Vec::new()),
             cfg,
             placement,
             counters,
+            #[cfg(feature = "phase-timing")]
+            timings: crate::timing::Log::default(),
         }));
         true
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(s) = &self.shared {
+            s.flush_counters();
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -102,6 +131,8 @@ impl RootContext for Root {
             state: State::Idle,
             headers: Vec::new(),
             decision: None,
+            #[cfg(feature = "phase-timing")]
+            clock: None,
         }))
     }
 
@@ -126,6 +157,10 @@ struct Http {
     state: State,
     headers: Vec<(String, Vec<u8>)>,
     decision: Option<Decision>,
+    /// Diagnostic builds: the clock of the body decision being timed, and
+    /// which lap closed each step (scan … rewrite, emit, count).
+    #[cfg(feature = "phase-timing")]
+    clock: Option<(std::cell::RefCell<crate::timing::Clock>, [Option<usize>; 8])>,
 }
 
 impl Context for Http {}
@@ -150,7 +185,7 @@ impl Http {
         for _ in 0..d.bad_headers {
             s.count_fixed(Fixed::BadHeader);
         }
-        if !d.header_path && d.turn.is_some() && !d.stats.full {
+        if !d.header_path && d.turn.is_some() && !d.stats.full && s.cfg.outputs.has(Output::Turn) {
             s.count_fixed(Fixed::TurnNotCounted);
         }
         if d.stats.middle {
@@ -176,34 +211,48 @@ impl Http {
                 s.count_fixed(Fixed::HostError);
             }
         });
+        self.emit_filter_state(d);
+    }
+
+    /// The filter-state outputs (both paths): the routing key for a
+    /// `hash_policy` on filter state, the primary endpoint for `ORIGINAL_DST`.
+    fn emit_filter_state(&self, d: &Decision) {
+        let s = &self.shared;
+        if s.cfg.outputs.has(Output::HashableString)
+            && host::set_envoy_filter_state(HASHABLE_KEY, &crate::identity::hex16(d.identity.key()))
+                .is_err()
+        {
+            s.count_fixed(Fixed::HostError);
+        }
+        if s.cfg.outputs.has(Output::OriginalDst)
+            && let Some(e) = d
+                .pick
+                .as_ref()
+                .and_then(|p| p.order.first())
+                .and_then(|i| s.placement.endpoints().get(*i))
+            && host::set_envoy_filter_state(ORIGINAL_DST_KEY, &e.address).is_err()
+        {
+            s.count_fixed(Fixed::HostError);
+        }
     }
 
     /// Body path: headers are gone upstream-side; hand values over as filter state.
     fn emit_state(&self, d: &Decision) {
         let s = &self.shared;
-        let outputs = markers::request_headers(&s.cfg, &s.placement, d);
-        for (name, value) in &outputs {
-            if host::set_property(&markers::state_key(name), value.as_bytes()).is_err() {
+        markers::for_each_request_header(&s.cfg, &s.placement, d, |name, value| {
+            if host::set_property(&markers::state_key(name), value).is_err() {
                 s.count_fixed(Fixed::HostError);
             }
-        }
-        let fs = match s.cfg.mode {
-            Mode::Hash => Some((HASHABLE_KEY, crate::identity::hex16(d.identity.key()))),
-            Mode::Pick => d
-                .pick
-                .as_ref()
-                .and_then(|p| p.order.first())
-                .and_then(|i| s.placement.endpoints().get(*i))
-                .map(|e| (ORIGINAL_DST_KEY, e.address.clone())),
-        };
-        if let Some((k, v)) = fs
-            && host::set_envoy_filter_state(k, &v).is_err()
-        {
-            s.count_fixed(Fixed::HostError);
-        }
+        });
+        self.emit_filter_state(d);
         if let Some(edit) = &d.edit {
             match host::set_buffer(BufferType::HttpRequestBody, 0, edit.len, &edit.data) {
-                Ok(()) => s.count_fixed(Fixed::BodyRewritten),
+                Ok(()) => {
+                    s.count_fixed(Fixed::BodyRewritten);
+                    if d.spoofed_markers {
+                        s.count_fixed(Fixed::SpoofedBodyMarkerRemoved);
+                    }
+                }
                 Err(_) => s.count_fixed(Fixed::HostError),
             }
         }
@@ -230,16 +279,47 @@ impl Http {
         self.state = State::Done;
         if let Some((status, text)) = d.reject {
             self.shared.count_fixed(Fixed::Rejected);
-            if host::send_local_response(status, "tether_body_not_salted", text).is_err() {
+            if host::send_local_response(status, "tether_body_not_rewritten", text).is_err() {
                 self.shared.count_fixed(Fixed::HostError);
             }
             self.decision = Some(d);
             return false;
         }
         self.emit_state(&d);
+        #[cfg(feature = "phase-timing")]
+        self.lap(6);
         self.note(&d);
+        #[cfg(feature = "phase-timing")]
+        if let Some((clock, mut laps)) = self.clock.take() {
+            self.lap_into(&clock, &mut laps, 7);
+            let row = clock.into_inner().body_row(&laps);
+            self.shared.timings.record(true, row);
+        }
         self.decision = Some(d);
         true
+    }
+
+    /// Closes step `i` of the body decision being timed.
+    #[cfg(feature = "phase-timing")]
+    fn lap(&mut self, i: usize) {
+        if let Some((clock, mut laps)) = self.clock.take() {
+            self.lap_into(&clock, &mut laps, i);
+            self.clock = Some((clock, laps));
+        }
+    }
+
+    #[cfg(feature = "phase-timing")]
+    fn lap_into(
+        &self,
+        clock: &std::cell::RefCell<crate::timing::Clock>,
+        laps: &mut [Option<usize>; 8],
+        i: usize,
+    ) {
+        let n = laps.iter().flatten().count();
+        clock.borrow_mut().lap();
+        if let Some(l) = laps.get_mut(i) {
+            *l = Some(n);
+        }
     }
 
     /// The body decision once the whole body is buffered (end of stream or trailers).
@@ -250,18 +330,51 @@ impl Http {
         body_size: usize,
     ) -> Action {
         let s = Rc::clone(&self.shared);
-        let mut fetch = |start: usize, len: usize| {
-            host::get_buffer(BufferType::HttpRequestBody, start, len).ok()
+        #[cfg(not(feature = "phase-timing"))]
+        let d = {
+            let mut fetch = |start: usize, len: usize| {
+                host::get_buffer(BufferType::HttpRequestBody, start, len).ok()
+            };
+            decide::on_body(
+                &s.cfg,
+                &s.placement,
+                api,
+                &self.headers,
+                body_size,
+                reason,
+                &mut fetch,
+            )
         };
-        let d = decide::on_body(
-            &s.cfg,
-            &s.placement,
-            api,
-            &self.headers,
-            body_size,
-            reason,
-            &mut fetch,
-        );
+        #[cfg(feature = "phase-timing")]
+        let d = {
+            let clock = std::cell::RefCell::new(crate::timing::Clock::start());
+            let mut laps = [None; 8];
+            let mut n = 0;
+            let mut fetch = |start: usize, len: usize| {
+                clock
+                    .borrow_mut()
+                    .fetching(|| host::get_buffer(BufferType::HttpRequestBody, start, len).ok())
+            };
+            let mut mark = |step: decide::Step| {
+                clock.borrow_mut().lap();
+                if let Some(l) = laps.get_mut(step as usize) {
+                    *l = Some(n);
+                }
+                n += 1;
+            };
+            let d = decide::on_body_marked(
+                &s.cfg,
+                &s.placement,
+                api,
+                &self.headers,
+                body_size,
+                reason,
+                &mut fetch,
+                &mut mark,
+            );
+            self.clock = Some((clock, laps));
+            d
+        };
         if self.finish_body(d) {
             Action::Continue
         } else {
@@ -275,9 +388,13 @@ impl HttpContext for Http {
         let s = Rc::clone(&self.shared);
         // One host call for the whole map; stripping and identity work on this copy.
         // Only the headers the decision reads are copied, plus internal ones to strip.
+        #[cfg(feature = "phase-timing")]
+        let mut clock = crate::timing::Clock::start();
         let keep =
             |name: &[u8]| s.read_headers.contains(name) || decide::is_internal_header_bytes(name);
         let mut headers = host::header_pairs(MapType::HttpRequestHeaders, keep).unwrap_or_default();
+        #[cfg(feature = "phase-timing")]
+        clock.lap();
         // Anti-spoofing: nothing a client sends may pass for our own outputs.
         // Normally none is present, so this costs no host call.
         headers.retain(|(name, _)| {
@@ -298,10 +415,19 @@ impl HttpContext for Http {
                 self.state = State::Done;
             }
             HeaderOutcome::Decided(d) => {
+                #[cfg(feature = "phase-timing")]
+                clock.lap();
                 self.emit_headers(&d);
+                #[cfg(feature = "phase-timing")]
+                clock.lap();
                 self.note(&d);
+                #[cfg(feature = "phase-timing")]
+                {
+                    clock.lap();
+                    s.timings.record(false, clock.header_row());
+                }
                 // Only the debug response header looks at it again.
-                if s.cfg.debug_header {
+                if s.cfg.outputs.has(Output::Debug) {
                     self.decision = Some(*d);
                 }
                 self.state = State::Done;
@@ -351,7 +477,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if self.shared.cfg.debug_header
+        if self.shared.cfg.outputs.has(Output::Debug)
             && let Some(d) = &self.decision
         {
             let v = markers::debug_value(&self.shared.placement, d);

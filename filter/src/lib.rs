@@ -6,7 +6,7 @@
 //!
 //! The logic is plain Rust, testable natively: [`api`] (formats), [`json`] and
 //! [`scan`] (the head/tail body scanner), [`identity`], [`head`], [`turn`],
-//! [`placement`], [`config`], [`rewrite`], [`markers`], [`metrics`], and
+//! [`placement`], [`config`], [`outputs`], [`rewrite`], [`markers`], [`metrics`], and
 //! [`decide`] which ties them together. The wasm build adds a thin host shell
 //! (`glue`, `host`). The contract is `docs/gateway.md`.
 #![cfg_attr(
@@ -26,9 +26,11 @@ pub mod head;
 pub mod header_pairs;
 pub mod identity;
 pub mod json;
+pub mod kv_params;
 pub mod load_view;
 pub mod markers;
 pub mod metrics;
+pub mod outputs;
 pub mod pd;
 pub use tether_placement as placement;
 pub mod rewrite;
@@ -41,6 +43,8 @@ pub use decide::Reason;
 mod glue;
 #[cfg(target_arch = "wasm32")]
 mod host;
+#[cfg(all(target_arch = "wasm32", feature = "phase-timing"))]
+mod timing;
 
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{

@@ -4,6 +4,7 @@
 use crate::config::{Config, Mode};
 use crate::decide::Decision;
 use crate::identity::{hex16, hex16_bytes};
+use crate::outputs::Output;
 use crate::placement::Placement;
 use crate::turn::TurnKind;
 
@@ -14,23 +15,6 @@ pub use tether_wire::headers as names;
 pub fn state_key(header: &str) -> String {
     format!("tether.{header}")
 }
-
-/// Every header this filter may set on a request (for Envoy `header_mutation` configs).
-pub const ALL_REQUEST_HEADERS: [&str; 13] = [
-    names::KEY,
-    names::KEY_SOURCE,
-    names::TENANT,
-    names::SESSION,
-    names::SUBAGENT,
-    names::PARENT,
-    names::PROMPT_END,
-    names::TURN_KIND,
-    names::TURN,
-    names::RETENTION_MS,
-    names::DESTINATION,
-    names::DP_RANK,
-    names::SESSION_ID,
-];
 
 /// The request headers for a decision, in a stable order.
 pub fn request_headers(
@@ -54,40 +38,67 @@ pub fn for_each_request_header(
     d: &Decision,
     mut emit: impl FnMut(&'static str, &[u8]),
 ) {
+    let out = cfg.outputs;
     let id = &d.identity;
     let key = hex16_bytes(id.key());
-    emit(names::KEY, &key);
-    emit(names::KEY_SOURCE, d.source.as_bytes());
-    emit(names::TENANT, &hex16_bytes(id.tenant_hash()));
-    emit(names::SESSION, &hex16_bytes(id.session_hash()));
-    emit(names::SUBAGENT, &hex16_bytes(id.subagent_hash()));
-    if let Some(p) = id.parent_hash() {
+    if out.has(Output::Key) {
+        emit(names::KEY, &key);
+    }
+    if out.has(Output::KeySource) {
+        emit(names::KEY_SOURCE, d.source.as_bytes());
+    }
+    if out.has(Output::Tenant) {
+        emit(names::TENANT, &hex16_bytes(id.tenant_hash()));
+    }
+    if out.has(Output::Session) {
+        emit(names::SESSION, &hex16_bytes(id.session_hash()));
+    }
+    if out.has(Output::Subagent) {
+        emit(names::SUBAGENT, &hex16_bytes(id.subagent_hash()));
+    }
+    if let (true, Some(p)) = (out.has(Output::Parent), id.parent_hash()) {
         emit(names::PARENT, &hex16_bytes(p));
     }
+    for_each_marker(cfg, d, |o, value| {
+        if out.has(o)
+            && let crate::outputs::Sink::Header(name) = o.sink()
+        {
+            emit(name, value);
+        }
+    });
+    if let (Mode::Pick, Some(p)) = (cfg.mode, &d.pick) {
+        if out.has(Output::Destination) {
+            emit(names::DESTINATION, placement.destination(p).as_bytes());
+        }
+        if out.has(Output::DpRank) {
+            emit(names::DP_RANK, Decimal::new(u64::from(p.rank)).as_bytes());
+        }
+    }
+    if out.has(Output::SessionId) {
+        emit(names::SESSION_ID, &key);
+    }
+}
+
+/// The turn markers of a decision as (output, value): prompt end, kind,
+/// count, interval — whichever are known. Header-path decisions carry a
+/// prompt end without kind: the header fast path never reads the body, so it
+/// cannot tell what ended the turn; but an agent request ends at a turn
+/// boundary, and without this marker the engine would retain nothing for the
+/// most common harnesses. The engine retains it with its default interval.
+pub fn for_each_marker(cfg: &Config, d: &Decision, mut emit: impl FnMut(Output, &[u8])) {
     if d.turn.is_none() && d.header_path {
-        // The header fast path never reads the body, so it cannot tell what
-        // ended the turn; but an agent request ends at a turn boundary, and
-        // without this marker the engine would retain nothing for the most
-        // common harnesses. The engine retains it with its default interval.
-        emit(names::PROMPT_END, b"1");
+        emit(Output::PromptEnd, b"1");
     }
     if let Some(t) = d.turn {
-        emit(names::PROMPT_END, if t.prompt_end { b"1" } else { b"0" });
-        emit(names::TURN_KIND, t.kind.name().as_bytes());
+        emit(Output::PromptEnd, if t.prompt_end { b"1" } else { b"0" });
+        emit(Output::TurnKind, t.kind.name().as_bytes());
         if let Some(n) = t.count {
-            emit(names::TURN, Decimal::new(u64::from(n)).as_bytes());
+            emit(Output::Turn, Decimal::new(u64::from(n)).as_bytes());
         }
         emit(
-            names::RETENTION_MS,
+            Output::RetentionMs,
             Decimal::new(retention(cfg, t.kind)).as_bytes(),
         );
-    }
-    if let (Mode::Pick, Some(p)) = (cfg.mode, &d.pick) {
-        emit(names::DESTINATION, placement.destination(p).as_bytes());
-        emit(names::DP_RANK, Decimal::new(u64::from(p.rank)).as_bytes());
-    }
-    if cfg.engine.session_header {
-        emit(names::SESSION_ID, &key);
     }
 }
 

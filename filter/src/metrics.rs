@@ -52,6 +52,10 @@ pub const FIXED: &[(&str, &str)] = &[
         "client-sent internal header removed",
     ),
     (
+        "tether_spoofed_body_marker_removed",
+        "client-sent kv_transfer_params.tether removed from the body",
+    ),
+    (
         "tether_turn_not_counted",
         "body over turn_count_max_bytes: x-tether-turn omitted",
     ),
@@ -61,11 +65,11 @@ pub const FIXED: &[(&str, &str)] = &[
     ),
     (
         "tether_body_rewritten",
-        "body rewritten (cache_salt / session_id / routed_dp_rank)",
+        "body rewritten (cache_salt / session_id / routed_dp_rank / kv_transfer_params)",
     ),
     (
         "tether_rejected",
-        "refused: salting is on and the body could not be rewritten",
+        "refused: the body must be rewritten (cache_salt / kv_transfer_params) and could not be",
     ),
     ("tether_host_error", "a host call failed (value not set)"),
 ];
@@ -79,6 +83,7 @@ pub enum Fixed {
     Untouched,
     BadHeader,
     SpoofedHeaderRemoved,
+    SpoofedBodyMarkerRemoved,
     TurnNotCounted,
     BodyMiddleRead,
     BodyRewritten,
@@ -87,12 +92,13 @@ pub enum Fixed {
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 10] = [
+    pub const ALL: [Fixed; 11] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
         Fixed::BadHeader,
         Fixed::SpoofedHeaderRemoved,
+        Fixed::SpoofedBodyMarkerRemoved,
         Fixed::TurnNotCounted,
         Fixed::BodyMiddleRead,
         Fixed::BodyRewritten,
@@ -111,7 +117,7 @@ impl Fixed {
 /// failed. Names that sanitize alike share one id, as they share one counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CounterIds {
-    pub fixed: [Option<u32>; 10],
+    pub fixed: [Option<u32>; 11],
     /// By index into `session_sources`.
     pub source: Vec<Option<u32>>,
     pub head: Option<u32>,

@@ -14,7 +14,7 @@ pub struct Edit {
 }
 
 /// The rewrite, or `None` when it needs members the view does not hold (read the whole body, then retry).
-pub fn plan(doc: &Doc, view: &View, owned: &[(&str, String)]) -> Option<Edit> {
+pub fn plan(doc: &Doc, view: &View, owned: &[(&str, Vec<u8>)]) -> Option<Edit> {
     let open = json::skip_ws(&view.head, 0);
     if view.head.get(open) != Some(&b'{') {
         return None;
@@ -42,7 +42,7 @@ pub fn plan(doc: &Doc, view: &View, owned: &[(&str, String)]) -> Option<Edit> {
         data.push(b'"');
         data.extend_from_slice(name.as_bytes());
         data.extend_from_slice(b"\":");
-        data.extend_from_slice(value.as_bytes());
+        data.extend_from_slice(value);
     }
     for m in doc
         .members

@@ -120,6 +120,20 @@ pub fn classify(
     subagent_tools: &[String],
     has_parent: bool,
 ) -> Option<Turn> {
+    classify_counting(api, doc, view, subagent_tools, has_parent, true)
+}
+
+/// [`classify`], counting the turns only when `count` is set (the count walks
+/// every entry of the conversation; a deployment that does not read
+/// `x-tether-turn` need not pay for it).
+pub fn classify_counting(
+    api: Api,
+    doc: &Doc,
+    view: &View,
+    subagent_tools: &[String],
+    has_parent: bool,
+    count: bool,
+) -> Option<Turn> {
     let conv = doc.conv.as_ref()?;
     let first_kind = if has_parent {
         TurnKind::Handoff
@@ -165,7 +179,8 @@ pub fn classify(
     let opening = first
         .iter()
         .find(|s| view.value(**s).is_some_and(|v| !api.is_preamble(v)));
-    let count = all.then(|| count_turns(api, last.iter().filter_map(|s| view.value(*s))));
+    let count =
+        (all && count).then(|| count_turns(api, last.iter().filter_map(|s| view.value(*s))));
     let (last_span, last_entry) = entries.last()?;
     let (kind, prompt_end) = match last_entry {
         Entry::ToolResult(_) => {

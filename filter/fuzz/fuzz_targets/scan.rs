@@ -1,8 +1,9 @@
 //! Fuzzes everything in the filter that reads request bytes: the head/tail
 //! scanner at random read limits, the whole body decision (identity, head
 //! hash, turn, rewrite), the config parser and the header-map decoder, and checks the invariants that matter: no panic; a
-//! body serde_json accepts is scanned with the same top-level keys; a body
-//! rewrite of valid JSON stays valid JSON without a client `cache_salt`.
+//! body serde_json accepts is scanned with the same top-level keys (from its
+//! two ends too); a body rewrite of valid JSON stays valid JSON without a
+//! client `cache_salt` or `kv_transfer_params.tether`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -78,7 +79,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let (cfg, placement) = SETUP.get_or_init(|| {
         let cfg = Config::parse(br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:80","dp_size":4},{"address":"10.0.0.2:80"}],
-            "cache_salt":{"secret":"k"},"engine":{"body_session_id":true,"routed_dp_rank":true},"turn_count_max_bytes":64}"#)
+            "cache_salt":{"secret":"k"},"outputs":["all","body_session_id","routed_dp_rank","kv_transfer_params"],"turn_count_max_bytes":64}"#)
         .expect("fuzz config");
         let placement = Placement::new(&cfg.endpoints);
         (cfg, placement)
@@ -92,6 +93,13 @@ fuzz_target!(|data: &[u8]| {
             v["cache_salt"],
             serde_json::json!(decide::cache_salt(b"k", b"")),
             "client cache_salt survived"
+        );
+        // The markers in kv_transfer_params are ours, whatever the client sent there.
+        let ours = tether_filter::identity::hex16(d.identity.session_hash());
+        assert_eq!(
+            v["kv_transfer_params"]["tether"]["session"],
+            serde_json::json!(ours),
+            "client kv_transfer_params.tether survived"
         );
     }
     let _ = Config::parse(body);

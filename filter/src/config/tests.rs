@@ -1,4 +1,5 @@
 use super::*;
+use crate::outputs::Output;
 
 fn err(json: &str) -> ConfigError {
     Config::parse(json.as_bytes()).expect_err(json)
@@ -22,7 +23,8 @@ fn defaults_match_the_contract() {
             handoff: 300_000
         }
     );
-    assert!(c.engine.session_header && !c.engine.body_session_id && !c.engine.routed_dp_rank);
+    // Hash mode emits only the key by default (preset `hash`).
+    assert_eq!(c.outputs, Outputs::of(&[Output::Key]));
     assert_eq!(c.max_body_bytes, 16 * 1024 * 1024);
     assert!(c.session_sources.last().is_some_and(|s| s.with_head));
 }
@@ -33,7 +35,7 @@ fn a_full_configuration_parses() {
         br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","weight":2,"dp_size":8},{"address":"[::1]:9000"}],
         "fallbacks":1,"session_sources":["header:x-run","body:meta.run+head"],"subagent_sources":[],"parent_sources":[],
         "tenant_header":"x-tenant","cache_salt":{"secret":"s"},"retention_ms":{"tool":5},"subagent_tools":["Task"],
-        "engine":{"session_header":false,"routed_dp_rank":true},"max_body_bytes":1000,"debug_header":true,
+        "outputs":["pick","routed_dp_rank","debug"],"max_body_bytes":1000,
         "header_fast_path":false,"turn_count_max_bytes":10}"#,
     )
     .unwrap();
@@ -47,6 +49,15 @@ fn a_full_configuration_parses() {
     assert_eq!(c.retention_ms.tool, 5);
     assert_eq!(c.retention_ms.user, 300_000);
     assert!(c.rewrites_body());
+    assert_eq!(
+        c.outputs,
+        Outputs::of(&[
+            Output::Destination,
+            Output::DpRank,
+            Output::RoutedDpRank,
+            Output::Debug
+        ])
+    );
 }
 
 #[test]
@@ -103,14 +114,13 @@ fn errors_name_the_field() {
         (r#"{"cache_salt":{"key":"x"}}"#, "cache_salt.key"),
         (r#"{"retention_ms":{"tool":-1}}"#, "retention_ms.tool"),
         (r#"{"retention_ms":{"idle":1}}"#, "retention_ms.idle"),
-        (
-            r#"{"engine":{"session_header":"yes"}}"#,
-            "engine.session_header",
-        ),
-        (
-            r#"{"engine":{"routed_dp_rank":true}}"#,
-            "engine.routed_dp_rank",
-        ),
+        (r#"{"engine":{"session_header":true}}"#, "engine"),
+        (r#"{"debug_header":true}"#, "debug_header"),
+        (r#"{"outputs":"everything"}"#, "outputs"),
+        (r#"{"outputs":3}"#, "outputs"),
+        (r#"{"outputs":["key",7]}"#, "outputs[1]"),
+        (r#"{"outputs":["key","routed_dp_rank"]}"#, "outputs[1]"),
+        (r#"{"outputs":["pick"]}"#, "outputs[0]"),
         (r#"{"max_body_bytes":0}"#, "max_body_bytes"),
         (r#"{"fallbacks":-2}"#, "fallbacks"),
         (r#"[1]"#, "(configuration)"),
@@ -133,21 +143,22 @@ fn tenant_header_must_be_a_plain_lower_case_name() {
     assert_eq!(c.tenant_header.as_deref(), Some("x-tenant_1"));
 }
 
-/// Each engine body field, and salting, alone makes the filter rewrite bodies.
+/// Each body output, and salting, alone makes the filter rewrite bodies.
 #[test]
 fn each_body_output_alone_rewrites_the_body() {
     let pick = r#""mode":"pick","endpoints":[{"address":"10.0.0.1:8000"}]"#;
     assert!(!Config::parse(b"").unwrap().rewrites_body());
     for extra in [
         r#""cache_salt":{"secret":"k"}"#,
-        r#""engine":{"body_session_id":true}"#,
-        r#""engine":{"routed_dp_rank":true}"#,
+        r#""outputs":["body_session_id"]"#,
+        r#""outputs":["routed_dp_rank"]"#,
+        r#""outputs":"vllm""#,
     ] {
         let c = Config::parse(format!("{{{pick},{extra}}}").as_bytes()).unwrap();
         assert!(c.rewrites_body(), "{extra}");
     }
     assert!(
-        !Config::parse(format!(r#"{{{pick},"engine":{{"session_header":true}}}}"#).as_bytes())
+        !Config::parse(format!(r#"{{{pick},"outputs":["pick","session_id"]}}"#).as_bytes())
             .unwrap()
             .rewrites_body()
     );

@@ -4,8 +4,18 @@ use super::*;
 use crate::testkit::{ALL_APIS, ALL_ORDERS, Convo, Order, SliceFetch, Step, headers};
 use serde_json::{Value as J, json};
 
+/// A configuration with every output on (`"outputs": "all"`) unless it names
+/// its own: these tests look at whole decisions, turn markers included.
 fn cfg(extra: &str) -> Config {
-    Config::parse(extra.as_bytes()).unwrap()
+    let mut v: J = if extra.trim().is_empty() {
+        json!({})
+    } else {
+        serde_json::from_str(extra).unwrap()
+    };
+    if let Some(o) = v.as_object_mut() {
+        o.entry("outputs").or_insert(json!("all"));
+    }
+    Config::parse(v.to_string().as_bytes()).unwrap()
 }
 
 fn path_of(api: Api) -> &'static str {
@@ -484,7 +494,7 @@ fn client_internal_headers_are_recognised() {
 #[test]
 fn salting_rewrites_the_body_and_drops_client_salts() {
     let c = cfg(
-        r#"{"cache_salt":{"secret":"k"},"tenant_header":"x-t","mode":"pick","endpoints":[{"address":"10.0.0.1:8000","dp_size":4}],"engine":{"routed_dp_rank":true,"body_session_id":true}}"#,
+        r#"{"cache_salt":{"secret":"k"},"tenant_header":"x-t","mode":"pick","endpoints":[{"address":"10.0.0.1:8000","dp_size":4}],"outputs":["all","body_session_id","routed_dp_rank"]}"#,
     );
     let mut long = Convo::new("s", "t");
     for i in 0..300 {
@@ -994,4 +1004,178 @@ fn body_identity_edge_cases() {
     );
     assert_eq!(d.source, "body:prompt_cache_key");
     assert_eq!(d.identity.subagent.as_deref(), Some(&b"agent-7"[..]));
+}
+
+/// Only the configured outputs are emitted, and what no output reads is not
+/// computed: no turn classification without a marker output, no count
+/// without `turn`.
+#[test]
+fn outputs_trim_what_is_computed_and_emitted() {
+    let convo = Convo::new("s", "t")
+        .extra("session_id", json!("run"))
+        .with(Step::User("more".into()));
+    let body = convo.body(Api::Chat, Order::Sdk);
+    let names = |c: &Config, d: &Decision| -> Vec<&'static str> {
+        let placement = Placement::new(&c.endpoints);
+        crate::markers::request_headers(c, &placement, d)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    };
+    let plain = Config::parse(br#"{"mode":"hash"}"#).unwrap();
+    let d = decide(&plain, Api::Chat, &[], &body);
+    assert_eq!(d.turn, None, "no marker output: the turn is not classified");
+    assert_eq!(names(&plain, &d), ["x-tether-key"]);
+    let retain = Config::parse(br#"{"outputs":["hash","retain"]}"#).unwrap();
+    let d = decide(&retain, Api::Chat, &[], &body);
+    assert_eq!(
+        d.turn.map(|t| (t.kind, t.count)),
+        Some((turn::TurnKind::User, None))
+    );
+    assert_eq!(
+        names(&retain, &d),
+        [
+            "x-tether-key",
+            "x-tether-tenant",
+            "x-tether-session",
+            "x-tether-subagent",
+            "x-tether-prompt-end",
+            "x-tether-turn-kind",
+            "x-tether-retention-ms"
+        ]
+    );
+    let counted = Config::parse(br#"{"outputs":["turn"]}"#).unwrap();
+    let d = decide(&counted, Api::Chat, &[], &body);
+    assert_eq!(d.turn.and_then(|t| t.count), Some(2));
+    assert_eq!(names(&counted, &d), ["x-tether-turn"]);
+    // The header path sets the key alone, and the prompt end only when asked.
+    let d = decide(&plain, Api::Chat, &[("x-session-id", "s1")], &body);
+    assert!(d.header_path);
+    assert_eq!(names(&plain, &d), ["x-tether-key"]);
+    let d = decide(&retain, Api::Chat, &[("x-session-id", "s1")], &body);
+    assert!(names(&retain, &d).contains(&"x-tether-prompt-end"));
+}
+
+/// Preset `vllm`: the markers go into the body's `kv_transfer_params.tether`,
+/// merged with the client's own parameters, and a client's `tether` never
+/// survives — wherever it sits (before or after a long conversation, twice,
+/// with an escaped key), whatever it holds; the engine's reader gets the same
+/// marker from the body as from the headers.
+#[test]
+fn vllm_markers_go_into_kv_transfer_params() {
+    use tether_wire::TurnMarker;
+    let vllm = cfg(r#"{"outputs":["vllm","retain","turn"]}"#);
+    let placement = Placement::new(&vllm.endpoints);
+    let apply = |body: &[u8]| -> (Decision, J) {
+        let d = decide(&vllm, Api::Chat, &[], body);
+        let edit = d.edit.clone().expect("rewritten");
+        let out = crate::rewrite::apply(body, &edit);
+        let v: J = serde_json::from_slice(&out).expect("still JSON");
+        (d, v)
+    };
+    let spoof =
+        json!({"do_remote_prefill": true, "tether": {"session": "ffff", "prompt_end": "1"}});
+    let mut long = Convo::new("s", "t");
+    for i in 0..400 {
+        long = long.with(Step::User(format!("turn {i} {}", "x".repeat(100))));
+    }
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "short",
+            Convo::new("s", "t")
+                .with(Step::User("more".into()))
+                .extra("session_id", json!("run"))
+                .extra("kv_transfer_params", spoof.clone())
+                .body(Api::Chat, Order::Sdk),
+        ),
+        (
+            "after a long conversation",
+            long.clone()
+                .extra("session_id", json!("run"))
+                .extra("kv_transfer_params", spoof.clone())
+                .body(Api::Chat, Order::Sdk),
+        ),
+        (
+            "before a long conversation",
+            long.clone()
+                .extra("session_id", json!("run"))
+                .extra("kv_transfer_params", spoof.clone())
+                .body(Api::Chat, Order::IdsFirst),
+        ),
+        (
+            "none sent",
+            long.clone()
+                .extra("session_id", json!("run"))
+                .body(Api::Chat, Order::Sdk),
+        ),
+    ];
+    for (what, body) in cases {
+        let (d, v) = apply(&body);
+        let kv = &v["kv_transfer_params"];
+        let tether = kv["tether"].as_object().expect("our object");
+        let from_body = TurnMarker::from_fields(
+            tether
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or("?"))),
+        )
+        .unwrap()
+        .expect("a session");
+        let headers = crate::markers::request_headers(&vllm, &placement, &d);
+        let from_headers = TurnMarker::from_headers(headers.iter().map(|(k, v)| (*k, v.as_str())))
+            .unwrap()
+            .expect("a session");
+        assert_eq!(from_body, from_headers, "{what}");
+        // Counted only when the conversation was walked whole (a short body).
+        assert_eq!(from_body.turn.is_some(), what == "short", "{what}");
+        assert_ne!(tether.get("session"), Some(&json!("ffff")), "{what}");
+        assert_eq!(d.spoofed_markers, what != "none sent", "{what}: counted");
+        if what != "none sent" {
+            assert_eq!(
+                kv["do_remote_prefill"],
+                json!(true),
+                "{what}: client's kept"
+            );
+        }
+        assert_eq!(
+            v["messages"],
+            serde_json::from_slice::<J>(&body).unwrap()["messages"]
+        );
+    }
+    // Twice, the second with an escaped member name: one object, ours.
+    let body = br#"{"kv_transfer_params":{"tether":{"session":"1"}},"model":"m","messages":[{"role":"user","content":"hi"}],"session_id":"r","kv_transfer_params":{"x":1,"tet\u0068er":{"session":"2"}}}"#;
+    let (d, v) = apply(body);
+    assert!(d.spoofed_markers);
+    assert_eq!(v["kv_transfer_params"]["x"], json!(1));
+    let raw = String::from_utf8(crate::rewrite::apply(
+        body,
+        &decide(&vllm, Api::Chat, &[], body).edit.unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(raw.matches("kv_transfer_params").count(), 1, "{raw}");
+    assert!(
+        !raw.contains("tet\\u0068er") && !raw.contains(r#""session":"1""#),
+        "{raw}"
+    );
+}
+
+/// With markers in the body, a body the filter cannot rewrite is refused (as
+/// with salting): its client `kv_transfer_params.tether` would reach the engine.
+#[test]
+fn vllm_markers_refuse_bodies_that_cannot_be_rewritten() {
+    let c = cfg(r#"{"outputs":"vllm","max_body_bytes":1000}"#);
+    let big = Convo::new("s", &"y".repeat(2000)).body(Api::Chat, Order::Sdk);
+    assert_eq!(
+        decide(&c, Api::Chat, &[], &big).reject.map(|r| r.0),
+        Some(413)
+    );
+    assert_eq!(
+        decide(&c, Api::Chat, &[], b"{\"messages\":[")
+            .reject
+            .map(|r| r.0),
+        Some(400)
+    );
+    // Every routed request takes the body path: no header-path decision.
+    let ok = Convo::new("s", "t").body(Api::Chat, Order::Sdk);
+    let d = decide(&c, Api::Chat, &[("x-session-id", "s")], &ok);
+    assert!(!d.header_path && d.edit.is_some() && d.reject.is_none());
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-/// The six measured configurations, in table order.
+/// The measured configurations, in table order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Variant {
     /// a. Envoy with no filter: the baseline.
@@ -27,10 +27,19 @@ pub enum Variant {
     /// `wasm.tether.x-tether-key` → `header_mutation` → MAGLEV): e vs h is
     /// tether's body path alone, with the routing chain held equal.
     BodyFloorInChain,
+    /// i. (diagnostic) tether's header path with every header output
+    /// (`"outputs": "all"`, the chain copying all of them): what emitting
+    /// everything costs over the default.
+    AllHeader,
+    /// j. (diagnostic) tether's body path with every header output.
+    AllBody,
+    /// k. (diagnostic) tether's body path for a vLLM connector (`"outputs":
+    /// "vllm"`): the markers written into the body's `kv_transfer_params`.
+    VllmBody,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 8] = [
+    pub const ALL: [Variant; 11] = [
         Variant::NoFilter,
         Variant::HeaderFloor,
         Variant::BodyFloor,
@@ -39,6 +48,9 @@ impl Variant {
         Variant::NativeJson,
         Variant::FloorInChain,
         Variant::BodyFloorInChain,
+        Variant::AllHeader,
+        Variant::AllBody,
+        Variant::VllmBody,
     ];
 
     /// The one-letter name used on the command line (`--variants a,b,c`).
@@ -52,6 +64,9 @@ impl Variant {
             Variant::NativeJson => 'f',
             Variant::FloorInChain => 'g',
             Variant::BodyFloorInChain => 'h',
+            Variant::AllHeader => 'i',
+            Variant::AllBody => 'j',
+            Variant::VllmBody => 'k',
         }
     }
 
@@ -69,16 +84,24 @@ impl Variant {
             Variant::NativeJson => "native json_to_metadata",
             Variant::FloorInChain => "wasm floor in tether's chain",
             Variant::BodyFloorInChain => "body floor in tether's chain",
+            Variant::AllHeader => "tether, header key, all outputs",
+            Variant::AllBody => "tether, body key, all outputs",
+            Variant::VllmBody => "tether, body key, outputs vllm",
         }
     }
 
-    /// The floor a variant is judged against, if any.
+    /// The floor a variant is judged against, if any: tether's variants
+    /// against the floor inside tether's own chain (same buffer filter,
+    /// `header_mutation` and MAGLEV cluster), the floors in the chain and
+    /// native routing against the plain floors.
     pub fn floor(self) -> Option<Variant> {
         match self {
-            Variant::TetherHeader | Variant::FloorInChain => Some(Variant::HeaderFloor),
-            Variant::TetherBody | Variant::NativeJson | Variant::BodyFloorInChain => {
-                Some(Variant::BodyFloor)
+            Variant::TetherHeader | Variant::AllHeader => Some(Variant::FloorInChain),
+            Variant::TetherBody | Variant::AllBody | Variant::VllmBody => {
+                Some(Variant::BodyFloorInChain)
             }
+            Variant::FloorInChain => Some(Variant::HeaderFloor),
+            Variant::NativeJson | Variant::BodyFloorInChain => Some(Variant::BodyFloor),
             _ => None,
         }
     }
@@ -192,19 +215,20 @@ impl std::fmt::Display for Verdict {
     }
 }
 
-/// Header path: tether ≥ 0.97 × the trivial filter's saturated throughput, at every size.
+/// Header path: tether ≥ 0.97 × the saturated throughput of the trivial
+/// filter inside tether's own chain (g), at every size.
 pub fn header_target(results: &Results, sizes: &[usize]) -> Verdict {
     let mut parts = Vec::new();
     let mut pass = true;
     for &size in sizes {
-        let Some(r) = results.rps_ratio(Variant::TetherHeader, Variant::HeaderFloor, size) else {
-            return Verdict::Pending("needs variants d and b".into());
+        let Some(r) = results.rps_ratio(Variant::TetherHeader, Variant::FloorInChain, size) else {
+            return Verdict::Pending("needs variants d and g".into());
         };
         pass &= r >= HEADER_TARGET;
         parts.push(format!("{}: {r:.3}x", human_size(size)));
     }
     let text = format!(
-        "header path rps vs trivial filter ≥ {HEADER_TARGET}x — {}",
+        "header path rps vs the trivial filter in tether's chain (d vs g) ≥ {HEADER_TARGET}x — {}",
         parts.join(", ")
     );
     if pass {
@@ -214,16 +238,17 @@ pub fn header_target(results: &Results, sizes: &[usize]) -> Verdict {
     }
 }
 
-/// Body path: p50 added over no filter ≤ 1.25 × what the body floor adds, at `size` (400 KB).
+/// Body path at `size`: tether's p50 added over no filter ≤ 1.25 × what the
+/// body floor inside tether's own chain (h) adds.
 pub fn body_target(results: &Results, size: usize) -> Verdict {
     let tether = results.added_p50(Variant::TetherBody, Variant::NoFilter, size);
-    let floor = results.added_p50(Variant::BodyFloor, Variant::NoFilter, size);
+    let floor = results.added_p50(Variant::BodyFloorInChain, Variant::NoFilter, size);
     let (Some(tether), Some(floor)) = (tether, floor) else {
-        return Verdict::Pending(format!("needs variants e, c and a at {}", human_size(size)));
+        return Verdict::Pending(format!("needs variants e, h and a at {}", human_size(size)));
     };
     let limit = BODY_TARGET * floor;
     let text = format!(
-        "body path p50 added at {}: tether {tether:+.0} µs vs floor {floor:+.0} µs (limit {limit:+.0} µs)",
+        "body path p50 added at {}: tether (e) {tether:+.0} µs vs the body floor in tether's chain (h) {floor:+.0} µs (limit {limit:+.0} µs)",
         human_size(size)
     );
     if floor <= 0.0 {
@@ -319,12 +344,12 @@ mod tests {
     fn ratios_pair_samples_of_the_same_round() {
         let mut r = Results::default();
         // Round 2 is uniformly slower (noise); paired ratios stay at 0.9 in both.
-        r.record(Variant::HeaderFloor, 4096, s(100.0, 1000.0));
-        r.record(Variant::HeaderFloor, 4096, s(200.0, 500.0));
+        r.record(Variant::FloorInChain, 4096, s(100.0, 1000.0));
+        r.record(Variant::FloorInChain, 4096, s(200.0, 500.0));
         r.record(Variant::TetherHeader, 4096, s(110.0, 900.0));
         r.record(Variant::TetherHeader, 4096, s(220.0, 450.0));
         let ratio = r
-            .rps_ratio(Variant::TetherHeader, Variant::HeaderFloor, 4096)
+            .rps_ratio(Variant::TetherHeader, Variant::FloorInChain, 4096)
             .expect("ratio");
         assert!((ratio - 0.9).abs() < 1e-9);
         assert!(matches!(header_target(&r, &[4096]), Verdict::Miss(_)));
@@ -335,13 +360,13 @@ mod tests {
         let mut r = Results::default();
         let size = 400 * 1024;
         r.record(Variant::NoFilter, size, s(500.0, 2000.0));
-        r.record(Variant::BodyFloor, size, s(560.0, 1800.0));
+        r.record(Variant::BodyFloorInChain, size, s(560.0, 1800.0));
         r.record(Variant::TetherBody, size, s(570.0, 1700.0));
         // tether adds 70 µs, the floor 60 µs: 70 ≤ 1.25 × 60 = 75.
         assert!(matches!(body_target(&r, size), Verdict::Pass(_)));
         r = Results::default();
         r.record(Variant::NoFilter, size, s(500.0, 2000.0));
-        r.record(Variant::BodyFloor, size, s(560.0, 1800.0));
+        r.record(Variant::BodyFloorInChain, size, s(560.0, 1800.0));
         r.record(Variant::TetherBody, size, s(580.0, 1700.0));
         assert!(matches!(body_target(&r, size), Verdict::Miss(_)));
     }
@@ -351,7 +376,7 @@ mod tests {
         let mut r = Results::default();
         let size = 400 * 1024;
         r.record(Variant::NoFilter, size, s(600.0, 2000.0));
-        r.record(Variant::BodyFloor, size, s(580.0, 1800.0));
+        r.record(Variant::BodyFloorInChain, size, s(580.0, 1800.0));
         r.record(Variant::TetherBody, size, s(590.0, 1700.0));
         assert!(matches!(body_target(&r, size), Verdict::Inconclusive(_)));
     }

@@ -82,7 +82,8 @@ impl EnvoyBuilder {
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
         vars.extend(self.vars.clone());
-        template::render(bootstrap, &vars)
+        let text = template::render(bootstrap, &vars)?;
+        outputs_aligned(&text)
     }
 
     fn bin(&self) -> Result<PathBuf, HarnessError> {
@@ -412,4 +413,28 @@ pub fn tail(s: &str, n: usize) -> String {
         start += 1;
     }
     s[start..].to_owned()
+}
+
+/// A bootstrap holding the tether filter gets the `header_mutation` entries
+/// and header-path route its plugin configuration's outputs need
+/// (`tether_envoy::outputs::align`), then must pass the outputs check: every
+/// test and the benchmark run a chain that consumes exactly what the filter
+/// sets. Other bootstraps (and a plugin configuration the filter itself would
+/// refuse) pass through unchanged.
+fn outputs_aligned(text: &str) -> Result<String, HarnessError> {
+    if !text.contains("root_id: tether") {
+        return Ok(text.to_owned());
+    }
+    let Ok(mut doc) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) else {
+        return Ok(text.to_owned());
+    };
+    tether_envoy::outputs::align(&mut doc);
+    let problems = tether_envoy::outputs::check(&doc);
+    if !problems.is_empty() {
+        return Err(HarnessError::Outputs(problems));
+    }
+    serde_yaml_ng::to_string(&doc).map_err(|e| HarnessError::Protocol {
+        what: "the aligned bootstrap".into(),
+        why: e.to_string(),
+    })
 }

@@ -44,6 +44,8 @@ pub enum HarnessError {
     Timeout { addr: String, secs: u64 },
     #[error("unexpected reply from {what}: {why}")]
     Protocol { what: String, why: String },
+    #[error("the chain around the tether filter does not match its outputs:\n  {}", .0.join("\n  "))]
+    Outputs(Vec<String>),
 }
 
 /// Attach a "during <what>" context to an I/O error.

@@ -491,22 +491,32 @@ fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
         );
         copied.push(key);
     }
-    for needed in [
-        "x-tether-key",
-        "x-tether-key-source",
-        "x-tether-prompt-end",
-        "x-tether-turn-kind",
-        "x-tether-retention-ms",
-    ] {
-        ensure!(copied.contains(&needed), "body path does not copy {needed}");
+    // Exactly what the plugin configuration's outputs set on the body path:
+    // an entry for a header never set, or a set header nobody copies, is an error.
+    let want = tether_envoy::outputs::Expect::from_plugin_config(&config.to_string())
+        .map_err(|e| anyhow!("{e}"))?;
+    for h in &copied {
+        ensure!(
+            want.copied.contains(h),
+            "header_mutation copies {h}, which the filter's outputs never set"
+        );
     }
-    let session_header = config
-        .pointer("/engine/session_header")
-        .and_then(Value::as_bool)
-        .unwrap_or(true);
+    for h in &want.copied {
+        ensure!(
+            copied.contains(h),
+            "the filter sets {h} on the body path but no header_mutation entry copies it"
+        );
+    }
+    // What the DestinationRule hashes is set on both paths, and the
+    // header-path route (README: VirtualService route `tether-header-path`
+    // matching x-tether-key) matches a header the header path sets.
     ensure!(
-        !session_header || copied.contains(&"x-session-id"),
-        "engine.session_header needs x-session-id copied"
+        want.headers.contains(&"x-tether-key"),
+        "the outputs must set x-tether-key"
+    );
+    ensure!(
+        want.header_path.contains(&"x-tether-key"),
+        "the header path must set x-tether-key"
     );
 
     // The header path disables the buffer per route.

@@ -46,10 +46,17 @@ struct Args {
     conns: usize,
     /// Variants to run, by letter: a no filter, b header floor, c body floor,
     /// d tether header key, e tether body key, f native json_to_metadata,
-    /// g (diagnostic) the header floor inside tether's chain,
-    /// h (diagnostic) the body floor inside tether's chain.
-    #[arg(long, default_value = "a,b,c,d,e,f,g,h")]
+    /// g the header floor inside tether's chain (d's floor),
+    /// h the body floor inside tether's chain (e's floor),
+    /// i (diagnostic) d with every header output, j (diagnostic) e with every
+    /// header output, k (diagnostic) e for a vLLM connector (outputs vllm).
+    #[arg(long, default_value = "a,b,c,d,e,f,g,h,i,j,k")]
     variants: String,
+    /// Print the phase timings a diagnostic filter build logs (`cargo build
+    /// --features phase-timing`, given as `TETHER_FILTER_WASM`), per variant:
+    /// where the time of a request goes inside Envoy's V8.
+    #[arg(long)]
+    phases: bool,
     /// Body sizes in bytes (the body-path target is judged at the largest).
     #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 409600])]
     sizes: Vec<usize>,
@@ -88,10 +95,10 @@ impl Args {
         {
             let mut chars = part.chars();
             let (Some(c), None) = (chars.next(), chars.next()) else {
-                bail!("variant {part:?} is not one letter a-h")
+                bail!("variant {part:?} is not one letter a-k")
             };
             let v =
-                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-h)"))?;
+                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-k)"))?;
             if !out.contains(&v) {
                 out.push(v);
             }
@@ -129,6 +136,9 @@ fn envoy_key(v: Variant) -> &'static str {
         Variant::NativeJson => "native-json",
         Variant::FloorInChain => "header-floor-chain",
         Variant::BodyFloorInChain => "body-floor-chain",
+        Variant::AllHeader => "tether-all-header",
+        Variant::AllBody => "tether-all-body",
+        Variant::VllmBody => "tether-vllm-body",
     }
 }
 
@@ -166,6 +176,24 @@ fn start_envoy(v: Variant, upstream: &bench_upstream::Upstream) -> Result<Envoy>
                 builder.plugin_config(&serde_json::json!({"mode": "hash"})),
             )
         }
+        // The harness gives the chain the header_mutation entries these
+        // outputs need (tether_envoy::outputs::align).
+        Variant::AllHeader | Variant::AllBody => {
+            paths::require_filter_wasm()?;
+            (
+                bootstraps::TETHER,
+                builder.plugin_config(&serde_json::json!({"mode": "hash", "outputs": "all"})),
+            )
+        }
+        Variant::VllmBody => {
+            paths::require_filter_wasm()?;
+            (
+                bootstraps::TETHER,
+                builder.plugin_config(
+                    &serde_json::json!({"mode": "hash", "outputs": ["hash", "vllm"]}),
+                ),
+            )
+        }
         Variant::NativeJson => (bootstraps::NATIVE_JSON, builder),
         Variant::FloorInChain => {
             paths::require_floor_wasm()?;
@@ -189,7 +217,7 @@ fn target(v: Variant, envoy: &Envoy, body: &Bytes) -> Target {
     let mut headers = Vec::new();
     if matches!(
         v,
-        Variant::HeaderFloor | Variant::TetherHeader | Variant::FloorInChain
+        Variant::HeaderFloor | Variant::TetherHeader | Variant::FloorInChain | Variant::AllHeader
     ) {
         headers.push((
             HeaderName::from_static("x-session-id"),
@@ -216,8 +244,11 @@ fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
     ensure!(reply.status == 200, "status {}", reply.status);
     let got =
         header("x-up-body-bytes").context("the reply did not come from the bench upstream")?;
+    // Outputs `vllm` rewrite the body (the markers go into it): only longer.
+    let rewritten = v == Variant::VllmBody;
     ensure!(
-        got == body_len.to_string(),
+        got == body_len.to_string()
+            || rewritten && got.parse::<usize>().is_ok_and(|n| n > body_len),
         "the upstream got {got} body bytes, sent {body_len}"
     );
     let source = header("x-up-x-tether-key-source").unwrap_or_default();
@@ -226,13 +257,22 @@ fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
             header("x-up-x-floor").as_deref() == Some("1"),
             "x-floor not set"
         ),
-        Variant::TetherHeader => ensure!(
+        // Default outputs: the key alone, so the path shows in what is absent.
+        Variant::TetherHeader | Variant::TetherBody => ensure!(
+            header("x-up-x-tether-key").is_some() && source.is_empty(),
+            "expected x-tether-key alone (default outputs), key source {source:?}"
+        ),
+        Variant::AllHeader => ensure!(
             source == "header:x-session-id",
             "key source {source:?}, expected the header"
         ),
-        Variant::TetherBody => ensure!(
+        Variant::AllBody => ensure!(
             source.starts_with("body:"),
             "key source {source:?}, expected a body field"
+        ),
+        Variant::VllmBody => ensure!(
+            header("x-up-x-session-id").is_some() && header("x-up-x-tether-key").is_some(),
+            "expected x-session-id and x-tether-key (outputs vllm)"
         ),
         Variant::NativeJson => ensure!(
             header("x-up-x-tether-key").as_deref() == Some(bench_body::SESSION_ID),
@@ -398,28 +438,57 @@ fn main() -> Result<()> {
     );
     println!("upstream: in-process hyper server (drains the body, fixed 200-byte reply)\n");
     println!("{}", bench_report::table(&results, &variants, &sizes));
-    println!("targets:");
+    println!("targets (floors inside tether's own chain):");
     println!("  {}", bench_report::header_target(&results, &sizes));
-    let largest = sizes.last().copied().unwrap_or(409_600);
-    println!("  {}", bench_report::body_target(&results, largest));
     for &size in &sizes {
+        println!("  {}", bench_report::body_target(&results, size));
+    }
+    println!("diagnostics:");
+    for &size in &sizes {
+        let at = bench_report::human_size(size);
         let chain = results.rps_ratio(Variant::FloorInChain, Variant::HeaderFloor, size);
-        let filter = results.rps_ratio(Variant::TetherHeader, Variant::FloorInChain, size);
-        if let (Some(chain), Some(filter)) = (chain, filter) {
+        if let Some(chain) = chain {
             println!(
-                "  header path at {}: the chain costs {chain:.3}x (g vs b), tether within it {filter:.3}x (d vs g)",
-                bench_report::human_size(size)
+                "  header chain at {at}: the chain around a trivial filter costs {chain:.3}x (g vs b)"
             );
         }
+        for (v, base, what) in [
+            (
+                Variant::AllHeader,
+                Variant::TetherHeader,
+                "header path, all outputs vs default (i vs d)",
+            ),
+            (
+                Variant::AllBody,
+                Variant::TetherBody,
+                "body path, all outputs vs default (j vs e)",
+            ),
+            (
+                Variant::VllmBody,
+                Variant::TetherBody,
+                "body path, markers in the body vs default (k vs e)",
+            ),
+        ] {
+            if let (Some(r), Some(dp)) = (
+                results.rps_ratio(v, base, size),
+                results.added_p50(v, base, size),
+            ) {
+                println!("  {what} at {at}: {r:.3}x rps, {dp:+.0} µs p50");
+            }
+        }
     }
-    let tether_added = results.added_p50(Variant::TetherBody, Variant::NoFilter, largest);
-    let floor_added = results.added_p50(Variant::BodyFloorInChain, Variant::NoFilter, largest);
-    let over_floor = results.added_p50(Variant::TetherBody, Variant::BodyFloorInChain, largest);
-    if let (Some(t), Some(f), Some(over)) = (tether_added, floor_added, over_floor) {
-        println!(
-            "  body path at {} with the chain held equal: tether {t:+.0} µs vs the body floor in tether's chain (h) {f:+.0} µs over no filter; e − h {over:+.0} µs (paired)",
-            bench_report::human_size(largest)
-        );
+    if args.phases {
+        println!("phase timings logged by the filter (median µs per window of requests):");
+        for &v in &variants {
+            let Some(envoy) = envoys.get(envoy_key(v)) else {
+                continue;
+            };
+            for line in envoy.log().lines() {
+                if let Some(i) = line.find("tether phases") {
+                    println!("  {}. {}", v.letter(), &line[i..]);
+                }
+            }
+        }
     }
     for (v, why) in &skipped {
         println!(

@@ -45,7 +45,8 @@ async fn identity_in_the_middle_routes_like_the_native_build() {
             .await,
     );
 
-    let cfg = Config::parse(br#"{"mode":"hash"}"#).expect("config");
+    // The fleet's configuration: hash mode, every output (tests/all/support.rs).
+    let cfg = Config::parse(br#"{"mode":"hash","outputs":"all"}"#).expect("config");
     let placement = Placement::new(&cfg.endpoints);
     let d = decide::on_whole_body(&cfg, &placement, Api::Chat, &body);
     assert!(d.stats.full, "the native build read the body whole");

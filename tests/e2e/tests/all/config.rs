@@ -14,8 +14,13 @@ fn every_bootstrap_validates() {
         let on_disk =
             std::fs::read_to_string(paths::envoy_dir().join(name)).expect("bootstrap file");
         assert_eq!(on_disk, text, "{name}");
-        let cfg =
-            json!({"mode": "pick", "endpoints": [{"address": "127.0.0.1:10000", "dp_size": 2}]});
+        // Each with the plugin configuration it is written for (its outputs
+        // match its header_mutation entries: tether_envoy::outputs).
+        let (_, cfg) = tether_envoy::bootstraps::PLUGIN_CONFIGS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .expect("a plugin configuration per bootstrap");
+        let cfg: serde_json::Value = serde_json::from_str(cfg).expect("JSON");
         let mut b = Envoy::builder()
             .var("FILTER_WASM", filter.display().to_string())
             .plugin_config(&cfg);

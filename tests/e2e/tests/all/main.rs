@@ -12,3 +12,4 @@ mod removal;
 mod replay;
 mod support;
 mod topology;
+mod vllm_markers;

@@ -116,13 +116,21 @@ impl Fleet {
         Self::start(ranks, tether_e2e::bootstrap::HASH, &cfg, &[])
     }
 
-    /// Starts Envoy for these ranks with this plugin configuration.
+    /// Starts Envoy for these ranks with this plugin configuration — with
+    /// every output on (`"outputs": "all"`) unless it names its own: the tests
+    /// look at every marker. The harness aligns the bootstrap's
+    /// `header_mutation` entries to the outputs and checks the chain.
     pub fn start(
         ranks: Vec<EchoRank>,
         bootstrap: &str,
         cfg: &Value,
         vars: &[(&str, &str)],
     ) -> Fleet {
+        let mut cfg = cfg.clone();
+        if let Some(o) = cfg.as_object_mut() {
+            o.entry("outputs").or_insert(json!("all"));
+        }
+        let cfg = &cfg;
         let builder = vars
             .iter()
             .fold(builder_for(&ranks).plugin_config(cfg), |b, (k, v)| {
@@ -159,8 +167,10 @@ impl Fleet {
             .unwrap_or_else(|| panic!("no rank {name}"))
     }
 
-    /// Scrapes `/stats/prometheus`.
+    /// Scrapes `/stats/prometheus`, after the filter's counts reached Envoy
+    /// (it hands them over once a second, on its root context's tick).
     pub fn metrics(&self) -> Metrics {
+        std::thread::sleep(std::time::Duration::from_millis(1300));
         self.envoy
             .prometheus()
             .unwrap_or_else(|e| panic!("scraping /stats/prometheus: {e}"))

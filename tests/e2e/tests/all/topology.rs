@@ -48,7 +48,9 @@ async fn original_dst_cluster_follows_the_pick_on_both_paths() {
     assert_ne!(state_only, bootstrap::ORIGINAL_DST);
     let Fleet { ranks, envoy, .. } = f;
     drop(envoy);
-    let cfg = json!({"mode": "pick", "fallbacks": 0, "endpoints": endpoints(&ranks, &[])});
+    // The cluster reads the filter state only: output `original_dst` must be on.
+    let cfg = json!({"mode": "pick", "fallbacks": 0, "endpoints": endpoints(&ranks, &[]),
+        "outputs": ["all", "original_dst"]});
     let f = Fleet::start(ranks, &state_only, &cfg, &[]);
     let mut used = BTreeSet::new();
     for s in 0..12 {

@@ -84,9 +84,11 @@ fn body(rng: &mut Rng) -> Vec<u8> {
 
 #[test]
 fn wasm_build_decides_like_the_native_build() {
-    let cfg = Config::default();
+    // Every header output, so every marker is compared.
+    let config = r#"{"outputs":"all"}"#;
+    let cfg = Config::parse(config.as_bytes()).unwrap();
     let placement = Placement::new(&cfg.endpoints);
-    let mut vm = plugin().start(options("{}")).unwrap();
+    let mut vm = plugin().start(options(config)).unwrap();
     let mut rng = Rng(0x7e7e_7e7e_1234_5678);
     let (mut full, mut ends) = (0, 0);
     for round in 0..120 {

@@ -16,7 +16,12 @@ fn plugin() -> &'static Plugin {
     })
 }
 
-fn vm(config: Value) -> FilterVm {
+/// A VM with every header output on (`"outputs": "all"`) unless the
+/// configuration names its own: these tests look at every marker.
+fn vm(mut config: Value) -> FilterVm {
+    if let Some(o) = config.as_object_mut() {
+        o.entry("outputs").or_insert(json!("all"));
+    }
     plugin()
         .start(options(&config.to_string()))
         .unwrap_or_else(|e| panic!("{config}: {e}"))
@@ -111,6 +116,8 @@ mod header_path {
             other.upstream_header("x-tether-key"),
             Some(keys[0].as_str())
         );
+        // Counts reach the host on the root context's tick.
+        vm.tick().unwrap();
         assert_eq!(vm.state().metric("tether_requests_header_path"), Some(5));
     }
 
@@ -280,7 +287,7 @@ mod body_path {
 
     #[test]
     fn body_field_decides_through_filter_state_after_buffering() {
-        let mut vm = vm(json!({}));
+        let mut vm = vm(json!({"outputs": ["all", "hashable_string"]}));
         let mut body = chat("sys", "hello", 3);
         body["session_id"] = json!("run-7");
         let bytes = body.to_string().into_bytes();
@@ -329,6 +336,8 @@ mod body_path {
             by_header.upstream_header("x-tether-session"),
             out.filter_state_value("wasm.tether.x-tether-session")
         );
+        // Counts reach the host on the root context's tick.
+        vm.tick().unwrap();
         assert_eq!(vm.state().metric("tether_requests_body_path"), Some(1));
     }
 
@@ -451,7 +460,9 @@ mod pick_mode {
 
     #[test]
     fn body_path_sets_original_dst_to_the_primary() {
-        let mut vm = vm(config());
+        let mut cfg = config();
+        cfg["outputs"] = json!(["all", "original_dst"]);
+        let mut vm = vm(cfg);
         let mut body = chat("s", "u", 1);
         body["user"] = json!("someone");
         body["session_id"] = json!("p2");
@@ -560,6 +571,8 @@ mod bad_input {
             ("truncated", 1),
         ] {
             let name = format!("tether_fallback_{reason}");
+            // Counts reach the host on the root context's tick.
+            vm.tick().unwrap();
             assert_eq!(vm.state().metric(&name), Some(n), "{name}");
         }
     }
@@ -588,6 +601,8 @@ mod bad_input {
             .unwrap();
         assert_eq!(out.upstream_header("x-tether-key"), None);
         assert!(out.properties_set.is_empty() && out.filter_state.is_empty());
+        // Counts reach the host on the root context's tick.
+        vm.tick().unwrap();
         assert_eq!(vm.state().metric("tether_requests_untouched"), Some(1));
     }
 
@@ -614,6 +629,8 @@ mod bad_input {
         );
         assert_ne!(out.upstream_header("x-data-parallel-rank"), Some("7"));
         // One count per spoofed header removed.
+        // Counts reach the host on the root context's tick.
+        vm.tick().unwrap();
         assert_eq!(vm.state().metric("tether_spoofed_header_removed"), Some(3));
     }
 
@@ -630,6 +647,8 @@ mod bad_input {
         let out = vm.run(&req).unwrap();
         assert!(!source(&out).starts_with("header:"), "{}", source(&out));
         // Both unusable headers (too long, not UTF-8), each counted once.
+        // Counts reach the host on the root context's tick.
+        vm.tick().unwrap();
         assert_eq!(vm.state().metric("tether_bad_header"), Some(2));
     }
 
@@ -719,9 +738,8 @@ mod configuration {
             ],
             "retention_ms": {"first": 300000, "user": 300000, "tool": 120000, "handoff": 300000},
             "subagent_tools": ["Task", "Agent", "spawn_agent", "delegate"],
-            "engine": {"session_header": true, "body_session_id": false, "routed_dp_rank": false},
+            "outputs": "hash",
             "max_body_bytes": 16777216,
-            "debug_header": false,
             "header_fast_path": true,
             "turn_count_max_bytes": 32768
         });
@@ -795,13 +813,39 @@ mod configuration {
                     format!("{:?}", b.filter_state),
                     "{config:?} {what}"
                 );
+                // Hash mode emits the key alone by default.
+                let emitted: Vec<String> = a
+                    .properties_set
+                    .keys()
+                    .cloned()
+                    .chain(
+                        a.upstream
+                            .iter()
+                            .flat_map(|u| u.headers.iter().map(|(k, _)| k.to_owned()))
+                            .filter(|k| k.starts_with("x-tether-")),
+                    )
+                    .collect();
+                assert!(
+                    emitted
+                        .iter()
+                        .all(|k| k == "x-tether-key" || k == "wasm.tether.x-tether-key"),
+                    "{config:?} {what}: {emitted:?}"
+                );
                 outs.push((*what, a));
             }
         }
+        // The other defaults (sources, retention table, subagent tools), seen
+        // through every output.
+        let mut all = vm(json!({"outputs": "all"}));
+        let everything: Vec<(&str, Outcome)> = requests
+            .iter()
+            .map(|(what, headers, body)| (*what, send(&mut all, CHAT, headers, body)))
+            .collect();
         // An output as the rank gets it: a header (header path) or the filter-state
         // value Envoy copies into one (body path).
         let get = |what: &str, h: &str| {
-            outs.iter()
+            everything
+                .iter()
                 .find(|(w, _)| *w == what)
                 .and_then(|(_, o)| {
                     o.upstream_header(h)
@@ -831,7 +875,7 @@ mod configuration {
             get("header session", "x-gateway-destination-endpoint"),
             None
         );
-        // The engine gets the session header (engine.session_header) and the retention table.
+        // The engine gets the session hash and the retention table.
         assert!(is_hex16(
             get("header session", "x-tether-session").as_deref()
         ));
@@ -897,5 +941,77 @@ mod configuration {
                 "{what}"
             );
         }
+    }
+}
+
+/// Preset `vllm`: the markers in the body's `kv_transfer_params.tether`, merged
+/// with the client's parameters; a client's own `tether` never reaches the engine.
+mod vllm_markers {
+    use super::*;
+    use tether_wire::TurnMarker;
+
+    #[test]
+    fn the_upstream_body_carries_the_markers_and_the_clients_params() {
+        let mut vm = vm(json!({"outputs": ["vllm"]}));
+        let mut body = chat("sys", "task", 2);
+        body["session_id"] = json!("run-9");
+        body["kv_transfer_params"] = json!({
+            "do_remote_decode": false,
+            "tether": {"session": "ffffffffffffffff", "prompt_end": "1", "turn_kind": "first"}
+        });
+        let out = send(&mut vm, CHAT, &[("content-length", "9999")], &body);
+        let up = out.upstream.clone().expect("released upstream");
+        let sent: Value = serde_json::from_slice(&up.body).expect("the body is still JSON");
+        let kv = &sent["kv_transfer_params"];
+        assert_eq!(kv["do_remote_decode"], json!(false), "{sent}");
+        let tether = kv["tether"].as_object().expect("our markers");
+        let m = TurnMarker::from_fields(
+            tether
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or("?"))),
+        )
+        .unwrap()
+        .expect("a session");
+        assert_ne!(tether["session"], json!("ffffffffffffffff"));
+        assert_eq!(m.kind, tether_wire::TurnKind::Tool);
+        assert!(m.prompt_end);
+        // The session also reaches vLLM as request.session_id, through x-session-id.
+        assert!(is_hex16(out.filter_state_value("wasm.tether.x-session-id")));
+        // The rest of the body is the client's, byte for byte after the rewritten prefix.
+        assert_eq!(sent["messages"], body["messages"]);
+        // The old content-length is gone: Envoy's buffer filter sets the new one.
+        assert_eq!(up.headers.get_str("content-length"), None);
+        vm.tick().unwrap();
+        assert_eq!(vm.state().metric("tether_body_rewritten"), Some(1));
+        assert_eq!(
+            vm.state().metric("tether_spoofed_body_marker_removed"),
+            Some(1)
+        );
+        // A client's parameters without markers of its own are not counted.
+        body["kv_transfer_params"] = json!({"do_remote_decode": false});
+        send(&mut vm, CHAT, &[], &body);
+        vm.tick().unwrap();
+        assert_eq!(vm.state().metric("tether_body_rewritten"), Some(2));
+        assert_eq!(
+            vm.state().metric("tether_spoofed_body_marker_removed"),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn a_body_that_cannot_be_rewritten_is_refused() {
+        let mut vm = vm(json!({"outputs": "vllm", "max_body_bytes": 2000}));
+        let mut body = chat("sys", &"x".repeat(3000), 0);
+        body["kv_transfer_params"] = json!({"tether": {"session": "ff"}});
+        let bytes = body.to_string().into_bytes();
+        let out = vm
+            .run(&Request {
+                body_chunks: Request::chunked(&bytes, 1000),
+                ..Request::post(CHAT, &[("content-type", "application/json")], &[])
+            })
+            .unwrap();
+        let local = out.local_response.expect("refused locally");
+        assert_eq!(local.status, 413);
+        assert_eq!(local.details, "tether_body_not_rewritten");
     }
 }
