@@ -2,7 +2,8 @@
 #   make test-vllm    installs vLLM 0.33.0 (--no-deps) + torch 2.14.0 + the pinned pure-Python
 #                     packages its scheduler and connector API import into .venv once (a stamp),
 #                     builds the abi3 wheel with maturin and runs the pytest suite against vLLM's
-#                     real Scheduler and worker glue on CPU
+#                     real Scheduler and worker glue on CPU (with the filter module, Envoy and the
+#                     tether CLI: markers from the real filter in Envoy reach the connector)
 #   make bench-vllm   the agent-trace benchmark: plain prefix caching vs OffloadingConnector vs
 #                     TetherConnector through the same scheduler (BENCHMARKS.md)
 #   make vllm-gpu-bundle   what scripts/vllm-gpu-check.sh carries to an accelerator machine
@@ -26,8 +27,10 @@ vllm-wheel: $(VLLM_STAMP)
 	$(VENV)/bin/maturin build --release --quiet -m engine-ext/vllm/Cargo.toml -o target/wheels
 	$(PIP) install --force-reinstall --no-deps target/wheels/tether_vllm-*.whl
 
-test-vllm: vllm-wheel
-	cd engine-ext/vllm/tests && $(VLLM_PY) -m pytest -q -p no:cacheprovider .
+# test_gateway_markers.py runs the built filter in Envoy, rendered by `tether gateway`.
+test-vllm: vllm-wheel wasm envoy-install
+	$(CARGO) build --quiet -p tether-fleet --bin tether
+	cd engine-ext/vllm/tests && TETHER_CLI=$(abspath target/debug/tether) $(VLLM_PY) -m pytest -q -p no:cacheprovider .
 
 bench-vllm: vllm-wheel
 	cd engine-ext/vllm/tests && $(VLLM_PY) bench_agent_trace.py $(BENCH_ARGS)
