@@ -1,4 +1,5 @@
 use super::*;
+use std::hash::BuildHasher;
 
 fn h(i: u128) -> BlockHash {
     BlockHash(i * 0x9e37_79b9_7f4a_7c15 + 1)
@@ -143,4 +144,75 @@ fn a_full_pool_refuses_more_slots_until_one_is_freed() {
     assert_eq!(p.empty_slots(), 1);
     assert_eq!(p.take_empty(), Some(a));
     p.check().expect("invariants");
+}
+
+/// The index hashes a block by its low 64 bits (block hashes are uniform
+/// already); a hasher that loses them would turn every lookup into a scan of
+/// one bucket — correct, but no longer O(1) (cargo-mutants survivors in
+/// `PassThrough`).
+#[test]
+fn the_index_hasher_passes_the_low_64_bits_through() {
+    let mut a = PassThrough::default();
+    a.write_u128(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210);
+    assert_eq!(a.finish(), 0xfedc_ba98_7654_3210);
+    let mut b = PassThrough::default();
+    b.write(&[0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0xff]);
+    assert_eq!(
+        b.finish(),
+        0x0102_0304_0506_0708,
+        "first 8 bytes, big-endian"
+    );
+    let build = BuildHasherDefault::<PassThrough>::default();
+    assert_eq!(
+        build.hash_one(BlockHash(7 | (9 << 64))),
+        7,
+        "a BlockHash hashes as its low half"
+    );
+}
+
+/// Counters callers report: cached blocks and evictions, exactly.
+#[test]
+fn cached_and_evicted_count_blocks_exactly() {
+    let mut p = BlockPool::new(8);
+    let a = chain(&mut p, 0, 3, None);
+    let b = chain(&mut p, 10, 2, None);
+    assert_eq!((p.cached(), p.evicted()), (5, 0));
+    for s in a.iter().chain(&b).rev() {
+        p.release(*s);
+    }
+    // The free queue's front is b's tail (released first), then b's head, then a's tail.
+    assert_eq!(p.evict_lru(), 1);
+    assert_eq!(p.evict_lru(), 1);
+    assert_eq!((p.cached(), p.evicted()), (3, 2));
+    assert_eq!(p.evict_lru(), 1);
+    assert_eq!((p.cached(), p.evicted()), (2, 3));
+    p.check().expect("invariants");
+}
+
+/// `metadata_bytes` is the memory figure BENCHMARKS.md quotes per block: slots,
+/// the hash index (entry plus hashbrown's one control byte per bucket) and the
+/// free list, all by capacity.
+#[test]
+fn metadata_bytes_counts_slots_index_and_free_list() {
+    let mut p = BlockPool::new(64);
+    let a = chain(&mut p, 0, 40, None);
+    for s in a.iter().rev() {
+        p.release(*s);
+    }
+    assert_eq!(p.evict_lru(), 1);
+    let slots = p.slots.capacity();
+    let buckets = p.index.capacity();
+    let free = p.empty.capacity();
+    assert!(slots >= 40 && buckets >= 39 && free >= 1);
+    assert_eq!(
+        p.metadata_bytes(),
+        slots * std::mem::size_of::<Slot>()
+            + buckets * (std::mem::size_of::<(BlockHash, u32)>() + 1)
+            + free * 4
+    );
+    assert!(
+        (48..=200).contains(&(p.metadata_bytes() / 40)),
+        "{} B for 40 blocks",
+        p.metadata_bytes()
+    );
 }
