@@ -17,7 +17,7 @@ MUTANTS_TOOL := $(MUTANTS_ROOT)/bin/cargo-mutants
 MUTANTS_BASE ?= main
 MUTANTS_SHARD ?=
 MUTANTS_OUT := target/mutants
-MUTANTS_GROUPS := wire placement filter engine
+MUTANTS_GROUPS := wire placement filter engine fleet
 
 # What each group mutates (the pure logic) and the tests that judge it.
 MUTANTS_FILES_wire := -f 'wire/src/*.rs'
@@ -28,10 +28,13 @@ MUTANTS_FILES_engine := -f engine-ext/src/cache.rs -f engine-ext/src/pool.rs -f 
 	-f engine-ext/src/victims.rs -f engine-ext/src/hash.rs \
 	-f engine-ext/src/marker.rs -f engine-ext/src/record.rs
 # Unit tests only (`--lib`, for the build too: no doc-test copy of the crate).
+MUTANTS_FILES_fleet := -f fleet/src/import/derive.rs -f fleet/src/import/mooncake.rs \
+	-f fleet/src/import/bailian.rs -f fleet/src/import/agentx.rs -f fleet/src/report/compare.rs
 MUTANTS_ARGS_wire := --profile mutants-quick --cargo-arg=--lib
 MUTANTS_ARGS_placement := --profile mutants-quick --cargo-arg=--lib
 MUTANTS_ARGS_filter := --profile mutants --cargo-arg=--lib
 MUTANTS_ARGS_engine := --profile mutants-quick --cargo-arg=--lib
+MUTANTS_ARGS_fleet := --profile mutants-quick --cargo-arg=--lib
 
 # The pinned release, from crates.io; an installed copy of the same version is reused.
 $(MUTANTS_TOOL):
