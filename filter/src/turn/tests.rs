@@ -277,3 +277,55 @@ fn new_turn_bytes_is_what_follows_the_last_assistant_entry() {
     };
     assert_eq!(new_turn_bytes(Api::Chat, &doc, &view), None);
 }
+
+/// Classifies a body walked whole (kind, count, prompt end).
+fn whole(api: Api, body: &[u8]) -> (TurnKind, Option<u32>, bool) {
+    let t = both(api, body, false).0.expect("a conversation");
+    (t.kind, t.count, t.prompt_end)
+}
+
+/// A prompt of system messages only opens the conversation; one ending with an
+/// assistant entry (message or reasoning) is a prefill, not a prompt end
+/// (cargo-mutants survivors: deleted arms in `entry`).
+#[test]
+fn system_only_prompts_are_first_and_assistant_endings_are_no_prompt_end() {
+    let chat =
+        br#"{"messages":[{"role":"system","content":"a"},{"role":"developer","content":"b"}]}"#;
+    assert_eq!(whole(Api::Chat, chat).0, TurnKind::First);
+    for item in [
+        r#"{"role":"system","content":"a"}"#,
+        r#"{"type":"message","role":"developer","content":"a"}"#,
+    ] {
+        let body = format!(r#"{{"input":[{item}]}}"#);
+        assert_eq!(
+            whole(Api::Responses, body.as_bytes()).0,
+            TurnKind::First,
+            "{item}"
+        );
+    }
+    for last in [
+        r#"{"type":"reasoning","summary":[]}"#,
+        r#"{"type":"message","role":"assistant","content":"Sure,"}"#,
+        r#"{"role":"assistant","content":"Sure,"}"#,
+    ] {
+        let body = format!(r#"{{"input":[{{"role":"user","content":"hi"}},{last}]}}"#);
+        let (kind, _, end) = whole(Api::Responses, body.as_bytes());
+        assert_eq!((kind, end), (TurnKind::User, false), "{last}");
+    }
+}
+
+/// Responses items carry a `type`: typed user messages open turns, typed
+/// assistant items (reasoning, tool calls) close them (cargo-mutants
+/// survivors: `==` -> `!=` and `||` -> `&&` in `count_turns`).
+#[test]
+fn responses_turn_count_reads_item_types() {
+    let body = br#"{"input":[
+        {"type":"message","role":"user","content":"fix it"},
+        {"type":"reasoning","summary":[]},
+        {"type":"function_call","call_id":"c1","name":"bash","arguments":"{}"},
+        {"type":"function_call_output","call_id":"c1","output":"ok"},
+        {"type":"function_call","call_id":"c2","name":"bash","arguments":"{}"},
+        {"type":"function_call_output","call_id":"c2","output":"ok"}
+    ]}"#;
+    assert_eq!(whole(Api::Responses, body), (TurnKind::Tool, Some(3), true));
+}
