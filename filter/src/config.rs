@@ -120,6 +120,10 @@ pub struct Config {
     pub header_fast_path: bool,
     /// Bodies up to this size are walked whole, so `x-tether-turn` is exact.
     pub turn_count_max_bytes: usize,
+    /// Load-aware pick (`load`): polled `/load` reports, spill over a bound.
+    pub load: Option<crate::load_view::LoadConfig>,
+    /// P/D in pick mode (`pd`): a prefill pool and the disaggregation threshold.
+    pub pd: Option<crate::pd::PdConfig>,
 }
 
 /// Default `session_sources`.
@@ -184,6 +188,8 @@ impl Default for Config {
             max_body_bytes: 16 * 1024 * 1024,
             header_fast_path: true,
             turn_count_max_bytes: 32 * 1024,
+            load: None,
+            pd: None,
         }
     }
 }
@@ -213,6 +219,7 @@ impl Config {
         let obj = value
             .as_object()
             .ok_or_else(|| ConfigError::new("(configuration)", "must be a JSON object"))?;
+        let mut pd = None;
         for (name, v) in obj {
             match name.as_str() {
                 "mode" => {
@@ -234,7 +241,7 @@ impl Config {
                     cfg.endpoints = list
                         .iter()
                         .enumerate()
-                        .map(|(i, e)| endpoint(i, e))
+                        .map(|(i, e)| endpoint("endpoints", i, e))
                         .collect::<Result<_, _>>()?;
                 }
                 "fallbacks" => cfg.fallbacks = field(name, v)?,
@@ -292,6 +299,8 @@ impl Config {
                 "max_body_bytes" => cfg.max_body_bytes = field(name, v)?,
                 "header_fast_path" => cfg.header_fast_path = field(name, v)?,
                 "turn_count_max_bytes" => cfg.turn_count_max_bytes = field(name, v)?,
+                "load" => cfg.load = Some(crate::load_view::LoadConfig::parse(v)?),
+                "pd" => pd = Some(v),
                 other => return Err(ConfigError::new(other, "unknown field")),
             }
         }
@@ -307,6 +316,27 @@ impl Config {
         };
         if cfg.max_body_bytes == 0 {
             return Err(ConfigError::new("max_body_bytes", "must be positive"));
+        }
+        if cfg.load.is_some() && cfg.mode != Mode::Pick {
+            return Err(ConfigError::new(
+                "load",
+                "needs mode \"pick\" (the filter must choose the endpoint)",
+            ));
+        }
+        if let Some(v) = pd {
+            if cfg.mode != Mode::Pick {
+                return Err(ConfigError::new(
+                    "pd",
+                    "needs mode \"pick\" (the decode endpoint is the filter's pick)",
+                ));
+            }
+            if cfg.header_fast_path {
+                return Err(ConfigError::new(
+                    "pd",
+                    "needs header_fast_path: false (the decision reads the conversation to estimate its uncached prompt)",
+                ));
+            }
+            cfg.pd = Some(crate::pd::PdConfig::parse(v, &cfg.endpoints)?);
         }
         Ok(cfg)
     }
@@ -333,10 +363,15 @@ fn object<'v>(
         .ok_or_else(|| ConfigError::new(name, "must be an object"))
 }
 
-fn endpoint(i: usize, v: &serde_json::Value) -> Result<Endpoint, ConfigError> {
-    let at = |f: &str| format!("endpoints[{i}].{f}");
+/// Element `i` of an endpoint list named `list` (`endpoints`, `pd.prefill_endpoints`).
+pub(crate) fn endpoint(
+    list: &str,
+    i: usize,
+    v: &serde_json::Value,
+) -> Result<Endpoint, ConfigError> {
+    let at = |f: &str| format!("{list}[{i}].{f}");
     let (mut address, mut weight, mut dp_size) = (None, 1.0_f64, 1_u32);
-    for (k, v) in object(&format!("endpoints[{i}]"), v)? {
+    for (k, v) in object(&format!("{list}[{i}]"), v)? {
         match k.as_str() {
             "address" => address = Some(field::<String>(&at("address"), v)?),
             "weight" => weight = field(&at("weight"), v)?,

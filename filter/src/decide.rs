@@ -151,6 +151,14 @@ pub struct Decision {
     /// The client's `kv_transfer_params` held its own `tether` member, which
     /// the rewrite removed (counter `tether_spoofed_body_marker_removed`).
     pub spoofed_markers: bool,
+    /// Body path: the body's size, and the bytes after its last assistant
+    /// entry (the P/D estimate, [`crate::pd`]).
+    pub body_bytes: usize,
+    pub new_bytes: Option<usize>,
+    /// Load-aware pick moved the key off its rendezvous primary ([`crate::placer`]).
+    pub spilled: bool,
+    /// P/D: the prefill endpoint (`x-prefiller-host-port`), when disaggregated.
+    pub prefiller: Option<String>,
 }
 
 /// What the header callback does.
@@ -386,7 +394,11 @@ pub fn on_body_marked(
                 })
                 .flatten();
             mark(Step::Turn);
-            finish(cfg, placement, api, id, turn, None, stats, bad, false)
+            let mut d = finish(cfg, placement, api, id, turn, None, stats, bad, false);
+            if cfg.pd.is_some() {
+                d.new_bytes = turn::new_turn_bytes(api, &doc, &view);
+            }
+            d
         }
         Resolution::NeedBody | Resolution::Nothing => {
             let p = view.prefix(identity::FALLBACK_PREFIX).to_vec();
@@ -398,6 +410,7 @@ pub fn on_body_marked(
         }
     };
     mark(Step::Place);
+    d.body_bytes = size;
     if cfg.rewrites_body() {
         let mut spoofed = false;
         d.edit = match rewrite::plan(
@@ -557,6 +570,10 @@ fn finish(
         header_path,
         reject: None,
         spoofed_markers: false,
+        body_bytes: 0,
+        new_bytes: None,
+        spilled: false,
+        prefiller: None,
     }
 }
 

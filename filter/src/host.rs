@@ -62,6 +62,28 @@ unsafe extern "C" {
         grpc_status: i32,
     ) -> u32;
     fn proxy_define_metric(t: MetricType, n: *const u8, nl: usize, id: *mut u32) -> u32;
+    fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_get_current_time_nanoseconds(out: *mut u64) -> u32;
+    fn proxy_get_shared_data(
+        k: *const u8,
+        kl: usize,
+        out: *mut *mut u8,
+        out_size: *mut usize,
+        cas: *mut u32,
+    ) -> u32;
+    fn proxy_set_shared_data(k: *const u8, kl: usize, v: *const u8, vl: usize, cas: u32) -> u32;
+    fn proxy_http_call(
+        upstream: *const u8,
+        upstream_size: usize,
+        headers: *const u8,
+        headers_size: usize,
+        body: *const u8,
+        body_size: usize,
+        trailers: *const u8,
+        trailers_size: usize,
+        timeout_ms: u32,
+        token: *mut u32,
+    ) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
 }
 
@@ -201,4 +223,70 @@ pub fn define_counter(name: &str) -> Result<u32, HostStatus> {
 pub fn increment(id: u32, by: i64) -> Result<(), HostStatus> {
     // SAFETY: plain value call.
     check(unsafe { proxy_increment_metric(id, by) })
+}
+
+/// Calls the root context's `on_tick` every `ms` (0 stops it).
+pub fn set_tick_period(ms: u32) -> Result<(), HostStatus> {
+    // SAFETY: plain value call.
+    check(unsafe { proxy_set_tick_period_milliseconds(ms) })
+}
+
+/// The host's wall clock, ms since the Unix epoch.
+pub fn now_ms() -> Result<u64, HostStatus> {
+    let mut ns = 0u64;
+    // SAFETY: the host writes into a live local.
+    check(unsafe { proxy_get_current_time_nanoseconds(&mut ns) })?;
+    Ok(ns / 1_000_000)
+}
+
+/// A shared-data value and its compare-and-swap token; `(None, 0)` when absent
+/// (Envoy answers `NotFound`, status 1).
+pub fn get_shared(key: &str) -> Result<(Option<Vec<u8>>, u32), HostStatus> {
+    let (mut data, mut size, mut cas) = (null_mut(), 0usize, 0u32);
+    // SAFETY: the host reads `key` and writes the out-pointers (live locals).
+    let status =
+        unsafe { proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas) };
+    let value = adopt(data, size);
+    match status {
+        0 => Ok((Some(value), cas)),
+        1 => Ok((None, 0)),
+        s => Err(HostStatus(s)),
+    }
+}
+
+/// Sets a shared-data value if its token is still `cas` (0: unconditionally);
+/// `Err(HostStatus(8))` (`CasMismatch`) when another worker wrote first.
+pub fn set_shared(key: &str, value: &[u8], cas: u32) -> Result<(), HostStatus> {
+    // SAFETY: the host only reads the two byte ranges.
+    check(unsafe {
+        proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas)
+    })
+}
+
+/// `dispatch_http_call`: a request to an Envoy cluster; the answer arrives in
+/// the root context's `on_http_call_response` with the returned token.
+pub fn http_call(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    timeout_ms: u32,
+) -> Result<u32, HostStatus> {
+    let h = crate::header_pairs::encode(headers);
+    let empty = crate::header_pairs::encode(&[]);
+    let mut token = 0u32;
+    // SAFETY: the host reads the byte ranges (all live for the call) and writes the token into a live local.
+    check(unsafe {
+        proxy_http_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            h.as_ptr(),
+            h.len(),
+            std::ptr::null(),
+            0,
+            empty.as_ptr(),
+            empty.len(),
+            timeout_ms,
+            &mut token,
+        )
+    })?;
+    Ok(token)
 }

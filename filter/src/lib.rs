@@ -32,6 +32,7 @@ pub mod markers;
 pub mod metrics;
 pub mod outputs;
 pub mod pd;
+pub mod placer;
 pub use tether_placement as placement;
 pub mod rewrite;
 pub mod scan;
@@ -43,6 +44,8 @@ pub use decide::Reason;
 mod glue;
 #[cfg(target_arch = "wasm32")]
 mod host;
+#[cfg(target_arch = "wasm32")]
+mod poller;
 #[cfg(all(target_arch = "wasm32", feature = "phase-timing"))]
 mod timing;
 

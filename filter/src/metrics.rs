@@ -72,6 +72,30 @@ pub const FIXED: &[(&str, &str)] = &[
         "refused: the body must be rewritten (cache_salt / kv_transfer_params) and could not be",
     ),
     ("tether_host_error", "a host call failed (value not set)"),
+    (
+        "tether_load_poll_ok",
+        "a rank's /load reply read into the load view",
+    ),
+    (
+        "tether_load_poll_bad",
+        "a rank's /load reply unusable (status, size, not a load report; logged)",
+    ),
+    (
+        "tether_load_poll_failed",
+        "a /load poll could not be sent (unknown cluster, host refusal)",
+    ),
+    (
+        "tether_load_spilled",
+        "a key placed off its primary: the primary is over the load bound",
+    ),
+    (
+        "tether_pd_disaggregated",
+        "prefill sent to a prefill endpoint (x-prefiller-host-port)",
+    ),
+    (
+        "tether_pd_local",
+        "P/D on, prefilled on the decode endpoint (expected uncached under the threshold)",
+    ),
 ];
 
 /// The [`FIXED`] counters by position, so a request counts by index instead
@@ -89,10 +113,16 @@ pub enum Fixed {
     BodyRewritten,
     Rejected,
     HostError,
+    LoadPollOk,
+    LoadPollBad,
+    LoadPollFailed,
+    LoadSpilled,
+    PdDisaggregated,
+    PdLocal,
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 11] = [
+    pub const ALL: [Fixed; 17] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
@@ -104,6 +134,12 @@ impl Fixed {
         Fixed::BodyRewritten,
         Fixed::Rejected,
         Fixed::HostError,
+        Fixed::LoadPollOk,
+        Fixed::LoadPollBad,
+        Fixed::LoadPollFailed,
+        Fixed::LoadSpilled,
+        Fixed::PdDisaggregated,
+        Fixed::PdLocal,
     ];
 
     /// The counter's name (its row in [`FIXED`]).
@@ -117,7 +153,7 @@ impl Fixed {
 /// failed. Names that sanitize alike share one id, as they share one counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CounterIds {
-    pub fixed: [Option<u32>; 11],
+    pub fixed: [Option<u32>; 17],
     /// By index into `session_sources`.
     pub source: Vec<Option<u32>>,
     pub head: Option<u32>,

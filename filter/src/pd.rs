@@ -72,3 +72,67 @@ pub fn prefiller(
 
 #[cfg(test)]
 mod tests;
+
+impl PdConfig {
+    /// Parses the `pd` object; every error names its field. `decode` are the
+    /// pick-mode `endpoints`: a prefill endpoint must have every DP rank a
+    /// decode endpoint may name (both legs keep the rank).
+    pub fn parse(
+        v: &serde_json::Value,
+        decode: &[Endpoint],
+    ) -> Result<Self, crate::config::ConfigError> {
+        use crate::config::ConfigError;
+        let err = |f: &str, why: String| ConfigError {
+            field: format!("pd.{f}"),
+            why,
+        };
+        let obj = v.as_object().ok_or_else(|| ConfigError {
+            field: "pd".into(),
+            why: "must be an object".into(),
+        })?;
+        let mut c = PdConfig {
+            prefill: Vec::new(),
+            threshold_tokens: DEFAULT_THRESHOLD_TOKENS,
+            bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
+        };
+        for (k, v) in obj {
+            match k.as_str() {
+                "prefill_endpoints" => {
+                    let list = v
+                        .as_array()
+                        .ok_or_else(|| err(k, "must be a list".into()))?;
+                    c.prefill = list
+                        .iter()
+                        .enumerate()
+                        .map(|(i, e)| crate::config::endpoint("pd.prefill_endpoints", i, e))
+                        .collect::<Result<_, _>>()?;
+                }
+                "threshold_tokens" => {
+                    c.threshold_tokens = v
+                        .as_u64()
+                        .ok_or_else(|| err(k, "must be a whole number of tokens".into()))?
+                }
+                "bytes_per_token" => {
+                    c.bytes_per_token = v
+                        .as_f64()
+                        .filter(|b| b.is_finite() && *b >= 0.5 && *b <= 64.0)
+                        .ok_or_else(|| err(k, "must be a number between 0.5 and 64".into()))?
+                }
+                _ => return Err(err(k, "unknown field".into())),
+            }
+        }
+        if c.prefill.is_empty() {
+            return Err(err("prefill_endpoints", "must not be empty".into()));
+        }
+        let need = decode.iter().map(|e| e.dp_size).max().unwrap_or(1);
+        if let Some(i) = c.prefill.iter().position(|e| e.dp_size < need) {
+            return Err(err(
+                &format!("prefill_endpoints[{i}].dp_size"),
+                format!(
+                    "must be at least {need}, the largest decode dp_size (both legs keep the DP rank)"
+                ),
+            ));
+        }
+        Ok(c)
+    }
+}

@@ -1,0 +1,179 @@
+use super::*;
+use crate::api::Api;
+use crate::decide::on_whole_body;
+use crate::load_view::Sample;
+use serde_json::json;
+
+const DECODE: [&str; 4] = [
+    "10.0.0.1:8000",
+    "10.0.0.2:8000",
+    "10.0.0.3:8000",
+    "10.0.0.4:8000",
+];
+const PREFILL: [&str; 2] = ["10.0.1.1:8000", "10.0.1.2:8000"];
+
+fn cfg(extra: serde_json::Value) -> Config {
+    let mut c = json!({
+        "mode": "pick",
+        "header_fast_path": false,
+        "endpoints": DECODE.map(|a| json!({"address": a, "dp_size": 2})),
+        "load": {"poll_ms": 100, "max_age_ms": 1000, "factor": 1.5, "floor": 2},
+        "pd": {"prefill_endpoints": PREFILL.map(|a| json!({"address": a, "dp_size": 2})),
+               "threshold_tokens": 500, "bytes_per_token": 4.0},
+    });
+    if let (Some(o), Some(e)) = (c.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            if v.is_null() {
+                o.remove(k);
+            } else {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Config::parse(c.to_string().as_bytes()).unwrap()
+}
+
+fn body(session: &str, returning: bool, filler: usize) -> Vec<u8> {
+    let mut messages = vec![json!({"role": "user", "content": "x ".repeat(filler)})];
+    if returning {
+        messages.push(json!({"role": "assistant", "content": "ok"}));
+        messages.push(json!({"role": "user", "content": "and now?"}));
+    }
+    json!({"model": "m", "messages": messages, "session_id": session})
+        .to_string()
+        .into_bytes()
+}
+
+fn view(decode: [f64; 4], prefill: [f64; 2], at: u64) -> LoadView {
+    let mut v = LoadView::new(6);
+    for (i, r) in decode.iter().enumerate() {
+        v.record(
+            i,
+            Sample {
+                requests: *r,
+                prefill_tokens: 0.0,
+                at_ms: at,
+            },
+        );
+    }
+    for (i, t) in prefill.iter().enumerate() {
+        v.record(
+            4 + i,
+            Sample {
+                requests: 0.0,
+                prefill_tokens: *t,
+                at_ms: at,
+            },
+        );
+    }
+    v
+}
+
+fn decide(c: &Config, b: &[u8], v: &LoadView, now: u64) -> Decision {
+    let p = Placement::new(&c.endpoints);
+    let pp = c.pd.as_ref().map(|pd| Placement::new(&pd.prefill));
+    let mut d = on_whole_body(c, &p, Api::Chat, b);
+    refine(c, &p, pp.as_ref(), v, now, &mut d);
+    d
+}
+
+fn primary(d: &Decision) -> usize {
+    d.pick.as_ref().unwrap().order[0]
+}
+
+#[test]
+fn a_hot_primary_spills_the_key_to_its_next_rendezvous_choice() {
+    let c = cfg(json!({"pd": null}));
+    let b = body("hot", true, 10);
+    let plain = decide(&c, &b, &LoadView::new(6), 0);
+    assert!(!plain.spilled);
+    let order = plain.pick.clone().unwrap().order;
+    let mut loads = [0.0; 4];
+    // Under the floor: stays.
+    loads[order[0]] = 1.0;
+    let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000);
+    assert_eq!((primary(&d), d.spilled), (order[0], false));
+    // Well over the bound: its next choice, the same DP rank (equal dp_size).
+    loads[order[0]] = 40.0;
+    let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000);
+    assert_eq!((primary(&d), d.spilled), (order[1], true));
+    assert_eq!(
+        d.pick.as_ref().unwrap().rank,
+        plain.pick.as_ref().unwrap().rank
+    );
+    // Both primary and first fallback hot: the second fallback.
+    loads[order[1]] = 40.0;
+    let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000);
+    assert_eq!(primary(&d), order[2]);
+    // The same view gives the same choice (another gateway replica).
+    assert_eq!(decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000), d);
+    // A stale view is no view: back on the primary.
+    let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 5000);
+    assert_eq!((primary(&d), d.spilled), (order[0], false));
+}
+
+#[test]
+fn without_load_config_the_view_is_ignored() {
+    let c = cfg(json!({"pd": null, "load": null}));
+    let b = body("hot", true, 10);
+    let order = decide(&c, &b, &LoadView::new(6), 0).pick.unwrap().order;
+    let mut loads = [0.0; 4];
+    loads[order[0]] = 1000.0;
+    let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000);
+    assert_eq!((primary(&d), d.spilled), (order[0], false));
+}
+
+#[test]
+fn a_long_first_turn_is_disaggregated_to_the_least_loaded_prefiller() {
+    let c = cfg(json!({}));
+    let first = body("s1", false, 2000);
+    let d = decide(&c, &first, &view([0.0; 4], [9000.0, 10.0], 1000), 1000);
+    assert_eq!(d.prefiller.as_deref(), Some(PREFILL[1]));
+    let d = decide(&c, &first, &view([0.0; 4], [10.0, 9000.0], 1000), 1000);
+    assert_eq!(d.prefiller.as_deref(), Some(PREFILL[0]));
+    // A short one stays on its decode endpoint.
+    let short = body("s1", false, 100);
+    assert_eq!(decide(&c, &short, &LoadView::new(6), 0).prefiller, None);
+}
+
+#[test]
+fn a_returning_turn_of_a_pinned_session_prefills_in_place_unless_spilled() {
+    let c = cfg(json!({}));
+    let returning = body("s2", true, 2000);
+    let d = decide(&c, &returning, &LoadView::new(6), 0);
+    assert!(d.new_bytes.is_some_and(|n| n < 100), "{:?}", d.new_bytes);
+    assert_eq!(d.prefiller, None);
+    // Spilled to another decode endpoint: nothing cached there, disaggregate.
+    let order = d.pick.unwrap().order;
+    let mut loads = [0.0; 4];
+    loads[order[0]] = 50.0;
+    let d = decide(&c, &returning, &view(loads, [0.0; 2], 1000), 1000);
+    assert!(d.spilled);
+    assert!(d.prefiller.is_some());
+}
+
+#[test]
+fn pd_config_needs_pick_mode_and_the_body() {
+    for (extra, field) in [
+        (json!({"header_fast_path": true}), "pd"),
+        (json!({"mode": "hash", "load": null}), "pd"),
+        (json!({"mode": "hash", "pd": null}), "load"),
+    ] {
+        let mut c = json!({
+            "mode": "pick",
+            "header_fast_path": false,
+            "endpoints": [{"address": DECODE[0]}],
+            "load": {},
+            "pd": {"prefill_endpoints": [{"address": PREFILL[0]}]},
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            if v.is_null() {
+                c.as_object_mut().unwrap().remove(k);
+            } else {
+                c[k] = v.clone();
+            }
+        }
+        let e = Config::parse(c.to_string().as_bytes()).unwrap_err();
+        assert_eq!(e.field, field, "{extra}: {e}");
+    }
+}
