@@ -337,6 +337,13 @@ impl Config {
                 ));
             }
             cfg.pd = Some(crate::pd::PdConfig::parse(v, &cfg.endpoints)?);
+            // The prefiller header is what `pd` is for.
+            cfg.outputs = cfg.outputs.with(crate::outputs::Output::Prefiller);
+        } else if cfg.outputs.has(crate::outputs::Output::Prefiller) {
+            return Err(ConfigError::new(
+                "outputs",
+                "\"prefiller\" needs a pd configuration (the prefill pool)",
+            ));
         }
         Ok(cfg)
     }

@@ -12,12 +12,15 @@ use crate::config::Config;
 use crate::decide::{self, Decision, HeaderOutcome, Reason};
 use crate::host;
 use crate::identity::KeySource;
+use crate::load_view::LoadView;
 use crate::markers;
 use crate::metrics::{self, CounterIds, Fixed};
 use crate::outputs::{HASHABLE_KEY, ORIGINAL_DST_KEY, Output};
 use crate::placement::Placement;
+use crate::poller::Poller;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -30,6 +33,10 @@ struct Shared {
     read_headers: decide::ReadHeaders,
     /// Counts not yet handed to Envoy: (metric id, count).
     pending: std::cell::RefCell<Vec<(u32, i64)>>,
+    /// P/D: the prefill pool.
+    prefill: Option<Placement>,
+    /// Load-aware pick: this VM's copy of the polled view (the root's poller writes it).
+    view: Rc<RefCell<LoadView>>,
     #[cfg(feature = "phase-timing")]
     timings: crate::timing::Log,
 }
@@ -60,6 +67,39 @@ impl Shared {
     fn count_fixed(&self, f: Fixed) {
         self.count(self.counters.fixed(f));
     }
+
+    /// Load view and P/D on top of the rendezvous pick ([`crate::placer`]).
+    fn refine(&self, d: &mut Decision) {
+        if self.cfg.load.is_none() && self.cfg.pd.is_none() {
+            return;
+        }
+        let now = if self.cfg.load.is_some() {
+            host::now_ms().unwrap_or(0)
+        } else {
+            0
+        };
+        let empty = LoadView::default();
+        let view = self.view.try_borrow();
+        let view = view.as_deref().unwrap_or(&empty);
+        crate::placer::refine(
+            &self.cfg,
+            &self.placement,
+            self.prefill.as_ref(),
+            view,
+            now,
+            d,
+        );
+        if d.spilled {
+            self.count_fixed(Fixed::LoadSpilled);
+        }
+        if self.cfg.pd.is_some() && !d.header_path && d.pick.is_some() {
+            self.count_fixed(if d.prefiller.is_some() {
+                Fixed::PdDisaggregated
+            } else {
+                Fixed::PdLocal
+            });
+        }
+    }
 }
 
 /// How often counts kept in the VM reach Envoy's stats.
@@ -67,15 +107,32 @@ const COUNTER_FLUSH: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Root {
     shared: Option<Rc<Shared>>,
+    poller: Option<Poller>,
 }
 
 impl Root {
     pub fn new() -> Self {
-        Self { shared: None }
+        Self {
+            shared: None,
+            poller: None,
+        }
     }
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        let (Some(p), Some(s)) = (self.poller.as_mut(), self.shared.as_ref()) else {
+            return;
+        };
+        p.response(token_id, body_size, &|f| s.count_fixed(f));
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
@@ -105,9 +162,28 @@ impl RootContext for Root {
         let counters = CounterIds::new(&cfg, |name| defined.get(name).copied());
         let placement = Placement::new(&cfg.endpoints);
         let read_headers = decide::ReadHeaders::new(&cfg);
-        self.set_tick_period(COUNTER_FLUSH);
+        let prefill = cfg.pd.as_ref().map(|pd| Placement::new(&pd.prefill));
+        let targets: Vec<String> = cfg
+            .endpoints
+            .iter()
+            .chain(cfg.pd.iter().flat_map(|pd| &pd.prefill))
+            .map(|e| e.address.clone())
+            .collect();
+        let view = Rc::new(RefCell::new(LoadView::new(targets.len())));
+        // One tick drives both the counter flush and, with `load`, the polls.
+        let mut tick = COUNTER_FLUSH;
+        self.poller = cfg.load.as_ref().map(|lc| {
+            tick = tick.min(std::time::Duration::from_millis(lc.poll_ms));
+            Poller::new(lc.clone(), targets, Rc::clone(&view))
+        });
+        if host::set_tick_period(u32::try_from(tick.as_millis()).unwrap_or(u32::MAX)).is_err() {
+            host::log(LogLevel::Error, "tether: cannot start the tick");
+            return false;
+        }
         self.shared = Some(Rc::new(Shared {
             read_headers,
+            prefill,
+            view,
             pending: std::cell::RefCell::new(Vec::new()),
             cfg,
             placement,
@@ -120,6 +196,9 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         if let Some(s) = &self.shared {
+            if let Some(p) = self.poller.as_mut() {
+                p.tick(&|f| s.count_fixed(f));
+            }
             s.flush_counters();
         }
     }
@@ -275,8 +354,11 @@ impl Http {
     }
 
     /// Hands a body-path decision to Envoy; false when the request was refused.
-    fn finish_body(&mut self, d: Decision) -> bool {
+    fn finish_body(&mut self, mut d: Decision) -> bool {
         self.state = State::Done;
+        if d.reject.is_none() {
+            self.shared.refine(&mut d);
+        }
         if let Some((status, text)) = d.reject {
             self.shared.count_fixed(Fixed::Rejected);
             if host::send_local_response(status, "tether_body_not_rewritten", text).is_err() {
@@ -414,7 +496,8 @@ impl HttpContext for Http {
                 s.count(s.counters.fallback(Reason::UnknownFormat));
                 self.state = State::Done;
             }
-            HeaderOutcome::Decided(d) => {
+            HeaderOutcome::Decided(mut d) => {
+                s.refine(&mut d);
                 #[cfg(feature = "phase-timing")]
                 clock.lap();
                 self.emit_headers(&d);

@@ -1,24 +1,6 @@
 //! The proxy-wasm header-map encoding as the host hands it over: count,
 //! (key length, value length) × count, then NUL-terminated keys and values.
 
-/// Encodes pairs in the proxy-wasm map encoding (what `dispatch_http_call` sends).
-pub fn encode(pairs: &[(&str, &str)]) -> Vec<u8> {
-    let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
-    let mut out = Vec::new();
-    out.extend_from_slice(&len(pairs.len()));
-    for (k, v) in pairs {
-        out.extend_from_slice(&len(k.len()));
-        out.extend_from_slice(&len(v.len()));
-    }
-    for (k, v) in pairs {
-        for part in [k, v] {
-            out.extend_from_slice(part.as_bytes());
-            out.push(0);
-        }
-    }
-    out
-}
-
 /// Decodes the proxy-wasm map encoding: count, (key len, value len)×count, then
 /// NUL-terminated keys and values. `None` on any inconsistency.
 pub fn decode(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {

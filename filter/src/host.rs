@@ -72,18 +72,6 @@ unsafe extern "C" {
         cas: *mut u32,
     ) -> u32;
     fn proxy_set_shared_data(k: *const u8, kl: usize, v: *const u8, vl: usize, cas: u32) -> u32;
-    fn proxy_http_call(
-        upstream: *const u8,
-        upstream_size: usize,
-        headers: *const u8,
-        headers_size: usize,
-        body: *const u8,
-        body_size: usize,
-        trailers: *const u8,
-        trailers_size: usize,
-        timeout_ms: u32,
-        token: *mut u32,
-    ) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
 }
 
@@ -264,29 +252,23 @@ pub fn set_shared(key: &str, value: &[u8], cas: u32) -> Result<(), HostStatus> {
 }
 
 /// `dispatch_http_call`: a request to an Envoy cluster; the answer arrives in
-/// the root context's `on_http_call_response` with the returned token.
+/// the root context's `on_http_call_response` with the returned token. It
+/// must go through the SDK: its dispatcher records the token, and a response
+/// to a token it does not know panics the VM ("invalid token_id"). The SDK
+/// panics only on statuses Envoy's `httpCall` never returns (it answers
+/// `BadArgument` for an unknown cluster or missing pseudo-headers and
+/// `InternalFailure` when the call cannot start).
 pub fn http_call(
     cluster: &str,
     headers: &[(&str, &str)],
     timeout_ms: u32,
 ) -> Result<u32, HostStatus> {
-    let h = crate::header_pairs::encode(headers);
-    let empty = crate::header_pairs::encode(&[]);
-    let mut token = 0u32;
-    // SAFETY: the host reads the byte ranges (all live for the call) and writes the token into a live local.
-    check(unsafe {
-        proxy_http_call(
-            cluster.as_ptr(),
-            cluster.len(),
-            h.as_ptr(),
-            h.len(),
-            std::ptr::null(),
-            0,
-            empty.as_ptr(),
-            empty.len(),
-            timeout_ms,
-            &mut token,
-        )
-    })?;
-    Ok(token)
+    proxy_wasm::hostcalls::dispatch_http_call(
+        cluster,
+        headers.to_vec(),
+        None,
+        Vec::new(),
+        std::time::Duration::from_millis(u64::from(timeout_ms)),
+    )
+    .map_err(|s| HostStatus(s as u32))
 }

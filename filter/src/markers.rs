@@ -73,6 +73,9 @@ pub fn for_each_request_header(
         if out.has(Output::DpRank) {
             emit(names::DP_RANK, Decimal::new(u64::from(p.rank)).as_bytes());
         }
+        if let (true, Some(pf)) = (out.has(Output::Prefiller), &d.prefiller) {
+            emit(names::PREFILLER, pf.as_bytes());
+        }
     }
     if out.has(Output::SessionId) {
         emit(names::SESSION_ID, &key);

@@ -33,6 +33,9 @@ pub enum Output {
     Destination,
     /// `x-data-parallel-rank` (pick mode, vLLM data parallel).
     DpRank,
+    /// `x-prefiller-host-port` (pick mode with `pd`, llm-d P/D): only on
+    /// disaggregated requests; added whenever `pd` is configured.
+    Prefiller,
     /// Filter state `envoy.network.transport_socket.original_dst_address` =
     /// the primary endpoint (pick mode, an `ORIGINAL_DST` cluster).
     OriginalDst,
@@ -73,7 +76,7 @@ pub const ORIGINAL_DST_KEY: &str = "envoy.network.transport_socket.original_dst_
 pub const HASHABLE_KEY: &str = "envoy.hashable_string";
 
 impl Output {
-    pub const ALL: [Output; 19] = [
+    pub const ALL: [Output; 20] = [
         Output::Key,
         Output::KeySource,
         Output::Tenant,
@@ -86,6 +89,7 @@ impl Output {
         Output::RetentionMs,
         Output::Destination,
         Output::DpRank,
+        Output::Prefiller,
         Output::OriginalDst,
         Output::HashableString,
         Output::SessionId,
@@ -110,6 +114,7 @@ impl Output {
             Output::RetentionMs => "retention_ms",
             Output::Destination => "destination",
             Output::DpRank => "dp_rank",
+            Output::Prefiller => "prefiller",
             Output::OriginalDst => "original_dst",
             Output::HashableString => "hashable_string",
             Output::SessionId => "session_id",
@@ -134,6 +139,7 @@ impl Output {
             Output::RetentionMs => Sink::Header(h::RETENTION_MS),
             Output::Destination => Sink::Header(h::DESTINATION),
             Output::DpRank => Sink::Header(h::DP_RANK),
+            Output::Prefiller => Sink::Header(h::PREFILLER),
             Output::OriginalDst => Sink::FilterState(ORIGINAL_DST_KEY),
             Output::HashableString => Sink::FilterState(HASHABLE_KEY),
             Output::SessionId => Sink::Header(h::SESSION_ID),
@@ -148,7 +154,11 @@ impl Output {
     pub fn needs_pick(self) -> bool {
         matches!(
             self,
-            Output::Destination | Output::DpRank | Output::OriginalDst | Output::RoutedDpRank
+            Output::Destination
+                | Output::DpRank
+                | Output::Prefiller
+                | Output::OriginalDst
+                | Output::RoutedDpRank
         )
     }
 
@@ -305,7 +315,14 @@ impl Outputs {
     /// body, so the header path never sets them.
     pub fn header_path_markers(self) -> impl Iterator<Item = &'static str> {
         self.iter().filter_map(|o| match (o, o.sink()) {
-            (Output::TurnKind | Output::Turn | Output::RetentionMs | Output::Parent, _) => None,
+            (
+                Output::TurnKind
+                | Output::Turn
+                | Output::RetentionMs
+                | Output::Parent
+                | Output::Prefiller,
+                _,
+            ) => None,
             (_, Sink::Header(name)) if tether_wire::headers::is_internal(name.as_bytes()) => {
                 Some(name)
             }

@@ -42,11 +42,6 @@ impl Poller {
         }
     }
 
-    /// Starts the tick.
-    pub fn start(&self) -> Result<(), host::HostStatus> {
-        host::set_tick_period(u32::try_from(self.cfg.poll_ms).unwrap_or(u32::MAX))
-    }
-
     /// One tick: refresh this VM's view from shared data, then poll if this
     /// VM claims the period.
     pub fn tick(&mut self, count: &dyn Fn(Fixed)) {

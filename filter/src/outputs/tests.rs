@@ -51,9 +51,10 @@ fn all_takes_what_the_mode_has() {
     );
     let pick = Outputs::parse(&json!("all"), Mode::Pick).unwrap();
     // Everything but the body rewrites, which change the request and force the
-    // body path: those are chosen one by one.
+    // body path, and the prefiller, which comes with `pd`: those are chosen one by one.
     assert_eq!(pick.body_fields().count(), 0);
-    assert_eq!(pick.iter().count(), Output::ALL.len() - 5);
+    assert!(!pick.has(Output::Prefiller));
+    assert_eq!(pick.iter().count(), Output::ALL.len() - 6);
 }
 
 #[test]

@@ -177,3 +177,21 @@ fn pd_config_needs_pick_mode_and_the_body() {
         assert_eq!(e.field, field, "{extra}: {e}");
     }
 }
+
+#[test]
+fn pd_adds_the_prefiller_output_and_it_needs_pd() {
+    use crate::outputs::Output;
+    assert!(cfg(json!({})).outputs.has(Output::Prefiller));
+    assert!(!cfg(json!({"pd": null})).outputs.has(Output::Prefiller));
+    let bad = json!({"mode": "pick", "endpoints": [{"address": DECODE[0]}],
+                     "outputs": ["pick", "prefiller"]});
+    let e = Config::parse(bad.to_string().as_bytes()).unwrap_err();
+    assert_eq!(e.field, "outputs");
+    // The header path never carries it (a route may not match on it).
+    assert!(
+        !cfg(json!({}))
+            .outputs
+            .header_path_markers()
+            .any(|h| h == tether_wire::headers::PREFILLER)
+    );
+}

@@ -7,6 +7,7 @@ mod buffering;
 mod config;
 mod demo;
 mod floor;
+mod pd;
 mod pick;
 mod removal;
 mod replay;
