@@ -4,5 +4,6 @@ mod abi;
 mod cli;
 mod common;
 mod floor;
+mod load;
 mod scan;
 mod tether;

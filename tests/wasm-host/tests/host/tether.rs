@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use std::sync::OnceLock;
 use tether_wasm_host::{Action, FilterVm, HostError, Outcome, Plugin, Request};
 
-fn plugin() -> &'static Plugin {
+pub(crate) fn plugin() -> &'static Plugin {
     static P: OnceLock<Plugin> = OnceLock::new();
     P.get_or_init(|| {
         let path = tether_wasm_host::module_path("TETHER_FILTER_WASM", "tether_filter.wasm")
@@ -29,7 +29,12 @@ fn vm(mut config: Value) -> FilterVm {
 
 const CHAT: &str = "/v1/chat/completions";
 
-fn send(vm: &mut FilterVm, path: &str, headers: &[(&str, &str)], body: &Value) -> Outcome {
+pub(crate) fn send(
+    vm: &mut FilterVm,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> Outcome {
     let bytes = body.to_string().into_bytes();
     let req = Request {
         body_chunks: Request::chunked(&bytes, 4096),

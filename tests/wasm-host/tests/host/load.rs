@@ -1,0 +1,130 @@
+//! Load-aware pick in the harness: the root context's tick polls every
+//! endpoint's `/load` with `dispatch_http_call`, the replies land in shared
+//! data, a key spills off a primary reported over the bound and comes back
+//! once the view ages out; bad replies are counted and never kill the VM.
+
+use crate::common::options;
+use crate::tether::{plugin, send};
+use serde_json::json;
+use tether_wasm_host::{FilterVm, HeaderMap, HttpCallResponse};
+
+const A: &str = "10.0.0.1:8000";
+const B: &str = "10.0.0.2:8000";
+
+fn vm() -> FilterVm {
+    let cfg = json!({
+        "mode": "pick",
+        "endpoints": [{"address": A}, {"address": B}],
+        "load": {"poll_ms": 100, "max_age_ms": 1000, "factor": 1.5, "floor": 2},
+    });
+    plugin().start(options(&cfg.to_string())).expect("starts")
+}
+
+fn primary(vm: &mut FilterVm) -> String {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let out = send(
+        vm,
+        "/v1/chat/completions",
+        &[("x-session-id", "hot")],
+        &body,
+    );
+    let dest = out
+        .upstream_header("x-gateway-destination-endpoint")
+        .expect("picked");
+    dest.split(',').next().unwrap().to_owned()
+}
+
+fn report(server_load: u64) -> HttpCallResponse {
+    HttpCallResponse {
+        headers: HeaderMap::from_pairs([(":status", "200")]),
+        body: json!({"server_load": server_load, "sim_ms": 1.0, "speedup": 1.0,
+            "ranks": [{"dp_rank": 0, "running": server_load, "waiting": 0, "restoring": 0,
+                       "queued_prefill_tokens": 0, "kv_usage": 0.0, "kv_blocks": 10, "retentions": 0}]})
+        .to_string()
+        .into_bytes(),
+        ..HttpCallResponse::default()
+    }
+}
+
+/// Ticks once and answers this tick's polls with `answer(endpoint)`.
+fn poll(vm: &mut FilterVm, answer: impl Fn(&str) -> HttpCallResponse) -> usize {
+    let before = vm.state().http_calls.len();
+    vm.tick().unwrap();
+    let calls: Vec<(u32, String, String)> = vm.state().http_calls[before..]
+        .iter()
+        .map(|c| {
+            let h = |n: &str| c.headers.get_str(n).unwrap_or_default().to_owned();
+            assert_eq!(c.upstream, "ranks");
+            assert_eq!(h(":path"), "/load");
+            (c.token, h("x-gateway-destination-endpoint"), h(":method"))
+        })
+        .collect();
+    for (token, to, method) in &calls {
+        assert_eq!(method, "GET");
+        vm.respond_http_call(*token, answer(to)).unwrap();
+    }
+    calls.len()
+}
+
+fn metric(vm: &mut FilterVm, name: &str) -> u64 {
+    vm.tick().unwrap();
+    vm.state().metric(name).unwrap_or(0)
+}
+
+#[test]
+fn a_primary_reported_over_the_bound_spills_its_keys_until_the_view_ages() {
+    let mut vm = vm();
+    let home = primary(&mut vm);
+    let other = if home == A { B } else { A };
+    // Both endpoints are polled on a tick, each steered by override_host.
+    assert_eq!(poll(&mut vm, |_| report(0)), 2);
+    assert_eq!(primary(&mut vm), home, "idle: stays home");
+    // Home reports 40 in flight: over max(⌈1.5 × 41 / 2⌉, 2) = 31.
+    let hot = home.clone();
+    poll(&mut vm, move |to| report(if to == hot { 40 } else { 0 }));
+    assert_eq!(primary(&mut vm), other, "spilled to the next choice");
+    assert!(metric(&mut vm, "tether_load_spilled") >= 1);
+    assert!(metric(&mut vm, "tether_load_poll_ok") >= 4);
+    // No poll answers for longer than max_age_ms: the view is stale, home again.
+    vm.advance_clock_ms(2000);
+    let before = vm.state().http_calls.len();
+    vm.tick().unwrap();
+    assert!(vm.state().http_calls.len() > before, "polls go on");
+    assert_eq!(primary(&mut vm), home);
+}
+
+#[test]
+fn bad_load_replies_are_counted_and_never_kill_the_vm() {
+    let mut vm = vm();
+    let home = primary(&mut vm);
+    let bad = [
+        HttpCallResponse::default(), // no status: a failed call
+        HttpCallResponse {
+            headers: HeaderMap::from_pairs([(":status", "503")]),
+            body: b"upstream connect error".to_vec(),
+            ..HttpCallResponse::default()
+        },
+        HttpCallResponse {
+            headers: HeaderMap::from_pairs([(":status", "200")]),
+            body: b"{\"server_load\": \"many\"}".to_vec(),
+            ..HttpCallResponse::default()
+        },
+        HttpCallResponse {
+            headers: HeaderMap::from_pairs([(":status", "200")]),
+            body: vec![b'['; 300 * 1024],
+            ..HttpCallResponse::default()
+        },
+    ];
+    let mut n = 0;
+    for r in bad {
+        vm.advance_clock_ms(100);
+        n += poll(&mut vm, |_| r.clone());
+    }
+    assert!(!vm.failed(), "{:?}", vm.state().logs);
+    assert_eq!(metric(&mut vm, "tether_load_poll_bad"), n as u64);
+    assert_eq!(metric(&mut vm, "tether_load_poll_ok"), 0);
+    assert_eq!(primary(&mut vm), home, "no view, no spill");
+    // A reply to a token nobody asked for is ignored.
+    let _ = vm.respond_http_call(9999, report(1));
+    assert!(!vm.failed());
+}
