@@ -8,7 +8,8 @@
 //! body path sets that no entry copies, a route that disables buffering on a
 //! header the header path does not set, a hash policy, `override_host` source
 //! or `ORIGINAL_DST` cluster reading an output that is off, a filter-state
-//! output nothing reads. [`align`] rewrites the `header_mutation` entries and
+//! output nothing reads, an endpoint the filter polls (`load`) that is not in
+//! the polled cluster. [`align`] rewrites the `header_mutation` entries and
 //! the buffer-disabling route of such a bootstrap from its plugin
 //! configuration (what `tether gateway` and the test harness do); the rest
 //! are deployment choices and stay for [`check`] to judge.
@@ -343,6 +344,68 @@ pub fn check(doc: &Value) -> Vec<String> {
                     "the filter sets filter state {k} ({said}) but nothing reads it"
                 ));
             }
+        }
+        problems.extend(polled_cluster(doc, &cfg));
+    }
+    problems
+}
+
+/// With `load`, every polled endpoint (decode and prefill) must be an
+/// endpoint of `load.cluster`, which must steer by
+/// `x-gateway-destination-endpoint`: `override_host` answers a call for a
+/// host it does not have from another host, so a missing endpoint would get
+/// another rank's load (`docs/envoy-mechanisms.md`, mechanism 6).
+fn polled_cluster(doc: &Value, cfg: &Config) -> Vec<String> {
+    let Some(lc) = &cfg.load else {
+        return Vec::new();
+    };
+    let clusters = doc.get("static_resources").and_then(|s| s.get("clusters"));
+    let Some(c) = seq(clusters).find(|c| str_at(c, &["name"]) == Some(lc.cluster.as_str())) else {
+        return vec![format!(
+            "load.cluster {:?} is not a cluster of this bootstrap (the /load polls go there)",
+            lc.cluster
+        )];
+    };
+    let mut problems = Vec::new();
+    let (headers, _) = consumers(doc, &Value::Null);
+    let by = format!("override_host of cluster {}", lc.cluster);
+    if !headers
+        .iter()
+        .any(|(h, b)| h == tether_filter::markers::names::DESTINATION && *b == by)
+    {
+        problems.push(format!(
+            "load.cluster {:?} does not steer by {} (override_host): polls would reach any endpoint",
+            lc.cluster,
+            tether_filter::markers::names::DESTINATION
+        ));
+    }
+    let mut have = BTreeSet::new();
+    let groups = c.get("load_assignment").and_then(|l| l.get("endpoints"));
+    for g in seq(groups) {
+        for e in seq(g.get("lb_endpoints")) {
+            let sa = e
+                .get("endpoint")
+                .and_then(|e| e.get("address"))
+                .and_then(|a| a.get("socket_address"));
+            let ip = sa.and_then(|s| s.get("address")).and_then(Value::as_str);
+            let port = sa.and_then(|s| s.get("port_value")).and_then(Value::as_u64);
+            if let (Some(ip), Some(port)) = (ip, port)
+                && let Ok(ip) = ip.parse::<std::net::IpAddr>()
+            {
+                have.insert(std::net::SocketAddr::new(ip, port as u16).to_string());
+            }
+        }
+    }
+    let polled = cfg
+        .endpoints
+        .iter()
+        .chain(cfg.pd.iter().flat_map(|pd| &pd.prefill));
+    for e in polled {
+        if !have.contains(&e.address) {
+            problems.push(format!(
+                "{} is polled through load.cluster {:?} but is not one of its endpoints (another rank would answer for it)",
+                e.address, lc.cluster
+            ));
         }
     }
     problems

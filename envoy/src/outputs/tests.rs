@@ -107,3 +107,30 @@ fn align_makes_any_configuration_consistent() {
         }
     }
 }
+
+#[test]
+fn every_polled_endpoint_must_be_in_the_polled_cluster() {
+    let demo = ALL.iter().find(|(n, _)| *n == "demo.yaml").unwrap().1;
+    let cfg = |load: &str, prefill: &str| {
+        format!(
+            r#"{{"mode":"pick","endpoints":[{{"address":"127.0.0.1:8000"}},{{"address":"127.0.0.1:8001"}}],
+               "header_fast_path":false,"load":{load},
+               "pd":{{"prefill_endpoints":[{{"address":"{prefill}"}}]}}}}"#
+        )
+    };
+    // The demo cluster `ranks` holds 127.0.0.1:8000-8003.
+    let mut doc = with_config(demo, &cfg("{}", "127.0.0.1:8003"));
+    align(&mut doc);
+    assert_eq!(check(&doc), Vec::<String>::new());
+    let mut doc = with_config(demo, &cfg("{}", "127.0.0.1:9999"));
+    align(&mut doc);
+    let p = check(&doc);
+    assert!(
+        p.len() == 1 && p[0].contains("127.0.0.1:9999") && p[0].contains("another rank"),
+        "{p:#?}"
+    );
+    let mut doc = with_config(demo, &cfg(r#"{"cluster":"nope"}"#, "127.0.0.1:8003"));
+    align(&mut doc);
+    let p = check(&doc);
+    assert!(p.len() == 1 && p[0].contains("\"nope\""), "{p:#?}");
+}
