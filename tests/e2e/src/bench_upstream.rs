@@ -18,7 +18,12 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 /// Request headers echoed back as `x-up-<name>`: the evidence of each routing path.
-pub const ECHOED: [&str; 3] = ["x-floor", "x-tether-key", "x-tether-key-source"];
+pub const ECHOED: [&str; 4] = [
+    "x-floor",
+    "x-tether-key",
+    "x-tether-key-source",
+    "x-session-id",
+];
 
 const REPLY: &str = r#"{"id":"cmpl-bench","object":"chat.completion","model":"qwen3-coder-30b","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
 
