@@ -166,8 +166,10 @@ fn sessions_share_the_system_prompt_text_and_nothing_after_it() {
     }
 }
 
+/// The filter as `tether gateway` configures it in front of retaining ranks:
+/// the mode's default outputs plus the turn markers (`retain`).
 fn decide(http: &HttpRequest) -> Decision {
-    let cfg = Config::parse(b"").unwrap();
+    let cfg = Config::parse(br#"{"outputs":["hash","retain"]}"#).unwrap();
     let placement = Placement::new(&cfg.endpoints);
     let mut h: Vec<(String, Vec<u8>)> = vec![(":path".to_owned(), http.path.as_bytes().to_vec())];
     h.extend(
