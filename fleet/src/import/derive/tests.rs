@@ -120,3 +120,52 @@ fn shared_documents_and_divergence_inside_a_head() {
     assert_eq!(d.report.conversations, 7);
     assert_eq!(d.report.deepest_common_head, 4);
 }
+
+/// Requests that end one block after a shared prefix, each in a different last
+/// block, are regenerations of one prompt (Mooncake re-hashes a partial last
+/// block), not a fan-out: leaf children never make a common head
+/// (cargo-mutants survivor: `> 0` -> `>= 0` in the full-children count).
+#[test]
+fn different_last_blocks_after_a_shared_prefix_are_regenerations_not_a_head() {
+    let reqs: Vec<&[u64]> = vec![&[100, 1], &[100, 2], &[100, 3], &[100, 4], &[100, 5]];
+    let d = run(&reqs, 4);
+    assert_eq!(d.report.conversations, 1);
+    assert_eq!(d.report.common_heads, 0);
+    assert_eq!(
+        &d.link[1..],
+        &[
+            Link::Regeneration(0),
+            Link::Regeneration(1),
+            Link::Regeneration(2),
+            Link::Regeneration(3)
+        ]
+    );
+}
+
+/// The report names its rule and inputs and prints every count (what
+/// `tether trace import` and the benchmarks show).
+#[test]
+fn the_report_states_rule_inputs_and_counts() {
+    let a: Vec<u64> = (46..58).chain([2353, 2354]).collect();
+    let b: Vec<u64> = (46..58).chain([2366]).collect();
+    let mut store = BlockStore::new();
+    let refs = [(store.insert(&a), 6955), (store.insert(&b), 7000)];
+    let r = derive(&store, &refs, 3).report;
+    assert_eq!(
+        (
+            r.requests,
+            r.head_fanout,
+            r.new_inside_head,
+            r.conversations
+        ),
+        (2, 3, 1, 2)
+    );
+    assert_eq!(
+        r.to_string(),
+        "derived 2 conversations from 2 requests (prefix continuation with common heads \
+         (docs/trace-format.md, Mooncake); head fan-out 3)\n  \
+         new conversations: 1 sharing no block, 0 sharing only a common head, 1 diverging inside another's head\n  \
+         joined: 0 continuations, 0 regenerations, 0 forks\n  \
+         2 single-request conversations; largest 1 requests; 0 common-head nodes (deepest 0 blocks)"
+    );
+}
