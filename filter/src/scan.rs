@@ -515,7 +515,9 @@ pub fn read_doc(
         // whole costs less than walking most of it from both ends again.
         let ends = head_len.saturating_add(tail_len);
         if ends >= size || (stats.regrows > 0 && ends.saturating_mul(2) >= size) {
-            stats.middle = true;
+            // A middle read only when the ends had to grow: a body the first
+            // two ends already cover (no `full_max`) needed nothing from a middle.
+            stats.middle = stats.regrows > 0;
             return read_full(api, size, fetch, stats);
         }
         if head.len() != head_len {

@@ -1179,3 +1179,27 @@ fn vllm_markers_refuse_bodies_that_cannot_be_rewritten() {
     let d = decide(&c, Api::Chat, &[("x-session-id", "s")], &ok);
     assert!(!d.header_path && d.edit.is_some() && d.reject.is_none());
 }
+
+/// Without output `turn` a small body is read whole because its two ends
+/// cover it, not because a value sat in its middle: no middle read is
+/// counted (`tether_body_middle_read`); with `turn` it is walked whole under
+/// `turn_count_max_bytes`, not counted either.
+#[test]
+fn a_small_body_read_whole_is_no_middle_read() {
+    let body = Convo::new("s", "t")
+        .with(Step::User("more".into()))
+        .extra("prompt_cache_key", json!("k"))
+        .body(Api::Chat, Order::Sdk);
+    for config in [r#"{}"#, r#"{"outputs":["hash","turn"]}"#] {
+        let d = decide(&cfg(config), Api::Chat, &[], &body);
+        assert!(d.stats.full, "{config}: read whole");
+        assert!(!d.stats.middle, "{config}: counted as a middle read");
+    }
+    // A last entry longer than the tail read makes the ends grow: that is one.
+    let big = Convo::new(&"s".repeat(40_000), "t")
+        .with(Step::User("u".repeat(40_000)))
+        .extra("prompt_cache_key", json!("k"))
+        .body(Api::Chat, Order::Sdk);
+    let d = decide(&cfg("{}"), Api::Chat, &[], &big);
+    assert!(d.stats.middle && d.stats.full);
+}
