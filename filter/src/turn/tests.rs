@@ -329,3 +329,20 @@ fn responses_turn_count_reads_item_types() {
     ]}"#;
     assert_eq!(whole(Api::Responses, body), (TurnKind::Tool, Some(3), true));
 }
+
+/// Chat turns counted with `role` read in place (first member): system and
+/// developer entries are skipped, an assistant greeting before the first user
+/// message closes nothing (cargo-mutants survivors: `==` -> `!=` on the raw
+/// role, `||` -> `&&` in the system-role skip). The kind is `user`: the
+/// conversation opened with the greeting (`first` and `user` share one
+/// retention interval, docs/wire.md).
+#[test]
+fn chat_turn_count_skips_system_roles_read_in_place() {
+    let body = br#"{"messages":[
+        {"role":"system","content":"a"},
+        {"role":"developer","content":"b"},
+        {"role":"assistant","content":"Hi, how can I help?"},
+        {"role":"user","content":"fix it"}
+    ]}"#;
+    assert_eq!(whole(Api::Chat, body), (TurnKind::User, Some(1), true));
+}

@@ -128,3 +128,33 @@ fn bad_records_name_their_line() {
     let e = import_text("\n\n", &ImportOptions::default()).unwrap_err();
     assert!(e.to_string().contains("no requests"), "{e}");
 }
+
+/// A response followed by a tool continuation ended in a tool call; one
+/// followed by a user turn, or by nothing, ended its turn. Arrivals keep
+/// their timestamps when the conversation starts late (cargo-mutants
+/// survivors: the match guard on the next turn's kind, `ts(i) - ts(c)`).
+#[test]
+fn responses_end_by_what_follows_and_late_conversations_keep_their_times() {
+    let t = import_text(CHATS, &ImportOptions::default()).unwrap();
+    let chat0 = t.session_requests(crate::trace::SessionId(0));
+    let ended: Vec<_> = chat0.iter().map(|&r| t.request(r).ended_by).collect();
+    assert_eq!(
+        ended,
+        vec![
+            Some(EndReason::ToolCall),
+            Some(EndReason::EndTurn),
+            Some(EndReason::EndTurn),
+            Some(EndReason::EndTurn)
+        ]
+    );
+    let late = r#"{"timestamp": 1000, "input_length": 1400, "output_length": 50, "hash_ids": [0, 1, 2]}
+{"timestamp": 3000, "input_length": 2400, "output_length": 50, "hash_ids": [0, 1, 2, 3, 4]}
+"#;
+    let t = import_text(late, &ImportOptions::default()).unwrap();
+    assert_eq!(t.sessions().len(), 1);
+    assert_eq!(t.session(t.requests()[0].session).start_ms, Some(1000));
+    let arrivals: Vec<u64> = (0..2)
+        .map(|i| t.arrival_ms(RequestId(i)).unwrap())
+        .collect();
+    assert_eq!(arrivals, vec![1000, 3000]);
+}
