@@ -74,3 +74,45 @@ fn bad_records_name_their_line() {
     let e = import_text("").unwrap_err();
     assert!(e.to_string().contains("no requests"), "{e}");
 }
+
+/// Edge records of the published format: a child keeping fewer blocks than
+/// its parent's prefix, a child prompt exactly the parent's prompt + output
+/// (not shorter), a record naming itself as parent (an orphan, its own
+/// session); the API option reaches every request and the report prints what
+/// it counted (cargo-mutants survivors in `import_records` and `Display`).
+#[test]
+fn edge_records_and_the_report_text() {
+    let text = r#"{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0, "input_length": 40, "output_length": 20, "type": "text", "turn": 1, "hash_ids": [1, 2, 3]}
+{"chat_id": 2, "parent_chat_id": 1, "timestamp": 100, "input_length": 60, "output_length": 5, "type": "text", "turn": 2, "hash_ids": [1, 7, 8, 9]}
+{"chat_id": 3, "parent_chat_id": 3, "timestamp": 200, "input_length": 10, "output_length": 1, "type": "text", "turn": 1, "hash_ids": [20]}"#;
+    let recs = parse(Cursor::new(text.as_bytes()), "b.jsonl").unwrap();
+    let opts = ImportOptions {
+        api: crate::trace::Api::Messages,
+        ..ImportOptions::default()
+    };
+    let t = import_records(recs, &opts, "b.jsonl", None).unwrap();
+    assert!(
+        t.requests()
+            .iter()
+            .all(|r| r.api == crate::trace::Api::Messages)
+    );
+    assert_eq!(t.sessions().len(), 2);
+    assert_eq!(t.requests()[2].opened_by, TurnKind::User);
+    let rep = report_of(&t).unwrap();
+    assert_eq!(
+        (
+            rep.requests,
+            rep.sessions,
+            rep.orphans,
+            rep.children_keep_less
+        ),
+        (3, 2, 1, 1)
+    );
+    assert_eq!(rep.children_shorter_than_parent_context, 0);
+    assert_eq!(
+        rep.to_string(),
+        "2 sessions by parent chain from 3 requests (1 orphans whose parent is outside the trace)\n  \
+         children keeping all parent blocks 0, all but the re-hashed last 0, fewer 1; \
+         prompts shorter than parent prompt + output 0"
+    );
+}
