@@ -7,7 +7,11 @@ test-host: wasm
 bench-host: wasm
 	$(CARGO) bench -p tether-wasm-host --bench request_cost
 
-# Fuzz the filter through the harness for FUZZ_SECONDS (nightly + cargo-fuzz).
-FUZZ_SECONDS ?= 60
-fuzz-host: wasm
-	cd tests/wasm-host/fuzz && $(CARGO) +nightly fuzz run exchange -- -max_total_time=$(FUZZ_SECONDS)
+# Fuzz the filter through the harness (nightly + cargo-fuzz; FUZZ_RUNS,
+# FUZZ_SECS, FUZZ_MAX_LEN and the output: see `make fuzz` in mk/filter.mk).
+fuzz-host: wasm fuzz-tools
+	tests/wasm-host/fuzz/seed.sh
+	cd tests/wasm-host/fuzz && TETHER_FUZZ_WASM=$(abspath $(FILTER_WASM)) $(CARGO) +nightly fuzz run exchange corpus/exchange -- $(FUZZ_FLAGS) 2>&1 \
+		| tee $(abspath target/fuzz-exchange.log) | grep -E '^(#[0-9]+ +(DONE|pulse)|stat::|==[0-9]+==|SUMMARY|Done )' || true
+	@grep -q '^Done ' target/fuzz-exchange.log || { echo "fuzz-host: the run did not finish (finding? see target/fuzz-exchange.log)"; exit 1; }
+	@echo "exchange corpus: $$(ls tests/wasm-host/fuzz/corpus/exchange | wc -l) inputs"
