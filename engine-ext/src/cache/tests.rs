@@ -979,31 +979,35 @@ fn a_refused_offload_releases_the_shared_prefix_it_pinned() {
     }
 }
 
+/// A device of 6 blocks and a host of 5: session 1 retains 5 blocks at 0,
+/// session 2 retains 5 at `second_at` (pushing session 1 to the host), then an
+/// unrelated request at 2 pushes session 2 towards the host.
+fn two_retentions_then_a_flood(second_at: u64) -> RetentionCache {
+    let mut c = RetentionCache::try_new(cfg(6, 5)).expect("cfg");
+    let mut m = VecMover::new(6, 0);
+    for (id, at) in [(1u64, 0), (2, second_at)] {
+        turn(
+            &mut c,
+            &mut m,
+            id,
+            &chain(id as u32, 5),
+            Some(marker(u128::from(id), TurnKind::Tool)),
+            at,
+        );
+    }
+    assert!(c.host().record(&key(1)).is_some());
+    assert_eq!(c.host().evicted_records(), 0);
+    turn(&mut c, &mut m, 3, &chain(3, 5), None, 2);
+    c.check().expect("invariants");
+    c
+}
+
 /// On a tie in recency the host keeps what it holds: an incoming record must have
 /// been used strictly more recently than its victim (cargo-mutants survivor:
 /// `<` -> `<=` in `VictimIndex::pick`, which made equals displace each other).
 #[test]
 fn the_host_tier_keeps_its_record_when_the_incoming_one_is_as_recent() {
-    let mut c = RetentionCache::try_new(cfg(6, 5)).expect("cfg");
-    let mut m = VecMover::new(6, 0);
-    turn(
-        &mut c,
-        &mut m,
-        1,
-        &chain(1, 5),
-        Some(marker(1, TurnKind::Tool)),
-        0,
-    );
-    turn(
-        &mut c,
-        &mut m,
-        2,
-        &chain(2, 5),
-        Some(marker(2, TurnKind::Tool)),
-        0,
-    );
-    assert!(c.host().record(&key(1)).is_some());
-    turn(&mut c, &mut m, 3, &chain(3, 5), None, 2);
+    let c = two_retentions_then_a_flood(0);
     assert!(
         c.host().record(&key(1)).is_some(),
         "an equally recent record does not displace the host's"
@@ -1011,34 +1015,13 @@ fn the_host_tier_keeps_its_record_when_the_incoming_one_is_as_recent() {
     assert!(c.host().record(&key(2)).is_none());
     assert_eq!(c.host().evicted_records(), 0);
     assert_eq!(c.stats().dropped, 1);
-    c.check().expect("invariants");
 }
 
 /// The host tier makes room by evicting its least recently used record (never the
 /// record being offloaded), and counts it.
 #[test]
 fn the_host_tier_evicts_its_least_recently_used_record_for_a_newer_one() {
-    let mut c = RetentionCache::try_new(cfg(6, 5)).expect("cfg");
-    let mut m = VecMover::new(6, 0);
-    turn(
-        &mut c,
-        &mut m,
-        1,
-        &chain(1, 5),
-        Some(marker(1, TurnKind::Tool)),
-        0,
-    );
-    turn(
-        &mut c,
-        &mut m,
-        2,
-        &chain(2, 5),
-        Some(marker(2, TurnKind::Tool)),
-        1,
-    );
-    assert!(c.host().record(&key(1)).is_some());
-    assert_eq!(c.host().evicted_records(), 0);
-    turn(&mut c, &mut m, 3, &chain(3, 5), None, 2);
+    let c = two_retentions_then_a_flood(1);
     assert!(
         c.host().record(&key(1)).is_none(),
         "the older record made room"
