@@ -81,6 +81,7 @@ fn deltas_are_points_for_ratios_and_factors_otherwise() {
     assert_eq!(delta(Kind::Ratio, 0.4, 0.9), "+50.0 pp");
     assert_eq!(delta(Kind::Count, 100.0, 20.0), "×0.20");
     assert_eq!(delta(Kind::Ms, 0.0, 0.0), "=");
+    assert_eq!(delta(Kind::Count, 0.0, 5.0), "new", "no factor of nothing");
 }
 
 /// The same trace with no request served: every latency distribution is empty.
