@@ -215,3 +215,18 @@ fn bad_traces_are_refused_with_the_reason() {
     let e = import_json("{\"id\": 1, \"requests\": [", "json").unwrap_err();
     assert!(e.to_string().contains("t.json"), "{e}");
 }
+
+/// A bad line of a JSONL file is named by its 1-based number; times before
+/// the trace's start clamp to its start (cargo-mutants survivors: `i + 1` in
+/// `read_file`, `&&` in `ms`).
+#[test]
+fn jsonl_errors_name_their_line_and_early_times_clamp() {
+    let one = RUN.replace('\n', " ");
+    let text = format!("{one}\n{one}\n{{\"id\": 3, \"requests\": [\n");
+    let e = import_json(&text, "jsonl").unwrap_err();
+    assert_eq!(e.line, Some(3), "{e}");
+    assert_eq!(ms(99.5, 100.0), 0);
+    assert_eq!(ms(f64::NAN, 100.0), 0);
+    assert_eq!(ms(f64::INFINITY, 100.0), 0, "no time at infinity");
+    assert_eq!(ms(100.25, 100.0), 250);
+}
