@@ -199,6 +199,7 @@ fn bad_traces_are_refused_with_the_reason() {
     );
     let e = import_json(&RUN.replace("\"in\": 4100,", ""), "json").unwrap_err();
     assert!(e.to_string().contains("`in`"), "{e}");
+    assert_eq!(e.line, None, "a field error has no line of its own: {e}");
     let two = format!(
         "{}\n{}",
         RUN.replace('\n', " "),
@@ -229,4 +230,14 @@ fn jsonl_errors_name_their_line_and_early_times_clamp() {
     assert_eq!(ms(f64::NAN, 100.0), 0);
     assert_eq!(ms(f64::INFINITY, 100.0), 0, "no time at infinity");
     assert_eq!(ms(100.25, 100.0), 250);
+}
+
+/// A `.json` file cut short is reported where serde stopped (its line), not
+/// retried as JSONL: only a syntax error after the first line of text starting
+/// with `{` means several objects (cargo-mutants survivors: the JSONL guard in
+/// `read_file`, `l > 0` in `json_err`).
+#[test]
+fn a_truncated_json_file_is_reported_at_its_end() {
+    let e = import_json("{\n  \"id\": \"x\",\n  \"requests\": [", "json").unwrap_err();
+    assert_eq!(e.line, Some(3), "{e}");
 }
