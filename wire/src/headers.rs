@@ -97,3 +97,28 @@ mod tests {
         }
     }
 }
+
+/// Response headers a `tether-rank` sets (simulated timing in milliseconds of
+/// simulated time; docs/rank.md) and `tether replay` reads back. They travel
+/// rank → client, so [`is_internal`] (a request-side rule) does not apply.
+pub mod reply {
+    /// The rank process that served the request (`--rank-id`, by default its
+    /// bound `ip:port`): lets a client behind a gateway see where it landed.
+    pub const RANK: &str = "x-tether-rank";
+    /// DP rank that served the request.
+    pub const DP_RANK: &str = "x-tether-rank-dp";
+    /// Simulated arrival time, ms since the rank started.
+    pub const SIM_ARRIVAL_MS: &str = "x-tether-sim-arrival-ms";
+    /// Simulated time waiting for admission.
+    pub const SIM_QUEUE_MS: &str = "x-tether-sim-queue-ms";
+    /// Simulated time to first token.
+    pub const SIM_TTFT_MS: &str = "x-tether-sim-ttft-ms";
+    /// Simulated end-to-end latency (non-streaming responses only).
+    pub const SIM_E2E_MS: &str = "x-tether-sim-e2e-ms";
+    /// Simulated mean inter-token latency (non-streaming responses only).
+    pub const SIM_ITL_MS: &str = "x-tether-sim-itl-ms";
+    /// Prompt tokens served from cache (device hit + host restore).
+    pub const CACHED_TOKENS: &str = "x-tether-cached-tokens";
+    /// Decode role: the prefiller (`ip:port`) whose KV this answer decoded from.
+    pub const PREFILLED_BY: &str = "x-tether-prefilled-by";
+}

@@ -30,6 +30,7 @@ pub struct Headers {
 impl Headers {
     /// Picks the headers it knows from `(name, value)` pairs.
     pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Self {
+        use tether_wire::headers::reply;
         let mut h = Headers::default();
         for (k, v) in pairs {
             let Ok(v) = std::str::from_utf8(v) else {
@@ -37,12 +38,12 @@ impl Headers {
             };
             let v = v.trim();
             match k {
-                "x-tether-rank" => h.rank = Some(v.to_owned()),
-                "x-tether-rank-dp" => h.dp_rank = v.parse().ok(),
-                "x-tether-sim-ttft-ms" => h.sim_ttft_ms = v.parse().ok(),
-                "x-tether-sim-e2e-ms" => h.sim_e2e_ms = v.parse().ok(),
-                "x-tether-sim-itl-ms" => h.sim_itl_ms = v.parse().ok(),
-                "x-tether-sim-queue-ms" => h.sim_queue_ms = v.parse().ok(),
+                reply::RANK => h.rank = Some(v.to_owned()),
+                reply::DP_RANK => h.dp_rank = v.parse().ok(),
+                reply::SIM_TTFT_MS => h.sim_ttft_ms = v.parse().ok(),
+                reply::SIM_E2E_MS => h.sim_e2e_ms = v.parse().ok(),
+                reply::SIM_ITL_MS => h.sim_itl_ms = v.parse().ok(),
+                reply::SIM_QUEUE_MS => h.sim_queue_ms = v.parse().ok(),
                 "x-envoy-attempt-count" => h.attempts = v.parse().ok(),
                 _ => {}
             }
