@@ -1,55 +1,29 @@
-//! Request formats: which API a path speaks, and what its conversation looks like.
+//! What each request API's conversation looks like inside a body (the API itself is `tether_wire::Api`).
 
 use crate::json::Value;
 
-/// The request formats the filter understands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Api {
-    /// OpenAI Chat Completions: `messages` with roles `system`/`developer`/`user`/`assistant`/`tool`.
-    Chat,
-    /// OpenAI Responses: `input` items (messages, `function_call`, `function_call_output`, …), `instructions`.
-    Responses,
-    /// Anthropic Messages: `messages` of `user`/`assistant` with content blocks, top-level `system`.
-    Messages,
-    /// Legacy Completions: `prompt`.
-    Completions,
+pub use tether_wire::Api;
+
+/// How each API's conversation looks inside a body: what the filter needs to
+/// find the head and the turn that just ended without a DOM.
+pub trait ApiShape: Copy {
+    /// A system/developer message at the start of the conversation (part of the head).
+    fn is_preamble(self, v: Value<'_>) -> bool;
+    /// Whether an array element looks like a conversation entry of this API
+    /// (and not, say, a tool schema): used to recognise the conversation from its tail.
+    fn looks_like_turn(self, v: Value<'_>) -> bool;
+    /// A tool result entry (its call, in an earlier assistant entry, names the tool).
+    fn is_tool_result(self, v: Value<'_>) -> bool;
+    /// [`ApiShape::looks_like_turn`] judged from the first two members only (where
+    /// SDKs put `role` / `type`): cheap on large non-turn elements such as tool schemas.
+    fn looks_like_turn_fast(self, v: Value<'_>) -> bool;
+    /// From the end of a conversation, the first entry that is neither a tool
+    /// result nor a tool call: everything after it is the turn that just ended.
+    fn ends_turn_run(self, v: Value<'_>) -> bool;
 }
 
-impl Api {
-    /// The API served at `path` (query string ignored); `None` passes through untouched.
-    pub fn from_path(path: &[u8]) -> Option<Api> {
-        let path = path.split(|&b| b == b'?').next().unwrap_or_default();
-        let path = path.strip_suffix(b"/").unwrap_or(path);
-        match path {
-            b"/v1/chat/completions" => Some(Api::Chat),
-            b"/v1/responses" => Some(Api::Responses),
-            b"/v1/messages" => Some(Api::Messages),
-            b"/v1/completions" => Some(Api::Completions),
-            _ => None,
-        }
-    }
-
-    /// Short lower-case name used in logs, the debug header and hashes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Api::Chat => "chat",
-            Api::Responses => "responses",
-            Api::Messages => "messages",
-            Api::Completions => "completions",
-        }
-    }
-
-    /// The top-level member holding the conversation.
-    pub fn conversation_key(self) -> &'static str {
-        match self {
-            Api::Chat | Api::Messages => "messages",
-            Api::Responses => "input",
-            Api::Completions => "prompt",
-        }
-    }
-
-    /// A system/developer message at the start of the conversation (part of the head).
-    pub fn is_preamble(self, v: Value<'_>) -> bool {
+impl ApiShape for Api {
+    fn is_preamble(self, v: Value<'_>) -> bool {
         match self {
             Api::Chat | Api::Responses => v
                 .get("role")
@@ -58,9 +32,7 @@ impl Api {
         }
     }
 
-    /// Whether an array element looks like a conversation entry of this API
-    /// (and not, say, a tool schema): used to recognise the conversation from its tail.
-    pub fn looks_like_turn(self, v: Value<'_>) -> bool {
+    fn looks_like_turn(self, v: Value<'_>) -> bool {
         let role = v.get("role");
         let role_ok = |allowed: &[&str]| {
             role.and_then(|r| r.str())
@@ -90,10 +62,9 @@ impl Api {
         }
     }
 
-    /// A tool result entry (its call, in an earlier assistant entry, names the tool).
-    /// Anthropic puts `tool_result` blocks first in a user message, so only the
-    /// first block is looked at, without walking the (often large) result.
-    pub fn is_tool_result(self, v: Value<'_>) -> bool {
+    // Anthropic puts `tool_result` blocks first in a user message, so only the
+    // first block is looked at, without walking the (often large) result.
+    fn is_tool_result(self, v: Value<'_>) -> bool {
         match self {
             Api::Chat => v
                 .get("role")
@@ -120,16 +91,12 @@ impl Api {
         }
     }
 
-    /// [`Api::looks_like_turn`] judged from the first two members only (where
-    /// SDKs put `role` / `type`): cheap on large non-turn elements such as tool schemas.
-    pub fn looks_like_turn_fast(self, v: Value<'_>) -> bool {
+    fn looks_like_turn_fast(self, v: Value<'_>) -> bool {
         (v.get_near("role", 2).is_some() || v.get_near("type", 2).is_some())
             && self.looks_like_turn(v)
     }
 
-    /// From the end of a conversation, the first entry that is neither a tool
-    /// result nor a tool call: everything after it is the turn that just ended.
-    pub fn ends_turn_run(self, v: Value<'_>) -> bool {
+    fn ends_turn_run(self, v: Value<'_>) -> bool {
         if self.is_tool_result(v) {
             return false;
         }

@@ -9,7 +9,7 @@
 //! and last [`LONG_STRING`]/2 bytes (a pasted file is identified by its ends;
 //! the hash stays cheap for 100-KB first messages).
 
-use crate::api::Api;
+use crate::api::{Api, ApiShape};
 use crate::json::{self, Value};
 use crate::scan::{Conv, Doc, View};
 use xxhash_rust::xxh3::Xxh3;

@@ -7,7 +7,7 @@
 //! needed value is cut, and reads the whole body only when it is small
 //! (`full_max`) or the two ends would overlap.
 
-use crate::api::Api;
+use crate::api::{Api, ApiShape};
 use crate::json::{self, Span, Stop, Value};
 
 /// Why a body could not be scanned.

@@ -2,7 +2,7 @@
 //! subagent handoff), read from the last messages; and the turn count when the
 //! whole conversation was walked.
 
-use crate::api::Api;
+use crate::api::{Api, ApiShape};
 use crate::json::{Span, Value};
 use crate::scan::{Conv, Doc, View};
 

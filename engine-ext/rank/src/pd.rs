@@ -6,7 +6,6 @@
 //! The pure parts (reading the header, rewriting the body) are plain functions;
 //! [`prefill_leg`] is the one network call.
 
-use crate::prompt::PromptApi;
 use crate::request::{BadReason, Refusal};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -15,6 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
+use tether_wire::Api;
 use tether_wire::headers::{DP_RANK, PREFILLER};
 
 /// The HTTP client a decode rank sends its prefill legs with.
@@ -46,7 +46,7 @@ pub fn prefiller<'a>(
 /// streamed, with vLLM's P/D `kv_transfer_params` (`do_remote_decode`) in place
 /// of anything the client or gateway put there — so the prefiller neither
 /// streams nor retains the turn for itself (its KV goes to the decode rank).
-pub fn prefill_body(api: PromptApi, body: &[u8]) -> Result<Vec<u8>, String> {
+pub fn prefill_body(api: Api, body: &[u8]) -> Result<Vec<u8>, String> {
     let mut v: Value = serde_json::from_slice(body).map_err(|e| format!("not JSON: {e}"))?;
     let o = v
         .as_object_mut()
@@ -59,11 +59,7 @@ pub fn prefill_body(api: PromptApi, body: &[u8]) -> Result<Vec<u8>, String> {
     ] {
         o.remove(k);
     }
-    let limit = match api {
-        PromptApi::Responses => "max_output_tokens",
-        PromptApi::Chat | PromptApi::Messages | PromptApi::Completions => "max_tokens",
-    };
-    o.insert(limit.into(), json!(1));
+    o.insert(api.max_output_key().into(), json!(1));
     o.insert("stream".into(), json!(false));
     o.insert(
         "kv_transfer_params".into(),
@@ -127,7 +123,7 @@ mod tests {
     fn the_leg_asks_for_one_token_without_streaming_or_markers() {
         let b = br#"{"messages":[{"role":"user","content":"a"}],"max_completion_tokens":50,"stream":true,
             "stream_options":{"include_usage":true},"kv_transfer_params":{"tether":{"prompt_end":true}}}"#;
-        let v: Value = serde_json::from_slice(&prefill_body(PromptApi::Chat, b).unwrap()).unwrap();
+        let v: Value = serde_json::from_slice(&prefill_body(Api::Chat, b).unwrap()).unwrap();
         assert_eq!(v["max_tokens"], 1);
         assert!(v.get("max_completion_tokens").is_none());
         assert!(v.get("stream_options").is_none());
@@ -136,15 +132,11 @@ mod tests {
         assert!(v["kv_transfer_params"].get("tether").is_none());
         assert_eq!(v["messages"][0]["content"], "a");
         let r: Value = serde_json::from_slice(
-            &prefill_body(
-                PromptApi::Responses,
-                br#"{"input":"x","max_output_tokens":9}"#,
-            )
-            .unwrap(),
+            &prefill_body(Api::Responses, br#"{"input":"x","max_output_tokens":9}"#).unwrap(),
         )
         .unwrap();
         assert_eq!(r["max_output_tokens"], 1);
-        assert!(prefill_body(PromptApi::Chat, b"[1]").is_err());
-        assert!(prefill_body(PromptApi::Chat, b"{").is_err());
+        assert!(prefill_body(Api::Chat, b"[1]").is_err());
+        assert!(prefill_body(Api::Chat, b"{").is_err());
     }
 }

@@ -26,28 +26,15 @@
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// The four APIs, by the members that hold their prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PromptApi {
-    /// `/v1/chat/completions`.
-    Chat,
-    /// `/v1/responses`.
-    Responses,
-    /// `/v1/messages`.
-    Messages,
-    /// `/v1/completions`.
-    Completions,
-}
+use tether_wire::Api;
 
-impl PromptApi {
-    /// The body members that hold the prompt, in canonical order.
-    pub const fn members(self) -> &'static [&'static str] {
-        match self {
-            PromptApi::Chat => &["tools", "messages"],
-            PromptApi::Responses => &["instructions", "tools", "input"],
-            PromptApi::Messages => &["system", "tools", "messages"],
-            PromptApi::Completions => &["prompt"],
-        }
+/// The body members that hold the prompt of `api`, in canonical order.
+pub const fn prompt_members(api: Api) -> &'static [&'static str] {
+    match api {
+        Api::Chat => &["tools", "messages"],
+        Api::Responses => &["instructions", "tools", "input"],
+        Api::Messages => &["system", "tools", "messages"],
+        Api::Completions => &["prompt"],
     }
 }
 
@@ -93,9 +80,9 @@ fn walk(v: &Value, out: &mut Vec<u32>) {
 }
 
 /// The prompt's token ids for a parsed request body of `api`.
-pub fn prompt_tokens(api: PromptApi, body: &Value) -> Vec<u32> {
+pub fn prompt_tokens(api: Api, body: &Value) -> Vec<u32> {
     let mut out = Vec::new();
-    for m in api.members() {
+    for m in prompt_members(api) {
         if let Some(v) = body.get(m) {
             walk(v, &mut out);
         }
@@ -115,10 +102,10 @@ mod tests {
             r#"{"messages":[{"content":"hi there","role":"user"}],"max_tokens":5,"system":"be brief"}"#,
         )
         .unwrap();
-        let t = prompt_tokens(PromptApi::Messages, &a);
+        let t = prompt_tokens(Api::Messages, &a);
         assert_eq!(t.len(), 5);
         // Keys are walked sorted, so role/content order inside one message is canonical too.
-        assert_eq!(t, prompt_tokens(PromptApi::Messages, &b));
+        assert_eq!(t, prompt_tokens(Api::Messages, &b));
         assert_eq!(t[0], token_of(b"be"));
     }
 
@@ -128,8 +115,8 @@ mod tests {
         let turn2 = json!({"messages": [{"role": "system", "content": "s1 s2"}, {"role": "user", "content": "u1 u2 u3"},
             {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u4"}]});
         let (a, b) = (
-            prompt_tokens(PromptApi::Chat, &turn1),
-            prompt_tokens(PromptApi::Chat, &turn2),
+            prompt_tokens(Api::Chat, &turn1),
+            prompt_tokens(Api::Chat, &turn2),
         );
         assert_eq!(b[..a.len()], a[..]);
         assert_eq!(b.len(), a.len() + 4);

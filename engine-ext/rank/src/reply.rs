@@ -14,9 +14,9 @@
 //! "error", "error": {type, message}}` for Anthropic.
 
 use crate::engine::Outcome;
-use crate::prompt::PromptApi;
 use crate::request::BadReason;
 use serde_json::{Value, json};
+use tether_wire::Api;
 
 /// Response header names carrying simulated timing: defined once in the wire
 /// contract (`tether_wire::headers::reply`, docs/wire.md).
@@ -66,12 +66,12 @@ pub struct Meta {
 }
 
 impl Meta {
-    fn id_for(&self, api: PromptApi) -> String {
+    fn id_for(&self, api: Api) -> String {
         match api {
-            PromptApi::Chat => format!("chatcmpl-{:016x}", self.id),
-            PromptApi::Completions => format!("cmpl-{:016x}", self.id),
-            PromptApi::Responses => format!("resp_{:016x}", self.id),
-            PromptApi::Messages => format!("msg_{:016x}", self.id),
+            Api::Chat => format!("chatcmpl-{:016x}", self.id),
+            Api::Completions => format!("cmpl-{:016x}", self.id),
+            Api::Responses => format!("resp_{:016x}", self.id),
+            Api::Messages => format!("msg_{:016x}", self.id),
         }
     }
 
@@ -104,18 +104,18 @@ fn round3(v: f64) -> f64 {
 }
 
 /// The API's usage object for a finished request.
-pub fn usage(api: PromptApi, o: &Outcome, dp_rank: usize) -> Value {
+pub fn usage(api: Api, o: &Outcome, dp_rank: usize) -> Value {
     let (p, c, n) = (o.prompt_tokens, o.cached_tokens, o.output_tokens);
     let ext = tether_usage(o, dp_rank);
     match api {
-        PromptApi::Chat | PromptApi::Completions => json!({
+        Api::Chat | Api::Completions => json!({
             "prompt_tokens": p,
             "completion_tokens": n,
             "total_tokens": p + n,
             "prompt_tokens_details": {"cached_tokens": c},
             "tether": ext,
         }),
-        PromptApi::Responses => json!({
+        Api::Responses => json!({
             "input_tokens": p,
             "input_tokens_details": {"cached_tokens": c},
             "output_tokens": n,
@@ -124,7 +124,7 @@ pub fn usage(api: PromptApi, o: &Outcome, dp_rank: usize) -> Value {
             "tether": ext,
         }),
         // Anthropic counts cache reads apart from input: input + cache_read = prompt.
-        PromptApi::Messages => json!({
+        Api::Messages => json!({
             "input_tokens": p - c,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": c,
@@ -136,7 +136,7 @@ pub fn usage(api: PromptApi, o: &Outcome, dp_rank: usize) -> Value {
 
 fn response_object(meta: &Meta, status: &str, output: Value, usage: Value) -> Value {
     json!({
-        "id": meta.id_for(PromptApi::Responses),
+        "id": meta.id_for(Api::Responses),
         "object": "response",
         "created_at": meta.created,
         "status": status,
@@ -164,11 +164,11 @@ fn message_item(meta: &Meta, status: &str, text: Option<&str>) -> Value {
 }
 
 /// The non-streaming response body.
-pub fn body(api: PromptApi, meta: &Meta, o: &Outcome) -> Vec<u8> {
+pub fn body(api: Api, meta: &Meta, o: &Outcome) -> Vec<u8> {
     let text = answer(o.output_tokens);
     let u = usage(api, o, meta.dp_rank);
     let v = match api {
-        PromptApi::Chat => json!({
+        Api::Chat => json!({
             "id": meta.id_for(api),
             "object": "chat.completion",
             "created": meta.created,
@@ -181,7 +181,7 @@ pub fn body(api: PromptApi, meta: &Meta, o: &Outcome) -> Vec<u8> {
             }],
             "usage": u,
         }),
-        PromptApi::Completions => json!({
+        Api::Completions => json!({
             "id": meta.id_for(api),
             "object": "text_completion",
             "created": meta.created,
@@ -189,13 +189,13 @@ pub fn body(api: PromptApi, meta: &Meta, o: &Outcome) -> Vec<u8> {
             "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": "stop"}],
             "usage": u,
         }),
-        PromptApi::Responses => response_object(
+        Api::Responses => response_object(
             meta,
             "completed",
             json!([message_item(meta, "completed", Some(&text))]),
             u,
         ),
-        PromptApi::Messages => json!({
+        Api::Messages => json!({
             "id": meta.id_for(api),
             "type": "message",
             "role": "assistant",
@@ -211,9 +211,9 @@ pub fn body(api: PromptApi, meta: &Meta, o: &Outcome) -> Vec<u8> {
 
 /// The error body for `reason` in the shape of `api` (`None`: an unknown path,
 /// answered in the OpenAI shape).
-pub fn error_body(api: Option<PromptApi>, reason: BadReason, message: &str) -> Vec<u8> {
+pub fn error_body(api: Option<Api>, reason: BadReason, message: &str) -> Vec<u8> {
     let status = reason.status();
-    let v = if api == Some(PromptApi::Messages) {
+    let v = if api == Some(Api::Messages) {
         let kind = match status {
             404 => "not_found_error",
             413 => "request_too_large",
@@ -250,7 +250,7 @@ fn event(out: &mut Vec<u8>, name: &str, v: &Value) {
 /// Renders one streaming response, frame by frame.
 #[derive(Debug)]
 pub struct Stream {
-    api: PromptApi,
+    api: Api,
     meta: Meta,
     include_usage: bool,
     seq: u64,
@@ -262,7 +262,7 @@ pub struct Stream {
 
 impl Stream {
     /// A stream for `api`.
-    pub fn new(api: PromptApi, meta: Meta, include_usage: bool) -> Self {
+    pub fn new(api: Api, meta: Meta, include_usage: bool) -> Self {
         // A token frame is a fixed JSON with the token text spliced in; the
         // placeholder never occurs elsewhere in it.
         const HOLE: &str = "\u{1}HOLE\u{1}";
@@ -277,18 +277,18 @@ impl Stream {
         };
         let mut frame = Vec::new();
         match api {
-            PromptApi::Chat => data(
+            Api::Chat => data(
                 &mut frame,
                 &s.chat_chunk(json!({"content": HOLE}), Value::Null),
             ),
-            PromptApi::Completions => data(&mut frame, &s.completion_chunk(HOLE, Value::Null)),
-            PromptApi::Messages => event(
+            Api::Completions => data(&mut frame, &s.completion_chunk(HOLE, Value::Null)),
+            Api::Messages => event(
                 &mut frame,
                 "content_block_delta",
                 &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": HOLE}}),
             ),
             // Responses frames carry a sequence number: rendered per token.
-            PromptApi::Responses => {}
+            Api::Responses => {}
         }
         let hole = serde_json::to_string(HOLE).unwrap_or_default();
         let hole = &hole[1..hole.len() - 1];
@@ -300,7 +300,7 @@ impl Stream {
 
     fn chat_chunk(&self, delta: Value, finish: Value) -> Value {
         let mut v = json!({
-            "id": self.meta.id_for(PromptApi::Chat),
+            "id": self.meta.id_for(Api::Chat),
             "object": "chat.completion.chunk",
             "created": self.meta.created,
             "model": self.meta.model,
@@ -314,7 +314,7 @@ impl Stream {
 
     fn completion_chunk(&self, text: &str, finish: Value) -> Value {
         let mut v = json!({
-            "id": self.meta.id_for(PromptApi::Completions),
+            "id": self.meta.id_for(Api::Completions),
             "object": "text_completion",
             "created": self.meta.created,
             "model": self.meta.model,
@@ -343,14 +343,14 @@ impl Stream {
     pub fn start(&mut self, prompt: usize, cached: usize, out: &mut Vec<u8>) {
         let m = self.meta.clone();
         match self.api {
-            PromptApi::Chat => {
+            Api::Chat => {
                 data(
                     out,
                     &self.chat_chunk(json!({"role": "assistant", "content": ""}), Value::Null),
                 );
             }
-            PromptApi::Completions => {}
-            PromptApi::Responses => {
+            Api::Completions => {}
+            Api::Responses => {
                 let r = response_object(&m, "in_progress", json!([]), Value::Null);
                 self.resp_event("response.created", json!({"response": r}), out);
                 self.resp_event("response.in_progress", json!({"response": r}), out);
@@ -366,12 +366,12 @@ impl Stream {
                     out,
                 );
             }
-            PromptApi::Messages => {
+            Api::Messages => {
                 event(
                     out,
                     "message_start",
                     &json!({"type": "message_start", "message": {
-                    "id": m.id_for(PromptApi::Messages), "type": "message", "role": "assistant",
+                    "id": m.id_for(Api::Messages), "type": "message", "role": "assistant",
                     "model": m.model, "content": [], "stop_reason": null, "stop_sequence": null,
                     "usage": {"input_tokens": prompt - cached.min(prompt), "cache_creation_input_tokens": 0,
                               "cache_read_input_tokens": cached, "output_tokens": 1}}}),
@@ -392,7 +392,7 @@ impl Stream {
     pub fn token(&mut self, out: &mut Vec<u8>) {
         let p = piece(self.sent);
         self.sent += 1;
-        if self.api == PromptApi::Responses {
+        if self.api == Api::Responses {
             self.text.push_str(&p);
             let id = self.meta.item_id();
             self.resp_event(
@@ -415,7 +415,7 @@ impl Stream {
         let u = usage(self.api, o, self.meta.dp_rank);
         let m = self.meta.clone();
         match self.api {
-            PromptApi::Chat => {
+            Api::Chat => {
                 data(out, &self.chat_chunk(json!({}), json!("stop")));
                 if self.include_usage {
                     let mut v = self.chat_chunk(json!({}), Value::Null);
@@ -425,7 +425,7 @@ impl Stream {
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
             }
-            PromptApi::Completions => {
+            Api::Completions => {
                 data(out, &self.completion_chunk("", json!("stop")));
                 if self.include_usage {
                     let mut v = self.completion_chunk("", Value::Null);
@@ -435,7 +435,7 @@ impl Stream {
                 }
                 out.extend_from_slice(b"data: [DONE]\n\n");
             }
-            PromptApi::Responses => {
+            Api::Responses => {
                 let text = std::mem::take(&mut self.text);
                 let id = m.item_id();
                 self.resp_event(
@@ -458,7 +458,7 @@ impl Stream {
                 let r = response_object(&m, "completed", json!([item]), u);
                 self.resp_event("response.completed", json!({"response": r}), out);
             }
-            PromptApi::Messages => {
+            Api::Messages => {
                 event(
                     out,
                     "content_block_stop",
@@ -478,18 +478,18 @@ impl Stream {
     /// An error after the stream began.
     pub fn error(&mut self, message: &str, out: &mut Vec<u8>) {
         match self.api {
-            PromptApi::Messages => event(
+            Api::Messages => event(
                 out,
                 "error",
                 &json!({"type": "error",
                 "error": {"type": "api_error", "message": message}}),
             ),
-            PromptApi::Responses => {
+            Api::Responses => {
                 let mut r = response_object(&self.meta.clone(), "failed", json!([]), Value::Null);
                 r["error"] = json!({"code": "server_error", "message": message});
                 self.resp_event("response.failed", json!({"response": r}), out);
             }
-            PromptApi::Chat | PromptApi::Completions => {
+            Api::Chat | Api::Completions => {
                 data(
                     out,
                     &json!({"error": {"message": message, "type": "InternalServerError",

@@ -3,8 +3,9 @@
 //! streaming options, `cache_salt` and the body turn markers. Untrusted input:
 //! every outcome is a value, never a panic.
 
-use crate::prompt::{PromptApi, prompt_tokens};
+use crate::prompt::prompt_tokens;
 use serde_json::{Map, Value};
+use tether_wire::Api;
 use tether_wire::TurnMarker;
 
 /// Why a request is refused; each has a counter (`tether_rank_bad_requests_total{reason}`).
@@ -106,7 +107,7 @@ fn bad_field(msg: impl Into<String>) -> Refusal {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Parsed {
     /// The API.
-    pub api: PromptApi,
+    pub api: Api,
     /// `model`, when sent.
     pub model: Option<String>,
     /// `stream: true`.
@@ -221,7 +222,7 @@ fn body_marker(o: &Map<String, Value>) -> Result<Option<TurnMarker>, Refusal> {
 }
 
 /// Parses and checks a request body of `api`.
-pub fn parse(api: PromptApi, body: &[u8]) -> Result<Parsed, Refusal> {
+pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, Refusal> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| Refusal::new(BadReason::NotJson, format!("body is not valid JSON: {e}")))?;
     let Value::Object(o) = &v else {
@@ -246,23 +247,23 @@ pub fn parse(api: PromptApi, body: &[u8]) -> Result<Parsed, Refusal> {
         ));
     }
     let max_tokens = match api {
-        PromptApi::Chat => {
+        Api::Chat => {
             require_array(o, "messages")?;
             match opt_count(o, "max_completion_tokens")? {
                 Some(n) => Some(n),
                 None => opt_count(o, "max_tokens")?,
             }
         }
-        PromptApi::Completions => {
+        Api::Completions => {
             require_text(o, "prompt")?;
             opt_count(o, "max_tokens")?
         }
-        PromptApi::Responses => {
+        Api::Responses => {
             require_text(o, "input")?;
             optional_text(o, "instructions")?;
             opt_count(o, "max_output_tokens")?
         }
-        PromptApi::Messages => {
+        Api::Messages => {
             require_array(o, "messages")?;
             optional_text(o, "system")?;
             match opt_count(o, "max_tokens")? {
@@ -297,7 +298,7 @@ mod tests {
     #[test]
     fn chat_fields_are_read() {
         let p = parse(
-            PromptApi::Chat,
+            Api::Chat,
             br#"{"model":"m","messages":[{"role":"user","content":"a b c"}],"max_tokens":7,"stream":true,
                "stream_options":{"include_usage":true},"cache_salt":"t1",
                "kv_transfer_params":{"tether":{"session":"ab","prompt_end":"1","turn_kind":"tool"}}}"#,
@@ -315,43 +316,37 @@ mod tests {
     #[test]
     fn bad_bodies_are_refused_by_reason() {
         let r = |api, b: &[u8]| parse(api, b).unwrap_err().reason;
-        assert_eq!(r(PromptApi::Chat, b"{nope"), BadReason::NotJson);
-        assert_eq!(r(PromptApi::Chat, b"[1,2]"), BadReason::NotObject);
+        assert_eq!(r(Api::Chat, b"{nope"), BadReason::NotJson);
+        assert_eq!(r(Api::Chat, b"[1,2]"), BadReason::NotObject);
+        assert_eq!(r(Api::Chat, br#"{"messages":"x"}"#), BadReason::BadField);
+        assert_eq!(r(Api::Chat, br#"{}"#), BadReason::BadField);
         assert_eq!(
-            r(PromptApi::Chat, br#"{"messages":"x"}"#),
-            BadReason::BadField
-        );
-        assert_eq!(r(PromptApi::Chat, br#"{}"#), BadReason::BadField);
-        assert_eq!(
-            r(PromptApi::Chat, br#"{"messages":[],"max_tokens":"5"}"#),
+            r(Api::Chat, br#"{"messages":[],"max_tokens":"5"}"#),
             BadReason::BadField
         );
         assert_eq!(
-            r(PromptApi::Chat, br#"{"messages":[],"max_tokens":0}"#),
+            r(Api::Chat, br#"{"messages":[],"max_tokens":0}"#),
             BadReason::BadField
         );
         assert_eq!(
-            r(PromptApi::Chat, br#"{"messages":[],"stream":"yes"}"#),
+            r(Api::Chat, br#"{"messages":[],"stream":"yes"}"#),
             BadReason::BadField
         );
+        assert_eq!(r(Api::Messages, br#"{"messages":[]}"#), BadReason::BadField);
         assert_eq!(
-            r(PromptApi::Messages, br#"{"messages":[]}"#),
-            BadReason::BadField
-        );
-        assert_eq!(
-            r(PromptApi::Completions, br#"{"prompt":[1,2,3]}"#),
+            r(Api::Completions, br#"{"prompt":[1,2,3]}"#),
             BadReason::BadField
         );
         assert_eq!(
             r(
-                PromptApi::Chat,
+                Api::Chat,
                 br#"{"messages":[],"kv_transfer_params":{"tether":{"session":"xyz"}}}"#
             ),
             BadReason::BadMarker
         );
         assert_eq!(
             r(
-                PromptApi::Chat,
+                Api::Chat,
                 br#"{"messages":[],"kv_transfer_params":{"tether":{"turn":7}}}"#
             ),
             BadReason::BadMarker
@@ -361,7 +356,7 @@ mod tests {
     #[test]
     fn unknown_marker_members_are_ignored() {
         let p = parse(
-            PromptApi::Responses,
+            Api::Responses,
             br#"{"input":"hi","kv_transfer_params":{"tether":{"session":"1","future":3},"other":1}}"#,
         )
         .unwrap();

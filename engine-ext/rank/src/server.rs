@@ -16,7 +16,6 @@ use crate::latency::LatencyModel;
 use crate::load::{LoadReport, RankLoad, rank_load};
 use crate::metrics::{self, EngineMetrics, RankView};
 use crate::pd;
-use crate::prompt::PromptApi;
 use crate::reply::{self, Meta, headers as rh};
 use crate::request::{self, BadReason, Refusal};
 use bytes::Bytes;
@@ -34,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use tether_engine::{BlockHasher, RequestKeys};
+use tether_wire::Api;
 use tether_wire::TurnMarker;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
@@ -425,7 +425,7 @@ fn full(
     r
 }
 
-fn refuse(rank: &Rank, api: Option<PromptApi>, r: Refusal) -> Response<RankBody> {
+fn refuse(rank: &Rank, api: Option<Api>, r: Refusal) -> Response<RankBody> {
     rank.count(r.reason);
     let status = StatusCode::from_u16(r.reason.status()).unwrap_or(StatusCode::BAD_REQUEST);
     full(
@@ -435,20 +435,10 @@ fn refuse(rank: &Rank, api: Option<PromptApi>, r: Refusal) -> Response<RankBody>
     )
 }
 
-fn api_of(path: &str) -> Option<PromptApi> {
-    match path {
-        "/v1/chat/completions" => Some(PromptApi::Chat),
-        "/v1/responses" => Some(PromptApi::Responses),
-        "/v1/messages" => Some(PromptApi::Messages),
-        "/v1/completions" => Some(PromptApi::Completions),
-        _ => None,
-    }
-}
-
 async fn handle(rank: Arc<Rank>, req: Request<Incoming>) -> Result<Response<RankBody>, Infallible> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
-    if let Some(api) = api_of(&path) {
+    if let Some(api) = Api::from_path(path.as_bytes()) {
         if method != Method::POST {
             return Ok(refuse(
                 &rank,
@@ -560,7 +550,7 @@ fn header_marker(req: &Request<Incoming>) -> Result<Option<TurnMarker>, Refusal>
 
 async fn generate(
     rank: Arc<Rank>,
-    api: PromptApi,
+    api: Api,
     path: &str,
     req: Request<Incoming>,
 ) -> Response<RankBody> {

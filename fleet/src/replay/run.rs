@@ -233,10 +233,7 @@ async fn run_session(sh: Arc<Shared>, s: SessionId, mode: Mode) {
             let Some(req) = pending.remove(&r) else {
                 continue;
             };
-            let api = Api::ALL
-                .into_iter()
-                .find(|a| a.path() == req.path)
-                .unwrap_or(Api::Chat);
+            let api = Api::from_path(req.path.as_bytes()).unwrap_or(Api::Chat);
             inflight.spawn(send_one(sh.clone(), r, req, api, release, due));
         }
         if sh.cancelled() {

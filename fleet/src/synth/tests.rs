@@ -6,16 +6,7 @@ use std::collections::{HashMap, HashSet};
 use tether_filter::config::Config;
 use tether_filter::decide::{Decision, HeaderOutcome, on_body, on_headers};
 use tether_filter::placement::Placement;
-use tether_rank::prompt::{PromptApi, prompt_tokens};
-
-fn prompt_api(api: Api) -> PromptApi {
-    match api {
-        Api::Chat => PromptApi::Chat,
-        Api::Responses => PromptApi::Responses,
-        Api::Messages => PromptApi::Messages,
-        Api::Completions => PromptApi::Completions,
-    }
-}
+use tether_rank::prompt::prompt_tokens;
 
 /// A small generated trace: six sessions sharing one system prompt, subagents, tool loops.
 /// First prompts pass 4 KiB (≈ 1,365 synthesized tokens), so legacy
@@ -64,7 +55,7 @@ fn all(t: &Trace, opts: &SynthOptions) -> Vec<Synthesized> {
         .map(|(req, http)| {
             let body: serde_json::Value = serde_json::from_slice(&http.body).unwrap();
             let api = opts.api.unwrap_or(t.request(req).api);
-            let tokens = prompt_tokens(prompt_api(api), &body);
+            let tokens = prompt_tokens(api, &body);
             Synthesized { req, http, tokens }
         })
         .collect()

@@ -16,48 +16,8 @@ pub struct AgentId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u32);
 
-/// The API a request is sent with (the four the gateway filter understands).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Api {
-    /// OpenAI Chat Completions, `/v1/chat/completions`.
-    Chat,
-    /// OpenAI Responses, `/v1/responses`.
-    Responses,
-    /// Anthropic Messages, `/v1/messages`.
-    Messages,
-    /// Legacy Completions, `/v1/completions`.
-    Completions,
-}
-
-impl Api {
-    /// Every API, in the order of the docs.
-    pub const ALL: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];
-
-    /// The trace-file name (the filter's name for the API).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Api::Chat => "chat",
-            Api::Responses => "responses",
-            Api::Messages => "messages",
-            Api::Completions => "completions",
-        }
-    }
-
-    /// The request path.
-    pub const fn path(self) -> &'static str {
-        match self {
-            Api::Chat => "/v1/chat/completions",
-            Api::Responses => "/v1/responses",
-            Api::Messages => "/v1/messages",
-            Api::Completions => "/v1/completions",
-        }
-    }
-
-    /// Parses a trace-file name.
-    pub fn parse(s: &str) -> Option<Api> {
-        Self::ALL.into_iter().find(|a| a.name() == s)
-    }
-}
+/// The API a request is sent with: the one type of the wire contract.
+pub use tether_wire::Api;
 
 /// How a response ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,5 +1,6 @@
-//! Agent conversations as the three wire APIs send them (Anthropic Messages,
-//! OpenAI Chat Completions, OpenAI Responses), growing turn by turn.
+//! Agent conversations as the wire APIs send them (Anthropic Messages, OpenAI
+//! Chat Completions, OpenAI Responses; legacy Completions as one flattened
+//! prompt), growing turn by turn.
 //!
 //! Bodies are written with a fixed top-level key order, as the official SDKs
 //! send them (identity fields after the conversation array), which a
@@ -7,36 +8,7 @@
 
 use serde_json::{Value, json};
 
-/// Which API a conversation speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// Anthropic Messages, `POST /v1/messages`.
-    Messages,
-    /// OpenAI Chat Completions, `POST /v1/chat/completions`.
-    Chat,
-    /// OpenAI Responses, `POST /v1/responses`.
-    Responses,
-}
-
-impl Api {
-    /// The request path.
-    pub fn path(self) -> &'static str {
-        match self {
-            Api::Messages => "/v1/messages",
-            Api::Chat => "/v1/chat/completions",
-            Api::Responses => "/v1/responses",
-        }
-    }
-
-    /// A short display name.
-    pub fn label(self) -> &'static str {
-        match self {
-            Api::Messages => "messages",
-            Api::Chat => "chat",
-            Api::Responses => "responses",
-        }
-    }
-}
+pub use tether_wire::Api;
 
 /// One conversation: a system prompt, tools, and the items so far.
 #[derive(Debug, Clone)]
@@ -84,7 +56,7 @@ impl Conversation {
             Api::Messages => {
                 json!({"role": "assistant", "content": [{"type": "text", "text": text}]})
             }
-            Api::Chat => json!({"role": "assistant", "content": text}),
+            Api::Chat | Api::Completions => json!({"role": "assistant", "content": text}),
             Api::Responses => {
                 json!({"role": "assistant", "content": [{"type": "output_text", "text": text}]})
             }
@@ -102,7 +74,7 @@ impl Conversation {
                 self.items.push(json!({"role": "user", "content": [
                     {"type": "tool_result", "tool_use_id": call_id, "content": result}]}));
             }
-            Api::Chat => {
+            Api::Chat | Api::Completions => {
                 self.items.push(json!({"role": "assistant", "content": null, "tool_calls": [
                     {"id": call_id, "type": "function", "function": {"name": tool, "arguments": args.to_string()}}]}));
                 self.items
@@ -117,6 +89,22 @@ impl Conversation {
         }
     }
 
+    /// Legacy Completions has no roles: the system prompt and every item as
+    /// `role: text` lines, the way a completion-style harness flattens a chat.
+    fn flat_prompt(&self) -> String {
+        let mut out = self.system.clone();
+        for item in &self.items {
+            let role = item["role"].as_str().unwrap_or("tool");
+            let text = match &item["content"] {
+                Value::String(t) => t.clone(),
+                Value::Null => item["tool_calls"].to_string(),
+                other => other.to_string(),
+            };
+            out.push_str(&format!("\n\n{role}: {text}"));
+        }
+        out
+    }
+
     fn tool_schemas(&self) -> Value {
         let schema = json!({"type": "object", "properties": {"arg": {"type": "string"}}});
         Value::Array(
@@ -124,7 +112,7 @@ impl Conversation {
                 .iter()
                 .map(|t| match self.api {
                     Api::Messages => json!({"name": t, "description": format!("tool {t}"), "input_schema": schema}),
-                    Api::Chat => json!({"type": "function", "function": {"name": t, "parameters": schema}}),
+                    Api::Chat | Api::Completions => json!({"type": "function", "function": {"name": t, "parameters": schema}}),
                     Api::Responses => json!({"type": "function", "name": t, "parameters": schema}),
                 })
                 .collect(),
@@ -152,11 +140,15 @@ impl Conversation {
                 ("input", items),
                 ("instructions", json!(self.system)),
             ],
+            Api::Completions => vec![
+                ("model", json!("gpt-3.5-turbo-instruct")),
+                ("prompt", json!(self.flat_prompt())),
+            ],
         };
         if self.api == Api::Messages {
             fields.push(("system", json!(self.system)));
         }
-        if !self.tools.is_empty() {
+        if !self.tools.is_empty() && self.api != Api::Completions {
             fields.push(("tools", self.tool_schemas()));
         }
         fields.extend(identity.iter().cloned());
@@ -207,6 +199,7 @@ mod tests {
             (Api::Messages, "tool_result"),
             (Api::Chat, "\"role\":\"tool\""),
             (Api::Responses, "function_call_output"),
+            (Api::Completions, "\\n\\ntool: r"),
         ] {
             let mut c = Conversation::new(api, "s", &["grep"], "q");
             c.tool_round("c1", "grep", json!({}), "r");

@@ -33,7 +33,7 @@ fn frames(bytes: &[u8]) -> Vec<(Option<String>, String)> {
     parse_sse(text).unwrap()
 }
 
-fn stream(api: PromptApi, usage: bool) -> Vec<(Option<String>, String)> {
+fn stream(api: Api, usage: bool) -> Vec<(Option<String>, String)> {
     let mut s = Stream::new(api, meta(), usage);
     let mut out = Vec::new();
     s.start(100, 64, &mut out);
@@ -45,23 +45,23 @@ fn stream(api: PromptApi, usage: bool) -> Vec<(Option<String>, String)> {
 #[test]
 fn usage_counts_add_up_per_api() {
     let o = outcome();
-    let chat = usage(PromptApi::Chat, &o, 2);
+    let chat = usage(Api::Chat, &o, 2);
     assert_eq!(chat["prompt_tokens_details"]["cached_tokens"], 64);
     assert_eq!(chat["total_tokens"], 103);
     assert_eq!(chat["tether"]["sim_ttft_ms"], 10.0);
     assert_eq!(chat["tether"]["sim_itl_ms"], 5.0);
     assert_eq!(chat["tether"]["restored_tokens"], 16);
-    let msg = usage(PromptApi::Messages, &o, 2);
+    let msg = usage(Api::Messages, &o, 2);
     assert_eq!(msg["input_tokens"], 36);
     assert_eq!(msg["cache_read_input_tokens"], 64);
-    let resp = usage(PromptApi::Responses, &o, 2);
+    let resp = usage(Api::Responses, &o, 2);
     assert_eq!(resp["input_tokens_details"]["cached_tokens"], 64);
     assert_eq!(resp["output_tokens"], 3);
 }
 
 #[test]
 fn chat_stream_has_role_tokens_finish_usage_done() {
-    let f = stream(PromptApi::Chat, true);
+    let f = stream(Api::Chat, true);
     assert_eq!(f.last().unwrap().1, "[DONE]");
     let chunks: Vec<Value> = f[..f.len() - 1]
         .iter()
@@ -87,13 +87,13 @@ fn chat_stream_has_role_tokens_finish_usage_done() {
             .all(|c| c["object"] == "chat.completion.chunk")
     );
     // Without include_usage: no usage chunk, no usage members.
-    let f = stream(PromptApi::Chat, false);
+    let f = stream(Api::Chat, false);
     assert!(f.iter().all(|(_, d)| !d.contains("usage")));
 }
 
 #[test]
 fn responses_stream_is_a_sequence_of_named_events() {
-    let f = stream(PromptApi::Responses, false);
+    let f = stream(Api::Responses, false);
     let names: Vec<&str> = f.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
     assert_eq!(
         names,
@@ -130,7 +130,7 @@ fn responses_stream_is_a_sequence_of_named_events() {
 
 #[test]
 fn messages_stream_follows_anthropics_event_order() {
-    let f = stream(PromptApi::Messages, false);
+    let f = stream(Api::Messages, false);
     let names: Vec<&str> = f.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
     assert_eq!(
         names,
@@ -160,7 +160,7 @@ fn messages_stream_follows_anthropics_event_order() {
 
 #[test]
 fn completions_stream_and_bodies_parse() {
-    let f = stream(PromptApi::Completions, true);
+    let f = stream(Api::Completions, true);
     assert_eq!(f.last().unwrap().1, "[DONE]");
     let text: String = f[..f.len() - 1]
         .iter()
@@ -170,21 +170,12 @@ fn completions_stream_and_bodies_parse() {
         })
         .collect();
     assert_eq!(text, answer(3));
-    for api in [
-        PromptApi::Chat,
-        PromptApi::Completions,
-        PromptApi::Responses,
-        PromptApi::Messages,
-    ] {
+    for api in [Api::Chat, Api::Completions, Api::Responses, Api::Messages] {
         let v: Value = serde_json::from_slice(&body(api, &meta(), &outcome())).unwrap();
         assert!(v["usage"].is_object(), "{api:?}");
     }
-    let e: Value = serde_json::from_slice(&error_body(
-        Some(PromptApi::Messages),
-        BadReason::TooLarge,
-        "x",
-    ))
-    .unwrap();
+    let e: Value =
+        serde_json::from_slice(&error_body(Some(Api::Messages), BadReason::TooLarge, "x")).unwrap();
     assert_eq!(e["error"]["type"], "request_too_large");
     let e: Value = serde_json::from_slice(&error_body(None, BadReason::UnknownPath, "x")).unwrap();
     assert_eq!(e["error"]["code"], 404);
@@ -192,12 +183,7 @@ fn completions_stream_and_bodies_parse() {
 
 #[test]
 fn stream_errors_are_api_shaped() {
-    for api in [
-        PromptApi::Chat,
-        PromptApi::Completions,
-        PromptApi::Responses,
-        PromptApi::Messages,
-    ] {
+    for api in [Api::Chat, Api::Completions, Api::Responses, Api::Messages] {
         let mut s = Stream::new(api, meta(), false);
         let mut out = Vec::new();
         s.error("boom", &mut out);
