@@ -25,8 +25,8 @@ use tether_fleet::sim::{
     CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
 };
 use tether_fleet::trace::Trace;
-use tether_rank::engine::EngineSettings;
-use tether_rank::profile::Profile;
+use tether_rank_engine::engine::EngineSettings;
+use tether_rank_engine::profile::Profile;
 
 #[derive(Parser, Debug)]
 #[command(about = "Fleet simulator and planner targets, with verdicts")]
