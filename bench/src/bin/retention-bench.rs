@@ -9,7 +9,7 @@
 //! (`--format`). It prints its own verdict against the target: retention + host tier must
 //! leave at least 5x less avoidable re-prefill than LRU.
 //!
-//! Run: `cargo run --release -p tether-fleet --bin retention-bench -- --trace examples/traces/mooncake_synthetic_trace.jsonl --format mooncake`
+//! Run: `cargo run --release -p tether-bench --bin retention-bench -- --trace examples/traces/mooncake_synthetic_trace.jsonl --format mooncake`
 
 use anyhow::Result;
 use clap::Parser;
