@@ -9,6 +9,7 @@ pub mod bailian;
 pub mod derive;
 mod fuzz;
 pub mod mooncake;
+pub mod tracelab;
 
 use crate::trace::{Api, Trace, TraceError};
 use std::path::Path;
@@ -24,15 +25,18 @@ pub enum Format {
     Bailian,
     /// AgentX / WEKA agent traces (one JSON object per trace).
     Agentx,
+    /// TraceLab rounds (`session_id`, `round_index`, `input_tokens_total`, …; no block ids).
+    Tracelab,
 }
 
 impl Format {
     /// Every format.
-    pub const ALL: [Format; 4] = [
+    pub const ALL: [Format; 5] = [
         Format::Tether,
         Format::Mooncake,
         Format::Bailian,
         Format::Agentx,
+        Format::Tracelab,
     ];
 
     /// The `--format` name.
@@ -42,6 +46,7 @@ impl Format {
             Format::Mooncake => "mooncake",
             Format::Bailian => "bailian",
             Format::Agentx => "agentx",
+            Format::Tracelab => "tracelab",
         }
     }
 
@@ -52,6 +57,7 @@ impl Format {
             Format::Mooncake => "Mooncake",
             Format::Bailian => "Qwen-Bailian",
             Format::Agentx => "AgentX/WEKA",
+            Format::Tracelab => "TraceLab",
         }
     }
 
@@ -78,6 +84,8 @@ pub fn sniff(first_line: &str) -> Option<Format> {
         Some(Format::Tether)
     } else if has("chat_id") && has("parent_chat_id") {
         Some(Format::Bailian)
+    } else if has("session_id") && has("round_index") && has("input_tokens_total") {
+        Some(Format::Tracelab)
     } else if has("requests") && (has("hash_id_scope") || has("block_size")) {
         Some(Format::Agentx)
     } else if has("input_length") && has("output_length") {
@@ -126,6 +134,7 @@ pub fn import(format: Format, input: &Path, opts: &ImportOptions) -> Result<Trac
         Format::Mooncake => mooncake::import_file(input, opts),
         Format::Bailian => bailian::import_file(input, opts),
         Format::Agentx => agentx::import_path(input, opts),
+        Format::Tracelab => tracelab::import_file(input, opts),
     }
 }
 
@@ -137,6 +146,9 @@ pub fn report_text(trace: &Trace) -> Option<String> {
         return Some(d.to_string());
     }
     if let Some(r) = bailian::report_of(trace) {
+        return Some(r.to_string());
+    }
+    if let Some(r) = tracelab::report_of(trace) {
         return Some(r.to_string());
     }
     agentx::report_of(trace).map(|r| r.to_string())
