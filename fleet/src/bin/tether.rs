@@ -24,7 +24,7 @@ enum Command {
     Replay(cli::replay::Args),
     /// Render a ready Envoy bootstrap for your ranks (and optionally run Envoy).
     Gateway(cli::gateway::Args),
-    /// Compare replay reports of one trace: configuration changes next to metric changes.
+    /// Compare reports of one trace (replays, simulations): configuration changes next to metric changes.
     Compare(cli::compare::Args),
     /// Routing policies and cache modes side by side on a simulated fleet.
     Simulate(Box<cli::simulate::Args>),
@@ -32,13 +32,22 @@ enum Command {
     Plan(Box<cli::plan::Args>),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().cmd {
+/// Runs the subcommand; an error is the user's to read: printed once with its
+/// causes (`error: what: why`), no backtrace, exit status 1.
+fn main() -> std::process::ExitCode {
+    let done = match Cli::parse().cmd {
         Command::Trace(a) => cli::trace::run(a),
         Command::Replay(a) => cli::replay::run(a),
         Command::Compare(a) => cli::compare::run(a),
         Command::Gateway(a) => cli::gateway::run(a),
         Command::Simulate(a) => cli::simulate::run(*a),
         Command::Plan(a) => cli::plan::run(*a),
+    };
+    match done {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! (`docs/cli.md`, method in `docs/planning.md`).
 
 use super::simulate::{FleetArgs, load_profile};
-use crate::import::{Format, ImportOptions, import};
+use crate::cli::input::TraceArgs;
 use crate::plan::size::Slo;
 use crate::plan::{ApiPrice, PlanConfig, Target, output, plan};
 use crate::report::Report;
@@ -18,14 +18,9 @@ use std::path::{Path, PathBuf};
 /// `tether plan`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// The trace.
-    pub trace: PathBuf,
-    /// Its format (a foreign trace is imported in memory with default options).
-    #[arg(long, default_value = "tether", value_parser = Format::parse)]
-    pub format: Format,
-    /// GPU profile: tether JSON, or a JSON naming Dynamo's NPZ files (docs/profile.md).
-    #[arg(long)]
-    pub profile: PathBuf,
+    /// The trace and its format.
+    #[command(flatten)]
+    pub input: TraceArgs,
     /// A replay of this trace (`tether replay --out DIR`): plan on the cache hits it observed.
     #[arg(long)]
     pub replay: Option<PathBuf>,
@@ -149,8 +144,8 @@ fn observed_hits(dir: &Path, trace: &Trace) -> Result<Vec<Option<u32>>> {
 
 /// Runs it.
 pub fn run(a: Args) -> Result<()> {
-    let trace = import(a.format, &a.trace, &ImportOptions::default())?;
-    let profile = load_profile(&a.profile)?;
+    let trace = a.input.read()?;
+    let profile = load_profile(&a.fleet.profile)?;
     let itl = match (a.itl_p99_ms, a.min_interactivity) {
         (x, Some(i)) if i > 0.0 && i.is_finite() => {
             Some(x.map_or(1000.0 / i, |x| x.min(1000.0 / i)))
@@ -197,7 +192,7 @@ pub fn run(a: Args) -> Result<()> {
     let report = plan(&trace, &profile, &cfg)?;
     println!(
         "trace {} ({}): {} requests; profile {} ({} GPU/engine, ${}/GPU-hour)",
-        a.trace.display(),
+        a.input.path().display(),
         content_hash(&trace),
         trace.requests().len(),
         profile.name,

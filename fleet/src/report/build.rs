@@ -5,9 +5,10 @@
 use super::config::ServingConfig;
 use super::model::{
     Bucket, Cost, Dist, EngineLoad, FORMAT, HitRatio, Latency, Load, Report, Reprefill, Requests,
-    RunInfo, Series, Tokens, TraceInfo, VERSION, quantile,
+    RunInfo, Series, Tokens, TraceInfo, VERSION,
 };
 use super::observe::{Clock, Observation, Outcome};
+use crate::quantile;
 use crate::trace::{RequestId, SessionId, Trace, content_hash};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -341,18 +342,16 @@ pub fn build(input: BuildInput<'_>) -> Report {
     };
 
     // Series.
-    let mut sorted = ttft.clone();
-    sorted.retain(|x| x.is_finite());
-    sorted.sort_by(f64::total_cmp);
+    let sorted = quantile::sorted(ttft.clone());
     let ttft_cdf = if sorted.is_empty() {
         Vec::new()
     } else {
-        let mut v = vec![(sorted[0], 0.0)];
-        v.extend((1..=100).map(|i| {
-            let q = f64::from(i) / 100.0;
-            (quantile(&sorted, q), q)
-        }));
-        v
+        (0..=100)
+            .filter_map(|i| {
+                let q = f64::from(i) / 100.0;
+                quantile::nearest_rank(&sorted, q).map(|v| (v, q))
+            })
+            .collect()
     };
     let span_s = observations.iter().map(|o| o.sent_ms).fold(0.0, f64::max) / 1000.0;
     let bucket_s = (span_s / 60.0).ceil().max(1.0);
@@ -426,6 +425,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
             hit_over_time: buckets,
             bucket_s,
         },
+        simulation: None,
     }
 }
 

@@ -3,12 +3,12 @@
 //! scaled over time) and the engine settings every rank shares.
 
 use super::identity::IdentityModel;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tether_rank::engine::EngineSettings;
 
 /// Where the gateway sends a request (`docs/planning.md` states what identity
 /// each one sees).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
     /// Each request to the next rank in turn.
@@ -85,7 +85,7 @@ impl Policy {
 }
 
 /// How each rank caches (the `tether-rank --cache` modes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CacheMode {
     /// Plain prefix caching, LRU (markers ignored).
