@@ -13,7 +13,7 @@ use crate::report::{BuildInput, Report, ServingConfig, build};
 use crate::trace::{SessionId, Trace};
 use serde_json::json;
 use std::collections::BTreeMap;
-use tether_rank::profile::Profile;
+use tether_rank_engine::profile::Profile;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// The profile a run was timed by.
