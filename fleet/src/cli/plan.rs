@@ -68,49 +68,51 @@ pub struct Args {
     pub yaml: Option<PathBuf>,
 }
 
-fn numbers(s: &str, n: &[usize]) -> Result<Vec<f64>, String> {
+/// `s` as comma-separated non-negative prices, as many as one of `n`.
+fn numbers(s: &str, n: &[usize]) -> Result<Vec<f64>> {
     let v: Vec<f64> = s
         .split(',')
         .map(|x| {
             x.trim()
                 .parse::<f64>()
-                .map_err(|_| format!("`{x}` is not a number"))
+                .with_context(|| format!("`{x}` is not a number"))
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_>>()?;
     if !n.contains(&v.len()) {
-        return Err(format!(
+        bail!(
             "`{s}`: expected {} comma-separated numbers",
             n.iter()
                 .map(|x| x.to_string())
                 .collect::<Vec<_>>()
                 .join(" or ")
-        ));
+        );
     }
     if v.iter().any(|x| !x.is_finite() || *x < 0.0) {
-        return Err(format!("`{s}`: prices must be non-negative"));
+        bail!("`{s}`: prices must be non-negative");
     }
     Ok(v)
 }
 
-fn parse_target(s: &str) -> Result<Target, String> {
-    let v = numbers(s, &[1, 2])?;
-    Ok(match v.as_slice() {
+fn parse_target(s: &str) -> Result<Target> {
+    Ok(match numbers(s, &[1, 2])?.as_slice() {
         [x] => Target::Blended(*x),
         [i, o] => Target::Split {
             input: *i,
             output: *o,
         },
-        _ => unreachable!("checked above"),
+        _ => bail!("`{s}`: expected 1 or 2 comma-separated numbers"),
     })
 }
 
-fn parse_api(s: &str) -> Result<ApiPrice, String> {
-    let v = numbers(s, &[3])?;
-    Ok(ApiPrice {
-        input: v[0],
-        cached_input: v[1],
-        output: v[2],
-    })
+fn parse_api(s: &str) -> Result<ApiPrice> {
+    match numbers(s, &[3])?.as_slice() {
+        &[input, cached_input, output] => Ok(ApiPrice {
+            input,
+            cached_input,
+            output,
+        }),
+        _ => bail!("`{s}`: expected 3 comma-separated numbers"),
+    }
 }
 
 /// The cache hits a replay observed, per trace request (`None`: not served).

@@ -143,7 +143,7 @@ pub fn run(a: Args) -> Result<()> {
     let targets: Vec<Target> = a
         .target
         .iter()
-        .map(|t| Target::parse(&origin(t)).map_err(anyhow::Error::msg))
+        .map(|t| Target::parse(&origin(t)).map_err(anyhow::Error::from))
         .collect::<Result<_>>()
         .context("--target")?;
     if a.live == Some(0) {

@@ -3,6 +3,7 @@
 
 use super::input::TraceArgs;
 use super::replay::write_report;
+use crate::name::UnknownName;
 use crate::sim::assemble::{self, ProfileSource};
 use crate::sim::config::PrefixOptions;
 use crate::sim::identity::{Identities, IdentityModel};
@@ -177,16 +178,16 @@ impl FleetArgs {
     }
 }
 
-fn parse_pd(s: &str) -> Result<(usize, usize), String> {
+fn parse_pd(s: &str) -> Result<(usize, usize)> {
     let (p, d) = s
         .split_once(',')
-        .ok_or_else(|| format!("`{s}`: expected P,D (prefill and decode ranks)"))?;
+        .with_context(|| format!("`{s}`: expected P,D (prefill and decode ranks)"))?;
     let n = |x: &str| {
         x.trim()
             .parse::<usize>()
             .ok()
             .filter(|v| *v > 0)
-            .ok_or_else(|| format!("`{x}` is not a positive rank count"))
+            .with_context(|| format!("`{x}` is not a positive rank count"))
     };
     Ok((n(p)?, n(d)?))
 }
@@ -197,13 +198,17 @@ pub fn load_profile(path: &Path) -> Result<Profile> {
 }
 
 /// Parses a comma list with `parse`, `all` meaning `all`.
-fn list<T: Copy>(s: &str, all: &[T], parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>> {
+fn list<T: Copy>(
+    s: &str,
+    all: &[T],
+    parse: impl Fn(&str) -> Result<T, UnknownName>,
+) -> Result<Vec<T>> {
     if s.trim() == "all" {
         return Ok(all.to_vec());
     }
     let mut v = Vec::new();
     for x in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-        v.push(parse(x).map_err(anyhow::Error::msg)?);
+        v.push(parse(x)?);
     }
     if v.is_empty() {
         bail!("an empty list");

@@ -3,6 +3,7 @@
 //! scaled over time) and the engine settings every rank shares.
 
 use super::identity::IdentityModel;
+use crate::name::{UnknownName, pick};
 use serde::{Deserialize, Serialize};
 use tether_rank_engine::engine::EngineSettings;
 
@@ -64,14 +65,8 @@ impl Policy {
     }
 
     /// Parses a name.
-    pub fn parse(s: &str) -> Result<Policy, String> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Self::ALL.iter().map(|p| p.name()).collect();
-                format!("unknown policy `{s}` (one of: {})", names.join(", "))
-            })
+    pub fn parse(s: &str) -> Result<Policy, UnknownName> {
+        pick(&Self::ALL, Policy::name, s, "policy")
     }
 
     /// Whether the policy reads requests in flight (the simulator then keeps
@@ -114,13 +109,8 @@ impl CacheMode {
     }
 
     /// Parses a name.
-    pub fn parse(s: &str) -> Result<CacheMode, String> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                format!("unknown cache mode `{s}` (one of: lru, retention, retention-host)")
-            })
+    pub fn parse(s: &str) -> Result<CacheMode, UnknownName> {
+        pick(&Self::ALL, CacheMode::name, s, "cache mode")
     }
 }
 

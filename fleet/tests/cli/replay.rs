@@ -74,7 +74,21 @@ fn generate(dir: &TempDir, name: &str, seed: &str, sessions: &str) -> String {
     out
 }
 
+/// The report in `dir`, after checking every file a report writes is there.
 fn report(dir: &str) -> serde_json::Value {
+    for f in [
+        "report.json",
+        "report.md",
+        "requests.jsonl",
+        "ttft_cdf.svg",
+        "hit_over_time.svg",
+        "load.svg",
+    ] {
+        assert!(
+            std::path::Path::new(&format!("{dir}/{f}")).is_file(),
+            "{dir}/{f} missing"
+        );
+    }
     serde_json::from_str(
         &std::fs::read_to_string(format!("{dir}/report.json")).expect("report.json"),
     )
@@ -99,19 +113,6 @@ fn a_replay_writes_its_report_and_compare_refuses_other_traces() {
         ]);
         assert!(o.status.success(), "{}", text(&o));
         assert!(text(&o).contains("hit ratio"), "{}", text(&o));
-        for f in [
-            "report.json",
-            "report.md",
-            "requests.jsonl",
-            "ttft_cdf.svg",
-            "hit_over_time.svg",
-            "load.svg",
-        ] {
-            assert!(
-                std::path::Path::new(&format!("{out}/{f}")).is_file(),
-                "{f} missing"
-            );
-        }
         let r = report(&out);
         assert_eq!(r["format"], "tether-report");
         assert_eq!(r["run"]["partial"], false);
@@ -189,19 +190,6 @@ fn a_simulation_and_a_replay_of_the_same_trace_compare_side_by_side() {
         "--quiet",
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    for f in [
-        "report.json",
-        "report.md",
-        "requests.jsonl",
-        "ttft_cdf.svg",
-        "hit_over_time.svg",
-        "load.svg",
-    ] {
-        assert!(
-            std::path::Path::new(&format!("{simulated}/{f}")).is_file(),
-            "{f} missing"
-        );
-    }
     let (r, s) = (report(&replayed), report(&simulated));
     assert_eq!(s["format"], "tether-report");
     assert_eq!(s["run"]["tool"], "tether simulate");
