@@ -3,6 +3,7 @@
 //! are documented in `docs/cli.md`.
 
 use clap::{Parser, Subcommand};
+use std::process::ExitCode;
 use tether_fleet::cli;
 
 #[derive(Debug, Parser)]
@@ -24,7 +25,7 @@ enum Command {
     Replay(cli::replay::Args),
     /// Render a ready Envoy bootstrap for your ranks (and optionally run Envoy).
     Gateway(cli::gateway::Args),
-    /// Compare reports of one trace (replays, simulations): configuration changes next to metric changes.
+    /// Compare replay reports of one trace: configuration changes next to metric changes.
     Compare(cli::compare::Args),
     /// Routing policies and cache modes side by side on a simulated fleet.
     Simulate(Box<cli::simulate::Args>),
@@ -32,10 +33,8 @@ enum Command {
     Plan(Box<cli::plan::Args>),
 }
 
-/// Runs the subcommand; an error is the user's to read: printed once with its
-/// causes (`error: what: why`), no backtrace, exit status 1.
-fn main() -> std::process::ExitCode {
-    let done = match Cli::parse().cmd {
+fn main() -> ExitCode {
+    let result = match Cli::parse().cmd {
         Command::Trace(a) => cli::trace::run(a),
         Command::Replay(a) => cli::replay::run(a),
         Command::Compare(a) => cli::compare::run(a),
@@ -43,11 +42,28 @@ fn main() -> std::process::ExitCode {
         Command::Simulate(a) => cli::simulate::run(*a),
         Command::Plan(a) => cli::plan::run(*a),
     };
-    match done {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
         }
     }
+}
+
+/// A user error as one line: the message and each cause that adds something
+/// (an error that already quotes its source is not followed by it again). No
+/// backtrace: errors are the user's to fix; bugs panic, and panics keep theirs.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
 }

@@ -48,6 +48,9 @@ pub enum BadTarget {
     /// No host.
     #[error("`{0}`: no host")]
     NoHost(String),
+    /// A port that is no number from 0 to 65535.
+    #[error("`{0}`: the port is not a number from 0 to 65535")]
+    Port(String),
 }
 
 impl Target {
@@ -64,6 +67,14 @@ impl Target {
         let auth = uri
             .authority()
             .ok_or_else(|| BadTarget::NoHost(s.to_owned()))?;
+        if auth.host().is_empty() {
+            return Err(BadTarget::NoHost(s.to_owned()));
+        }
+        // `host:port`, or `[v6]:port`: a `:` whose right side is no bracket.
+        let port = auth.as_str().rsplit_once(':').map(|(_, p)| p);
+        if port.is_some_and(|p| !p.contains(']')) && auth.port_u16().is_none() {
+            return Err(BadTarget::Port(s.to_owned()));
+        }
         let prefix = uri.path().trim_end_matches('/').to_owned();
         Ok(Target {
             origin: format!("http://{auth}"),
@@ -293,3 +304,6 @@ impl Client {
             .map_err(|_| err("no answer within 10 s".to_owned()))?
     }
 }
+
+#[cfg(test)]
+mod tests;
