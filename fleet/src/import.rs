@@ -11,6 +11,7 @@ mod fuzz;
 pub mod mooncake;
 pub mod tracelab;
 
+use crate::name::{UnknownName, pick};
 use crate::trace::{Api, Trace, TraceError};
 use std::path::Path;
 
@@ -62,16 +63,18 @@ impl Format {
     }
 
     /// Parses a `--format` name; an unknown name is refused with the known ones.
-    pub fn parse(s: &str) -> Result<Format, String> {
-        Self::ALL
-            .into_iter()
-            .find(|f| f.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| {
-                format!(
-                    "unknown trace format `{s}` (known: {})",
-                    Self::ALL.map(Format::name).join(", ")
-                )
-            })
+    /// Case and surrounding blanks do not matter.
+    pub fn parse(s: &str) -> Result<Format, UnknownName> {
+        pick(
+            &Self::ALL,
+            Format::name,
+            &s.trim().to_ascii_lowercase(),
+            "trace format",
+        )
+        .map_err(|e| UnknownName {
+            given: s.to_owned(),
+            ..e
+        })
     }
 }
 

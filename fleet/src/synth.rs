@@ -82,16 +82,8 @@ impl Identity {
     }
 
     /// Parses an `--identity` name.
-    pub fn parse(s: &str) -> Result<Identity, String> {
-        Self::ALL
-            .into_iter()
-            .find(|i| i.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown identity `{s}` (known: {})",
-                    Self::ALL.map(Identity::name).join(", ")
-                )
-            })
+    pub fn parse(s: &str) -> Result<Identity, crate::name::UnknownName> {
+        crate::name::pick(&Self::ALL, Identity::name, s, "identity")
     }
 }
 

@@ -55,22 +55,22 @@ fn retention_with_host_tier_saves_re_prefill_that_lru_loses() -> Result<()> {
     for r in [&lru, &dev, &host] {
         // Never more reuse than an unlimited cache: reused + avoidable adds up exactly.
         assert_eq!(
-            r.hit_tokens + r.avoidable_tokens.unwrap(),
-            r.reusable_tokens.unwrap(),
+            r.hit_tokens + r.sim.avoidable_tokens.unwrap(),
+            r.sim.reusable_tokens.unwrap(),
             "{r:?}"
         );
-        assert_eq!(r.refused + r.failed, 0);
+        assert_eq!(r.sim.refused + r.sim.failed, 0);
         assert_eq!(r.finished, 400);
         assert_eq!(r.prompt_tokens, lru.prompt_tokens);
     }
-    assert!(lru.reusable_tokens.unwrap() > 0);
-    assert_eq!(lru.retention.retained, 0);
-    assert!(dev.retention.retained > 0 && dev.retention.host_peak_bytes == 0);
-    assert!(host.retention.offloaded > 0 && host.retention.restored_tokens > 0);
-    assert!(host.retention.host_peak_bytes <= 4 * DEVICE_TOKENS * 131_072);
+    assert!(lru.sim.reusable_tokens.unwrap() > 0);
+    assert_eq!(lru.sim.retention.retained, 0);
+    assert!(dev.sim.retention.retained > 0 && dev.sim.retention.host_peak_bytes == 0);
+    assert!(host.sim.retention.offloaded > 0 && host.sim.retention.restored_tokens > 0);
+    assert!(host.sim.retention.host_peak_bytes <= 4 * DEVICE_TOKENS * 131_072);
     let (h, l) = (
-        host.avoidable_tokens.unwrap(),
-        lru.avoidable_tokens.unwrap(),
+        host.sim.avoidable_tokens.unwrap(),
+        lru.sim.avoidable_tokens.unwrap(),
     );
     assert!(h * 2 < l, "retention + host {h} vs LRU {l}");
     // Restores take link time, recomputing takes prefill time: the host tier is faster.

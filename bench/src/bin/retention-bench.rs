@@ -126,7 +126,7 @@ fn main() -> Result<()> {
         };
         reports.push(simulate(&trace, &profile, &cfg, &oracle, false, None)?.report);
     }
-    let avoidable = |r: &RunReport| r.avoidable_tokens.unwrap_or(0);
+    let avoidable = |r: &RunReport| r.sim.avoidable_tokens.unwrap_or(0);
     let lru = avoidable(&reports[0]);
     // LRU's avoidable re-prefill ÷ this mode's (inf when this mode has none).
     let ratio = |r: &RunReport| match (lru, avoidable(r)) {
@@ -154,22 +154,22 @@ fn main() -> Result<()> {
             name,
             r.prompt_tokens,
             r.hit_tokens,
-            r.reusable_tokens.unwrap_or(0),
+            r.sim.reusable_tokens.unwrap_or(0),
             avoidable(r),
             ratio(r),
-            r.retention.restored_tokens,
-            r.retention.offloaded,
-            r.retention.dropped,
-            r.retention.expired,
+            r.sim.retention.restored_tokens,
+            r.sim.retention.offloaded,
+            r.sim.retention.dropped,
+            r.sim.retention.expired,
             r.wall_s
         );
     }
     for (name, r) in names.iter().zip(&reports) {
         println!(
             "{name}: avoidable on returning turns {} tokens; host peak {:.1} GiB; refused {}; TTFT p50 {:.1} ms p99 {:.1} ms",
-            r.avoidable_returning_tokens.unwrap_or(0),
-            r.retention.host_peak_bytes as f64 / (1u64 << 30) as f64,
-            r.refused + r.failed,
+            r.sim.avoidable_returning_tokens.unwrap_or(0),
+            r.sim.retention.host_peak_bytes as f64 / (1u64 << 30) as f64,
+            r.sim.refused + r.sim.failed,
             r.ttft_ms.p50,
             r.ttft_ms.p99
         );
@@ -183,7 +183,7 @@ fn main() -> Result<()> {
     };
     let host_ratio = ratio(&reports[2]);
     let dev_ratio = ratio(&reports[1]);
-    if reports.iter().any(|r| r.refused > 0) {
+    if reports.iter().any(|r| r.sim.refused > 0) {
         println!(
             "warning: requests were refused (a prompt larger than the device capacity): raise --device-tokens above the longest prompt"
         );

@@ -2,8 +2,7 @@
 //! (`report.json`, `report.md`, `requests.jsonl`, SVG plots) into `--out`.
 
 use super::trace::synth::SynthArgs;
-use crate::import::{Format, ImportOptions, import};
-use crate::replay::assemble::Source;
+use crate::cli::input::TraceArgs;
 use crate::replay::{self, Options, Route, Schedule, Target};
 use crate::report::{self, markdown, plot};
 use anyhow::{Context, Result, bail};
@@ -25,12 +24,9 @@ pub enum RouteArg {
 /// `tether replay`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// The trace.
-    #[arg(long)]
-    pub trace: PathBuf,
-    /// Its format (a foreign trace is imported in memory with default options).
-    #[arg(long, default_value = "tether", value_parser = Format::parse)]
-    pub format: Format,
+    /// The trace and its format.
+    #[command(flatten)]
+    pub input: TraceArgs,
     /// Where requests go: `http://host:port` (Envoy, a rank, any OpenAI-compatible
     /// server); repeat or separate with commas for several (see --route).
     #[arg(long, required = true, value_delimiter = ',')]
@@ -192,7 +188,7 @@ pub fn run(a: Args) -> Result<()> {
     let targets: Vec<Target> = a
         .target
         .iter()
-        .map(|t| Target::parse(&origin(t)).map_err(anyhow::Error::msg))
+        .map(|t| Target::parse(&origin(t)).map_err(anyhow::Error::from))
         .collect::<Result<_>>()
         .context("--target")?;
     if a.live == Some(0) {
@@ -209,7 +205,7 @@ pub fn run(a: Args) -> Result<()> {
     if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
         bail!("--timeout-s: must be a positive number");
     }
-    let trace = Arc::new(import(a.format, &a.trace, &ImportOptions::default())?);
+    let trace = Arc::new(a.input.read()?);
     let synth = a.synth.options();
     let schedule = match a.live {
         Some(n) => Schedule::Live(n),
@@ -250,16 +246,7 @@ pub fn run(a: Args) -> Result<()> {
     for w in &out.warnings {
         eprintln!("warning: {w}");
     }
-    let r = replay::assemble::report(
-        &trace,
-        &Source {
-            path: a.trace.display().to_string(),
-            format: a.format.name().to_owned(),
-        },
-        &opts,
-        &out,
-        &a.label,
-    );
+    let r = replay::assemble::report(&trace, &a.input.source(), &opts, &out, &a.label);
     let md = write_report(&r, &out.observations, &a.out)?;
     println!("{}", summary(&r));
     println!(

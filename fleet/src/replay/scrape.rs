@@ -4,16 +4,18 @@
 //! Envoy's admin `/config_dump` (the tether filter's plugin configuration and
 //! the upstream cluster's load-balancing policy).
 
-use super::client::Client;
+use super::client::{Client, FetchError};
 use crate::report::config::{GatewayConfig, RankInfo};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// A rank's configuration; `origin` is `http://ip:port`.
-pub async fn rank_config(client: &Client, origin: &str) -> Result<RankInfo, String> {
+pub async fn rank_config(client: &Client, origin: &str) -> Result<RankInfo, FetchError> {
     let text = client.get_text(&format!("{origin}/tether/config")).await?;
-    let config: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{origin}/tether/config: {e}"))?;
+    let config: Value = serde_json::from_str(&text).map_err(|e| FetchError {
+        url: format!("{origin}/tether/config"),
+        why: e.to_string(),
+    })?;
     let rank = config
         .get("rank_id")
         .and_then(Value::as_str)
@@ -62,7 +64,7 @@ pub async fn rank_busy(
     client: &Client,
     origin: &str,
     rank: &str,
-) -> Result<BTreeMap<String, f64>, String> {
+) -> Result<BTreeMap<String, f64>, FetchError> {
     let text = client.get_text(&format!("{origin}/metrics")).await?;
     Ok(busy_seconds(rank, &text))
 }
@@ -177,10 +179,13 @@ pub fn endpoint_addresses(dump: &Value) -> Vec<String> {
 pub async fn gateway_config(
     client: &Client,
     admin: &str,
-) -> Result<(GatewayConfig, Vec<String>), String> {
+) -> Result<(GatewayConfig, Vec<String>), FetchError> {
     let url = format!("{}/config_dump", admin.trim_end_matches('/'));
     let text = client.get_text(&url).await?;
-    let dump: Value = serde_json::from_str(&text).map_err(|e| format!("{url}: {e}"))?;
+    let dump: Value = serde_json::from_str(&text).map_err(|e| FetchError {
+        url: url.clone(),
+        why: e.to_string(),
+    })?;
     Ok((
         gateway_from_config_dump(&url, &dump),
         endpoint_addresses(&dump),

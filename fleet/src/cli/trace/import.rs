@@ -1,6 +1,7 @@
 //! `tether trace import`: a trace in a format users have, written as a tether trace.
 
 use crate::import::{Format, ImportOptions, import, report_text};
+use crate::name::{UnknownName, pick};
 use crate::trace::{Api, IdForm, content_hash, write_trace_file};
 use anyhow::Result;
 use clap::Args as ClapArgs;
@@ -42,13 +43,8 @@ pub struct Args {
 }
 
 /// Parses an `--api` value.
-pub fn parse_api(s: &str) -> Result<Api, String> {
-    Api::parse(s).ok_or_else(|| {
-        format!(
-            "unknown API `{s}` (known: {})",
-            Api::ALL.map(Api::name).join(", ")
-        )
-    })
+pub fn parse_api(s: &str) -> Result<Api, UnknownName> {
+    pick(&Api::ALL, Api::name, s, "API")
 }
 
 /// Runs it.
