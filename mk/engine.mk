@@ -18,9 +18,9 @@ test-engine:
 	$(CARGO) test --quiet -p tether-fleet
 
 bench-engine:
-	$(CARGO) run --quiet --release -p tether-fleet --bin retention-bench -- --trace $(ENGINE_TRACE) --format $(ENGINE_TRACE_FORMAT)
-	$(CARGO) run --quiet --release -p tether-fleet --bin retention-bench -- --trace $(ENGINE_TRACE) --format $(ENGINE_TRACE_FORMAT) --profile $(ENGINE_HYBRID_PROFILE)
+	$(CARGO) run --quiet --release -p tether-bench --bin retention-bench -- --trace $(ENGINE_TRACE) --format $(ENGINE_TRACE_FORMAT)
+	$(CARGO) run --quiet --release -p tether-bench --bin retention-bench -- --trace $(ENGINE_TRACE) --format $(ENGINE_TRACE_FORMAT) --profile $(ENGINE_HYBRID_PROFILE)
 	for t in $(ENGINE_AGENT_TRACES); do \
-	  $(CARGO) run --quiet --release -p tether-fleet --bin retention-bench -- --trace examples/traces/$$t.jsonl --device-tokens 49152 --profile $(ENGINE_HYBRID_PROFILE) || exit 1; \
+	  $(CARGO) run --quiet --release -p tether-bench --bin retention-bench -- --trace examples/traces/$$t.jsonl --device-tokens 49152 --profile $(ENGINE_HYBRID_PROFILE) || exit 1; \
 	done
 	$(CARGO) bench --quiet -p tether-engine --bench retention-throughput
