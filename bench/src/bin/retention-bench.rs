@@ -52,12 +52,14 @@ struct Args {
     /// Tokens per KV block (must divide the trace's block size).
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// Linear-state snapshot bytes (0 = attention-only model).
+    /// Linear-state snapshot bytes, paid from the device KV budget (0 = the profile's
+    /// `hybrid.state_bytes`; attention-only when it has none).
     #[arg(long, default_value_t = 0)]
     state_bytes: u64,
-    /// Device slots for state snapshots when `--state-bytes` is set.
-    #[arg(long, default_value_t = 4096)]
-    state_slots: usize,
+    /// Hybrid models: tokens between the boundaries a snapshot can be taken at, a
+    /// multiple of `--block-size` (0 = the profile's `hybrid.align_tokens`, else every block).
+    #[arg(long, default_value_t = 0)]
+    state_align_tokens: usize,
     /// Hybrid models: extra state checkpoints every this many tokens (0 = prompt end only).
     #[arg(long, default_value_t = 0)]
     checkpoint_tokens: usize,
@@ -94,10 +96,16 @@ fn main() -> Result<()> {
         track_reusable: true,
         hybrid: HybridOptions {
             state_bytes: a.state_bytes,
-            state_slots: if a.state_bytes > 0 { a.state_slots } else { 0 },
+            align_tokens: a.state_align_tokens,
             checkpoint_tokens: a.checkpoint_tokens,
         },
         ..SimConfig::default()
+    };
+    let state = profile.hybrid.map_or(0, |h| h.state_bytes);
+    let state = if a.state_bytes > 0 {
+        a.state_bytes
+    } else {
+        state
     };
     println!(
         "trace {}: {} requests, {} sessions ({} agents), {} ranks ({}), device {} tokens/rank, host {}x device, block {} tokens, state {} B",
@@ -110,7 +118,7 @@ fn main() -> Result<()> {
         a.device_tokens,
         a.host_factor,
         a.block_size,
-        a.state_bytes
+        state
     );
     let oracle = oracle_hits(&trace, a.block_size);
     let names = [

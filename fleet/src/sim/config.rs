@@ -209,13 +209,14 @@ impl Default for PdOptions {
     }
 }
 
-/// Hybrid-model (linear-attention / SSM) state retention, per rank.
+/// Hybrid-model (linear-attention / SSM) state retention, per rank: overrides of the
+/// profile's `hybrid` member (`docs/profile.md`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct HybridOptions {
-    /// Bytes of one state snapshot (0 = attention-only model).
+    /// Bytes of one state snapshot (0 = the profile's; attention-only without one).
     pub state_bytes: u64,
-    /// Device slots for snapshots.
-    pub state_slots: usize,
+    /// Tokens between resumable boundaries (0 = the profile's, else every block).
+    pub align_tokens: usize,
     /// Extra snapshots every this many tokens inside a retained prompt (0 = prompt end only).
     pub checkpoint_tokens: usize,
 }

@@ -455,9 +455,14 @@ fn engine_config(
     let h = cfg.hybrid;
     if h.state_bytes > 0 {
         e.policy.state_bytes = h.state_bytes;
-        e.policy.device_state_slots = h.state_slots;
-        e.policy.checkpoint_every_tokens = h.checkpoint_tokens;
     }
+    if h.align_tokens > 0 {
+        e.policy.state_align_tokens = h.align_tokens;
+    }
+    e.policy.checkpoint_every_tokens = h.checkpoint_tokens;
+    e.policy
+        .validate()
+        .map_err(|err| SimError::Setting(format!("hybrid state: {err}")))?;
     Ok(e)
 }
 
