@@ -93,19 +93,19 @@ fn a_hybrid_profile_reuses_only_at_snapshot_boundaries_and_the_host_tier_still_w
     let attention = run(CacheMode::Lru)?;
     for r in [&lru, &host] {
         assert_eq!(
-            r.hit_tokens + r.avoidable_tokens.unwrap(),
-            r.reusable_tokens.unwrap(),
+            r.hit_tokens + r.sim.avoidable_tokens.unwrap(),
+            r.sim.reusable_tokens.unwrap(),
             "{r:?}"
         );
-        assert_eq!(r.refused + r.failed, 0);
+        assert_eq!(r.sim.refused + r.sim.failed, 0);
     }
     // Resuming only at 544-token boundaries leaves less reusable than every 16 tokens.
-    assert!(lru.reusable_tokens.unwrap() < attention.reusable_tokens.unwrap());
-    assert!(lru.reusable_tokens.unwrap() > 0);
-    assert!(host.retention.restored_tokens > 0);
+    assert!(lru.sim.reusable_tokens.unwrap() < attention.sim.reusable_tokens.unwrap());
+    assert!(lru.sim.reusable_tokens.unwrap() > 0);
+    assert!(host.sim.retention.restored_tokens > 0);
     let (h, l) = (
-        host.avoidable_tokens.unwrap(),
-        lru.avoidable_tokens.unwrap(),
+        host.sim.avoidable_tokens.unwrap(),
+        lru.sim.avoidable_tokens.unwrap(),
     );
     assert!(h * 2 < l, "retention + host {h} vs LRU {l}");
     Ok(())
