@@ -14,4 +14,4 @@ pub mod outputs;
 pub mod render;
 pub mod template;
 
-pub use render::{GatewaySpec, Mode, RenderError, render};
+pub use render::{GatewaySpec, Mode, RenderError, Timeouts, render};

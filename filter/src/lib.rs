@@ -22,6 +22,7 @@
 pub mod api;
 pub mod config;
 pub mod decide;
+pub mod eject;
 pub mod head;
 pub mod header_pairs;
 pub mod identity;
