@@ -9,6 +9,7 @@ mod demo;
 mod failover;
 mod floor;
 mod long_answers;
+mod oci;
 mod pd;
 mod pick;
 mod removal;
