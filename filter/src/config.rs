@@ -133,7 +133,11 @@ pub const DEFAULT_SESSION_SOURCES: &[&str] = &[
     "header:x-session-id",
     "header:x-claude-code-session-id",
     "header:session-id",
+    // Codex's older spelling.
+    "header:session_id",
     "header:x-session-affinity",
+    // OpenCode Zen.
+    "header:x-opencode-session",
     "header:x-dynamo-session-id",
     "body:session_id",
     "body:vllm_xargs.agentic_context.session_id",

@@ -7,6 +7,7 @@ mod buffering;
 mod config;
 mod failover;
 mod floor;
+mod harness_headers;
 mod long_answers;
 mod oci;
 mod pd;
