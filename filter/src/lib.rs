@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod outputs;
 pub mod pd;
 pub mod placer;
+pub mod preamble;
 pub use tether_placement as placement;
 pub mod rewrite;
 pub mod scan;
