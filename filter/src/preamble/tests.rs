@@ -1,41 +1,26 @@
 use crate::api::Api;
-use crate::scan::{View, scan_full};
+use crate::scan::scan_full;
+use crate::testkit::whole_view;
 
-/// A Claude Code-shaped Messages body: billing header block first in
-/// `system` (its `cch` varying per request), the agent's system prompt with
-/// `cache_control`, tools after the messages, `metadata.user_id`.
+/// A Claude Code-shaped Messages body (SDK key order): `turns` user turns
+/// of tool results, `system` after the messages with the billing-header
+/// block first (its `cch` varying per request), tools last.
 fn claude_code(cch: &str, turns: usize, agent_prompt: &str) -> Vec<u8> {
-    let mut messages = vec![
-        serde_json::json!({"role": "user", "content": [{"type": "text", "text": "Fix the failing test in parser.rs"}]}),
-    ];
+    let mut messages = String::from(r#"{"role":"user","content":"Fix the failing test"}"#);
     for i in 1..turns {
-        messages.push(serde_json::json!({"role": "assistant", "content": [{"type": "tool_use", "id": format!("toolu_{i}"), "name": "Bash", "input": {"command": "cargo test"}}]}));
-        messages.push(serde_json::json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": format!("toolu_{i}"), "content": "ok"}]}));
+        messages.push_str(&format!(
+            r#",{{"role":"assistant","content":[{{"type":"tool_use","id":"t{i}","name":"Bash","input":{{}}}}]}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"ok"}}]}}"#
+        ));
     }
-    serde_json::to_vec(&serde_json::json!({
-        "model": "claude-sonnet-4-5",
-        "max_tokens": 32000,
-        "messages": messages,
-        "system": [
-            {"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.37.abc; cc_entrypoint=cli; cch={cch};")},
-            {"type": "text", "text": agent_prompt, "cache_control": {"type": "ephemeral"}},
-        ],
-        "tools": [{"name": "Bash", "description": "Run a command", "input_schema": {"type": "object"}}],
-        "metadata": {"user_id": "user_abc_account_def_session_0f3c"},
-        "stream": true,
-    }))
-    .unwrap()
+    format!(
+        r#"{{"max_tokens":32000,"messages":[{messages}],"model":"claude-sonnet-4-5","system":[{{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.37; cch={cch};"}},{{"type":"text","text":"{agent_prompt}","cache_control":{{"type":"ephemeral"}}}}],"tools":[{{"name":"Bash","input_schema":{{}}}}],"metadata":{{"user_id":"u-1"}}}}"#
+    )
+    .into_bytes()
 }
 
 fn head(body: &[u8]) -> u64 {
     let doc = scan_full(body, Api::Messages).unwrap();
-    let view = View {
-        head: body.to_vec(),
-        tail: Vec::new(),
-        tail_base: body.len(),
-        size: body.len(),
-    };
-    crate::head::head_hash(Api::Messages, &doc, &view).unwrap()
+    crate::head::head_hash(Api::Messages, &doc, &whole_view(body)).unwrap()
 }
 
 #[test]
@@ -69,12 +54,7 @@ fn a_system_without_varying_blocks_hashes_as_before() {
         }))
         .unwrap();
         let doc = scan_full(&body, Api::Messages).unwrap();
-        let view = View {
-            head: body.clone(),
-            tail: Vec::new(),
-            tail_base: body.len(),
-            size: body.len(),
-        };
+        let view = whole_view(&body);
         let mut a = xxhash_rust::xxh3::Xxh3::new();
         let mut b = xxhash_rust::xxh3::Xxh3::new();
         let s = doc.member(&view, "system").unwrap();
