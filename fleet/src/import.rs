@@ -90,8 +90,10 @@ pub fn sniff(first_line: &str) -> Option<Format> {
 /// Options shared by the importers.
 #[derive(Clone, Debug)]
 pub struct ImportOptions {
-    /// API every imported request is sent with (none of the sources records one).
-    pub api: Api,
+    /// API every imported request is sent with; `None`: the importer's default
+    /// (Mooncake and Bailian record none: Chat; AgentX: the API its `models`
+    /// imply — Anthropic Messages for Claude models — stated in its report).
+    pub api: Option<Api>,
     /// Mooncake: tokens per hash id.
     pub mooncake_block_size: u32,
     /// Mooncake, Bailian: a continuation arriving within this many ms of its
@@ -108,7 +110,7 @@ pub struct ImportOptions {
 impl Default for ImportOptions {
     fn default() -> Self {
         Self {
-            api: Api::Chat,
+            api: None,
             mooncake_block_size: mooncake::BLOCK_SIZE,
             tool_gap_ms: 30_000,
             head_fanout: derive::DEFAULT_HEAD_FANOUT,
@@ -169,12 +171,4 @@ pub(crate) fn check_timestamp(t: f64) -> Result<(), String> {
     } else {
         Err(format!("`timestamp` must be a finite number ≥ 0, got {t}"))
     }
-}
-
-/// Opens a file for line reading, with the error naming it.
-pub(crate) fn open_lines(path: &Path) -> Result<std::io::BufReader<std::fs::File>, TraceError> {
-    let name = path.display().to_string();
-    std::fs::File::open(path)
-        .map(std::io::BufReader::new)
-        .map_err(|e| TraceError::at(&name, None, e))
 }

@@ -75,6 +75,51 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Exit non-zero (after writing the report) when more than this fraction of
+    /// the requests sent failed; without it, only a replay in which no request
+    /// succeeded fails.
+    #[arg(long, value_parser = fraction)]
+    pub max_error_rate: Option<f64>,
+}
+
+/// A number from 0 to 1.
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a fraction from 0 to 1")),
+    }
+}
+
+/// The replay's verdict on its own errors: `Err` (a non-zero exit) when no
+/// request succeeded, or when the error rate is over `max_error_rate`.
+pub fn check_errors(r: &report::model::Requests, max_error_rate: Option<f64>) -> Result<()> {
+    let sent = r.completed + r.errors;
+    if sent == 0 {
+        return Ok(());
+    }
+    let kinds = r
+        .errors_by_kind
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if r.completed == 0 {
+        bail!(
+            "no request succeeded: {} of {sent} failed ({kinds})",
+            r.errors
+        );
+    }
+    let rate = r.errors as f64 / sent as f64;
+    if let Some(max) = max_error_rate
+        && rate > max
+    {
+        bail!(
+            "{} of {sent} requests failed ({:.2} %, over --max-error-rate {max}): {kinds}",
+            r.errors,
+            rate * 100.0
+        );
+    }
+    Ok(())
 }
 
 /// `ip:port` or a URL → a URL (`http://` added when no scheme is given).
@@ -224,5 +269,8 @@ pub fn run(a: Args) -> Result<()> {
     if r.run.partial {
         std::process::exit(130);
     }
-    Ok(())
+    check_errors(&r.requests, a.max_error_rate)
 }
+
+#[cfg(test)]
+mod tests;

@@ -37,6 +37,14 @@ impl Target {
             None => return Err(format!("`{s}`: no scheme (write http://{s})")),
         }
         let auth = uri.authority().ok_or_else(|| format!("`{s}`: no host"))?;
+        if auth.host().is_empty() {
+            return Err(format!("`{s}`: no host"));
+        }
+        // `host:port`, or `[v6]:port`: a `:` whose right side is no bracket.
+        let port = auth.as_str().rsplit_once(':').map(|(_, p)| p);
+        if port.is_some_and(|p| !p.contains(']')) && auth.port_u16().is_none() {
+            return Err(format!("`{s}`: the port is not a number from 0 to 65535"));
+        }
         let prefix = uri.path().trim_end_matches('/').to_owned();
         Ok(Target {
             origin: format!("http://{auth}"),
@@ -262,3 +270,6 @@ impl Client {
             .map_err(|_| format!("{url}: no answer within 10 s"))?
     }
 }
+
+#[cfg(test)]
+mod tests;

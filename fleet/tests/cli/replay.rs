@@ -192,6 +192,24 @@ fn bad_traces_and_flags_are_refused_by_name() {
     );
     let o = tether(&["replay", "--trace", &good, "--target", "https://x:1"]);
     assert!(text(&o).contains("plain http only"), "{}", text(&o));
+    let o = tether(&["replay", "--trace", &good, "--target", "not-a-host:abc"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("the port is not a number"),
+        "{}",
+        text(&o)
+    );
+    let o = tether(&[
+        "replay",
+        "--trace",
+        &good,
+        "--target",
+        "127.0.0.1:1",
+        "--max-error-rate",
+        "1.5",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--max-error-rate"), "{}", text(&o));
     let o = tether(&[
         "replay",
         "--trace",
@@ -216,7 +234,12 @@ fn bad_traces_and_flags_are_refused_by_name() {
         "--out",
         &out,
     ]);
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(!o.status.success(), "nothing succeeded: {}", text(&o));
+    assert!(
+        text(&o).contains("error: no request succeeded"),
+        "{}",
+        text(&o)
+    );
     let r = report(&out);
     assert_eq!(r["requests"]["errors"], r["requests"]["sent"]);
     assert_eq!(

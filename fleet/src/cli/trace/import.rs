@@ -18,9 +18,10 @@ pub struct Args {
     /// Where to write the tether trace (JSONL).
     #[arg(long)]
     pub output: PathBuf,
-    /// API the requests are sent with: chat, responses, messages, completions.
-    #[arg(long, default_value = "chat", value_parser = parse_api)]
-    pub api: Api,
+    /// API the requests are sent with: chat, responses, messages, completions
+    /// (default: chat; AgentX: the API the trace's models imply).
+    #[arg(long, value_parser = parse_api)]
+    pub api: Option<Api>,
     /// Mooncake: tokens per hash id.
     #[arg(long, default_value_t = ImportOptions::default().mooncake_block_size)]
     pub block_size: u32,
