@@ -124,6 +124,8 @@ pub struct Config {
     pub load: Option<crate::load_view::LoadConfig>,
     /// P/D in pick mode (`pd`): a prefill pool and the disaggregation threshold.
     pub pd: Option<crate::pd::PdConfig>,
+    /// Pick mode: passive outlier detection on the response path (`eject`).
+    pub eject: crate::eject::EjectConfig,
 }
 
 /// Default `session_sources`.
@@ -131,7 +133,11 @@ pub const DEFAULT_SESSION_SOURCES: &[&str] = &[
     "header:x-session-id",
     "header:x-claude-code-session-id",
     "header:session-id",
+    // Codex's older spelling.
+    "header:session_id",
     "header:x-session-affinity",
+    // OpenCode Zen.
+    "header:x-opencode-session",
     "header:x-dynamo-session-id",
     "body:session_id",
     "body:vllm_xargs.agentic_context.session_id",
@@ -190,6 +196,7 @@ impl Default for Config {
             turn_count_max_bytes: 32 * 1024,
             load: None,
             pd: None,
+            eject: crate::eject::EjectConfig::default(),
         }
     }
 }
@@ -243,6 +250,21 @@ impl Config {
                         .enumerate()
                         .map(|(i, e)| endpoint("endpoints", i, e))
                         .collect::<Result<_, _>>()?;
+                    // Two endpoints with one name would share every key.
+                    for (i, e) in cfg.endpoints.iter().enumerate() {
+                        if e.name.is_some()
+                            && cfg
+                                .endpoints
+                                .iter()
+                                .take(i)
+                                .any(|o| o.identity() == e.identity())
+                        {
+                            return Err(ConfigError::new(
+                                format!("endpoints[{i}].name"),
+                                format!("{:?} is used twice", e.identity()),
+                            ));
+                        }
+                    }
                 }
                 "fallbacks" => cfg.fallbacks = field(name, v)?,
                 "session_sources" => cfg.session_sources = source_list(name, v)?,
@@ -300,6 +322,7 @@ impl Config {
                 "header_fast_path" => cfg.header_fast_path = field(name, v)?,
                 "turn_count_max_bytes" => cfg.turn_count_max_bytes = field(name, v)?,
                 "load" => cfg.load = Some(crate::load_view::LoadConfig::parse(v)?),
+                "eject" => cfg.eject = crate::eject::EjectConfig::parse(v)?,
                 "pd" => pd = Some(v),
                 other => return Err(ConfigError::new(other, "unknown field")),
             }
@@ -377,12 +400,22 @@ pub(crate) fn endpoint(
     v: &serde_json::Value,
 ) -> Result<Endpoint, ConfigError> {
     let at = |f: &str| format!("{list}[{i}].{f}");
-    let (mut address, mut weight, mut dp_size) = (None, 1.0_f64, 1_u32);
+    let (mut address, mut weight, mut dp_size, mut name) = (None, 1.0_f64, 1_u32, None);
     for (k, v) in object(&format!("{list}[{i}]"), v)? {
         match k.as_str() {
             "address" => address = Some(field::<String>(&at("address"), v)?),
             "weight" => weight = field(&at("weight"), v)?,
             "dp_size" => dp_size = field(&at("dp_size"), v)?,
+            "name" => {
+                let n: String = field(&at("name"), v)?;
+                if n.is_empty() || n.contains(|c: char| c.is_whitespace() || c == ',') {
+                    return Err(ConfigError::new(
+                        at("name"),
+                        "must be non-empty, without spaces or commas",
+                    ));
+                }
+                name = Some(n);
+            }
             other => return Err(ConfigError::new(at(other), "unknown field")),
         }
     }
@@ -400,6 +433,7 @@ pub(crate) fn endpoint(
         address: addr.to_string(),
         weight,
         dp_size,
+        name,
     })
 }
 

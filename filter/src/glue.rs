@@ -37,6 +37,8 @@ struct Shared {
     prefill: Option<Placement>,
     /// Load-aware pick: this VM's copy of the polled view (the root's poller writes it).
     view: Rc<RefCell<LoadView>>,
+    /// Pick mode: this VM's ejection table, fed by the response path.
+    health: RefCell<crate::eject::Health>,
     #[cfg(feature = "phase-timing")]
     timings: crate::timing::Log,
 }
@@ -68,8 +70,9 @@ impl Shared {
         self.count(self.counters.fixed(f));
     }
 
-    /// Load view and P/D on top of the rendezvous pick ([`crate::placer`]).
+    /// Ejections, load view and P/D on top of the rendezvous pick ([`crate::placer`]).
     fn refine(&self, d: &mut Decision) {
+        self.skip_ejected(d);
         if self.cfg.load.is_none() && self.cfg.pd.is_none() {
             return;
         }
@@ -98,6 +101,67 @@ impl Shared {
             } else {
                 Fixed::PdLocal
             });
+        }
+    }
+}
+
+impl Shared {
+    /// An ejected primary: the key's healthy fallbacks first ([`crate::eject`]).
+    /// Not when the DP rank is already written into the body and would change.
+    fn skip_ejected(&self, d: &mut Decision) {
+        let Some(pick) = d.pick.as_mut() else {
+            return;
+        };
+        let health = self.health.borrow();
+        // Nothing ever ejected (the normal case): no clock read.
+        if !health.ever_ejected() {
+            return;
+        }
+        let now = host::now_ms().unwrap_or(0);
+        let Some(&first) = pick.order.first() else {
+            return;
+        };
+        if !health.ejected(first, now) {
+            return;
+        }
+        let mut moved = pick.clone();
+        if health.reorder(&self.placement, d.identity.key(), &mut moved, now)
+            && !(d.edit.is_some() && moved.rank != pick.rank)
+        {
+            *pick = moved;
+            drop(health);
+            self.count_fixed(Fixed::PrimaryEjected);
+        }
+    }
+
+    /// The response path: which endpoint answered, after how many attempts,
+    /// with what status — fed to the ejection table.
+    fn observe(&self, first: usize) {
+        let wanted = |n: &[u8]| n == b":status" || n == b"x-envoy-attempt-count";
+        let headers = host::header_pairs(MapType::HttpResponseHeaders, wanted).unwrap_or_default();
+        let number = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, v)| std::str::from_utf8(v).ok())
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        };
+        let status = number(":status").unwrap_or(0);
+        let attempts = number("x-envoy-attempt-count").unwrap_or(1);
+        let served = host::get_property(&["upstream", "address"])
+            .ok()
+            .flatten()
+            .and_then(|a| crate::eject::Health::index_of(&self.placement, &a));
+        let now = host::now_ms().unwrap_or(0);
+        let outcome =
+            self.health
+                .borrow_mut()
+                .record(&self.cfg.eject, first, served, attempts, status, now);
+        if outcome.served_by_fallback {
+            self.count_fixed(Fixed::ServedByFallback);
+        }
+        if outcome.ejected {
+            self.count_fixed(Fixed::EndpointEjected);
         }
     }
 }
@@ -185,6 +249,7 @@ impl RootContext for Root {
             prefill,
             view,
             pending: std::cell::RefCell::new(Vec::new()),
+            health: RefCell::new(crate::eject::Health::new(cfg.endpoints.len())),
             cfg,
             placement,
             counters,
@@ -210,6 +275,7 @@ impl RootContext for Root {
             state: State::Idle,
             headers: Vec::new(),
             decision: None,
+            first: None,
             #[cfg(feature = "phase-timing")]
             clock: None,
         }))
@@ -236,6 +302,8 @@ struct Http {
     state: State,
     headers: Vec<(String, Vec<u8>)>,
     decision: Option<Decision>,
+    /// Pick mode: the endpoint listed first, for the response path.
+    first: Option<usize>,
     /// Diagnostic builds: the clock of the body decision being timed, and
     /// which lap closed each step (scan … rewrite, emit, count).
     #[cfg(feature = "phase-timing")]
@@ -358,6 +426,7 @@ impl Http {
         self.state = State::Done;
         if d.reject.is_none() {
             self.shared.refine(&mut d);
+            self.first = d.pick.as_ref().and_then(|p| p.order.first().copied());
         }
         if let Some((status, text)) = d.reject {
             self.shared.count_fixed(Fixed::Rejected);
@@ -498,6 +567,7 @@ impl HttpContext for Http {
             }
             HeaderOutcome::Decided(mut d) => {
                 s.refine(&mut d);
+                self.first = d.pick.as_ref().and_then(|p| p.order.first().copied());
                 #[cfg(feature = "phase-timing")]
                 clock.lap();
                 self.emit_headers(&d);
@@ -560,6 +630,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if let Some(first) = self.first {
+            self.shared.observe(first);
+        }
         if self.shared.cfg.outputs.has(Output::Debug)
             && let Some(d) = &self.decision
         {

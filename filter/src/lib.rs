@@ -22,6 +22,7 @@
 pub mod api;
 pub mod config;
 pub mod decide;
+pub mod eject;
 pub mod head;
 pub mod header_pairs;
 pub mod identity;
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod outputs;
 pub mod pd;
 pub mod placer;
+pub mod preamble;
 pub use tether_placement as placement;
 pub mod rewrite;
 pub mod scan;

@@ -163,3 +163,34 @@ fn each_body_output_alone_rewrites_the_body() {
             .rewrites_body()
     );
 }
+
+#[test]
+fn endpoint_names_are_read_and_bad_ones_refused_by_name() {
+    let c = Config::parse(
+        br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":"rank-a"},{"address":"10.0.0.2:8000"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(c.endpoints[0].name.as_deref(), Some("rank-a"));
+    assert_eq!(c.endpoints[0].identity(), "rank-a");
+    assert_eq!(c.endpoints[1].identity(), "10.0.0.2:8000");
+    for (json, field) in [
+        (
+            r#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":""}]}"#,
+            "endpoints[0].name",
+        ),
+        (
+            r#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":"a b"}]}"#,
+            "endpoints[0].name",
+        ),
+        (
+            r#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":7}]}"#,
+            "endpoints[0].name",
+        ),
+        (
+            r#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":"x"},{"address":"10.0.0.2:8000","name":"x"}]}"#,
+            "endpoints[1].name",
+        ),
+    ] {
+        assert_eq!(err(json).field, field, "{json}");
+    }
+}

@@ -360,6 +360,7 @@ pub async fn replay(
                     address: t.origin.trim_start_matches("http://").to_owned(),
                     weight: 1.0,
                     dp_size: 1,
+                    name: None,
                 })
                 .collect::<Vec<_>>(),
         )

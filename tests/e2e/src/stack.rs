@@ -102,6 +102,10 @@ impl Stack {
             admin: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
             retries: spec.retries,
             hash_balance_factor: spec.hash_balance_factor,
+            rank_names: Vec::new(),
+            timeouts: tether_envoy::Timeouts::default(),
+            eject_after: 5,
+            eject_for_s: 30,
         };
         let yaml = render(&gw).map_err(|e| HarnessError::Protocol {
             what: "tether_envoy::render".into(),

@@ -358,6 +358,10 @@ fn rendered_bootstraps_pass_envoy_validate() {
                 admin: "127.0.0.1:0".parse().unwrap(),
                 retries: 2,
                 hash_balance_factor: Some(125),
+                rank_names: Vec::new(),
+                timeouts: tether_envoy::Timeouts::default(),
+                eject_after: 5,
+                eject_for_s: 30,
             };
             let yaml = render(&spec).unwrap();
             tether_e2e::Envoy::validate(&yaml)
