@@ -440,7 +440,14 @@ fn gateway_defaults_do_not_depend_on_the_current_directory() {
     let dir = TempDir::new("gateway-cwd");
     let out = dir.path("envoy.yaml");
     let o = Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args(["gateway", "--ranks", "127.0.0.1:8001", "--no-validate", "--output", &out])
+        .args([
+            "gateway",
+            "--ranks",
+            "127.0.0.1:8001",
+            "--no-validate",
+            "--output",
+            &out,
+        ])
         .current_dir(&dir.0)
         .env_remove("TETHER_FILTER_WASM")
         .env_remove("TETHER_ENVOY")
