@@ -65,6 +65,11 @@ pub struct LoadView {
 const REC: usize = 1 + 8 + 8 + 8;
 
 impl LoadView {
+    /// A view of no endpoints.
+    pub const EMPTY: LoadView = LoadView {
+        samples: Vec::new(),
+    };
+
     /// A view of `n` endpoints with no samples.
     pub fn new(n: usize) -> Self {
         Self {
@@ -184,109 +189,6 @@ fn fresh(s: &Option<Sample>, now_ms: u64, max_age_ms: u64) -> Option<&Sample> {
 
 #[cfg(test)]
 mod tests;
-
-/// The `load` configuration: load-aware pick.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoadConfig {
-    /// Envoy cluster that holds every endpoint and honours
-    /// `x-gateway-destination-endpoint` (`override_host`): where polls go.
-    pub cluster: String,
-    /// Poll period (the root context's tick), ms.
-    pub poll_ms: u64,
-    /// Timeout of one poll, ms.
-    pub timeout_ms: u64,
-    /// A sample older than this counts as unknown (load 0), ms.
-    pub max_age_ms: u64,
-    /// Bounded-load factor `c` (> 1): a primary over `c` times its share spills.
-    pub factor: f64,
-    /// Below this many requests in flight an endpoint never spills (≥ 1).
-    pub floor: f64,
-}
-
-impl Default for LoadConfig {
-    /// The fleet simulator's defaults (`tether simulate --balance-factor 2
-    /// --balance-floor 8 --load-poll-ms 200`), so a simulated plan and the
-    /// gateway spill alike.
-    fn default() -> Self {
-        Self {
-            cluster: "ranks".to_owned(),
-            poll_ms: 200,
-            timeout_ms: 200,
-            max_age_ms: 1000,
-            factor: 2.0,
-            floor: 8.0,
-        }
-    }
-}
-
-impl LoadConfig {
-    /// The bound of [`tether_placement::Placement::pick_bounded`].
-    pub fn bound(&self) -> tether_placement::LoadBound {
-        tether_placement::LoadBound {
-            factor: self.factor,
-            floor: self.floor,
-        }
-    }
-
-    /// Parses the `load` object; every error names its field.
-    pub fn parse(v: &serde_json::Value) -> Result<Self, crate::config::ConfigError> {
-        use crate::config::ConfigError;
-        let err = |f: &str, why: &str| ConfigError {
-            field: format!("load.{f}"),
-            why: why.to_owned(),
-        };
-        let obj = v.as_object().ok_or_else(|| ConfigError {
-            field: "load".into(),
-            why: "must be an object".into(),
-        })?;
-        let mut c = Self::default();
-        let mut age_set = false;
-        for (k, v) in obj {
-            let num = || v.as_f64().ok_or_else(|| err(k, "must be a number"));
-            let ms = || {
-                v.as_u64()
-                    .ok_or_else(|| err(k, "must be a whole number of milliseconds"))
-            };
-            match k.as_str() {
-                "cluster" => {
-                    c.cluster = v
-                        .as_str()
-                        .filter(|s| !s.is_empty())
-                        .ok_or_else(|| err(k, "must be a non-empty cluster name"))?
-                        .to_owned()
-                }
-                "poll_ms" => c.poll_ms = ms()?,
-                "timeout_ms" => c.timeout_ms = ms()?,
-                "max_age_ms" => {
-                    c.max_age_ms = ms()?;
-                    age_set = true;
-                }
-                "factor" => c.factor = num()?,
-                "floor" => c.floor = num()?,
-                _ => return Err(err(k, "unknown field")),
-            }
-        }
-        if !(10..=60_000).contains(&c.poll_ms) {
-            return Err(err("poll_ms", "must be between 10 and 60000"));
-        }
-        if !(1..=60_000).contains(&c.timeout_ms) {
-            return Err(err("timeout_ms", "must be between 1 and 60000"));
-        }
-        if !age_set {
-            c.max_age_ms = c.max_age_ms.max(5 * c.poll_ms);
-        }
-        if c.max_age_ms < c.poll_ms {
-            return Err(err("max_age_ms", "must be at least poll_ms"));
-        }
-        if !(c.factor.is_finite() && c.factor > 1.0) {
-            return Err(err("factor", "must be a number above 1"));
-        }
-        if !(c.floor.is_finite() && c.floor >= 1.0) {
-            return Err(err("floor", "must be a number of at least 1"));
-        }
-        Ok(c)
-    }
-}
 
 /// Whether this VM should poll now: the last poll any worker claimed (its
 /// time in shared data) is at least most of a period old. Every worker's

@@ -99,30 +99,6 @@ fn the_encoding_round_trips_and_refuses_other_shapes() {
 }
 
 #[test]
-fn load_config_defaults_and_refusals_name_the_field() {
-    let c = LoadConfig::parse(&serde_json::json!({})).unwrap();
-    assert_eq!(c, LoadConfig::default());
-    let c = LoadConfig::parse(&serde_json::json!({"poll_ms": 500})).unwrap();
-    assert_eq!(c.max_age_ms, 2500, "the default age follows the period");
-    for (v, field) in [
-        (serde_json::json!({"poll_ms": 5}), "load.poll_ms"),
-        (serde_json::json!({"poll_ms": "x"}), "load.poll_ms"),
-        (serde_json::json!({"timeout_ms": 0}), "load.timeout_ms"),
-        (
-            serde_json::json!({"max_age_ms": 100, "poll_ms": 200}),
-            "load.max_age_ms",
-        ),
-        (serde_json::json!({"factor": 1.0}), "load.factor"),
-        (serde_json::json!({"floor": 0.5}), "load.floor"),
-        (serde_json::json!({"cluster": ""}), "load.cluster"),
-        (serde_json::json!({"bogus": 1}), "load.bogus"),
-        (serde_json::json!([1]), "load"),
-    ] {
-        assert_eq!(LoadConfig::parse(&v).unwrap_err().field, field, "{v}");
-    }
-}
-
-#[test]
 fn one_poll_per_period_whoever_ticks() {
     assert!(due(None, 0, 200));
     assert!(!due(Some(1000), 1100, 200));

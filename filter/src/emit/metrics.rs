@@ -2,7 +2,7 @@
 //! see `docs/gateway.md` for the exported names).
 
 use crate::config::Config;
-use crate::decide::Reason;
+use crate::read::Reason;
 
 /// Prefix of every tether counter.
 pub const PREFIX: &str = "tether_";
@@ -148,6 +148,22 @@ impl Fixed {
     }
 }
 
+/// One counter a request bumps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    Fixed(Fixed),
+    /// `tether_key_source_<label>` of `session_sources[i]`.
+    Source(usize),
+    /// `tether_key_source_head`.
+    Head,
+    /// `tether_key_source_fallback`.
+    FallbackSource,
+    /// `tether_fallback_<reason>`.
+    Fallback(Reason),
+    /// `tether_pick_<address>` of endpoint `i`.
+    Pick(usize),
+}
+
 /// Every counter a request may bump, resolved to ids once per VM (the root
 /// context): `id` is whatever the host's define call returned, `None` when it
 /// failed. Names that sanitize alike share one id, as they share one counter.
@@ -182,6 +198,18 @@ impl CounterIds {
                 .iter()
                 .map(|e| id_of(&pick(&e.address)))
                 .collect(),
+        }
+    }
+
+    /// The id of one counter.
+    pub fn id(&self, c: Counter) -> Option<u32> {
+        match c {
+            Counter::Fixed(f) => self.fixed(f),
+            Counter::Source(i) => self.source.get(i).copied().flatten(),
+            Counter::Head => self.head,
+            Counter::FallbackSource => self.fallback_source,
+            Counter::Fallback(r) => self.fallback(r),
+            Counter::Pick(i) => self.pick.get(i).copied().flatten(),
         }
     }
 

@@ -8,9 +8,10 @@
 //! [`LoadView`] on each tick, where the HTTP contexts read it with no host call.
 //! A view is therefore stale by up to two poll periods plus the poll's time.
 
-use crate::host;
-use crate::load_view::{LoadConfig, LoadView, MAX_REPLY_BYTES, Sample, due};
-use crate::metrics::Fixed;
+use super::host;
+use crate::config::load::LoadConfig;
+use crate::emit::metrics::Fixed;
+use crate::place::load_view::{LoadView, MAX_REPLY_BYTES, Sample, due};
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 use std::cell::RefCell;
 use std::collections::HashMap;

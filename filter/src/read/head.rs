@@ -11,7 +11,7 @@
 
 use crate::api::{Api, ApiShape};
 use crate::json::{self, Value};
-use crate::scan::{Conv, Doc, View};
+use crate::read::scan::{Conv, Doc, View};
 use xxhash_rust::xxh3::Xxh3;
 
 /// Strings longer than this are hashed by length, prefix and suffix.
@@ -67,7 +67,7 @@ fn feed_string(h: &mut Xxh3, bytes: &[u8]) {
 
 /// The head hash of a scanned body; `None` when the body has no conversation.
 pub fn head_hash(api: Api, doc: &Doc, view: &View) -> Option<u64> {
-    let mut h = Xxh3::with_seed(crate::identity::SEED);
+    let mut h = Xxh3::with_seed(crate::read::identity::SEED);
     h.update(api.name().as_bytes());
     // Top-level parts are hashed as raw bytes: a harness sends them byte-identical
     // every turn, and raw xxh3 is far cheaper than a walk over 60 KB of tool schemas.

@@ -3,7 +3,7 @@
 
 use crate::config::{Config, Origin, Source};
 use crate::json::Value;
-use crate::scan::{Doc, View};
+use crate::read::scan::{Doc, View};
 use tether_placement::keys;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -100,8 +100,8 @@ pub enum KeySource {
     Source(usize),
     /// The conversation-head hash.
     Head,
-    /// Nothing usable: see [`crate::Reason`].
-    Fallback(crate::Reason),
+    /// Nothing usable: see [`crate::read::reason::Reason`].
+    Fallback(crate::read::reason::Reason),
 }
 
 /// A resolved identity: raw materials stay inside the filter, only hashes leave.
@@ -242,7 +242,11 @@ pub fn resolve(cfg: &Config, headers: &Headers, body: Option<BodyRef<'_>>) -> (R
 
 /// The documented fallback identity: tenant + the first [`FALLBACK_PREFIX`]
 /// bytes of the raw body (the conversation head, unchanged between turns).
-pub fn fallback(tenant: Vec<u8>, body_prefix: &[u8], reason: crate::Reason) -> Identity {
+pub fn fallback(
+    tenant: Vec<u8>,
+    body_prefix: &[u8],
+    reason: crate::read::reason::Reason,
+) -> Identity {
     let mut session = b"fallback:".to_vec();
     session.extend_from_slice(&xxh3_64_with_seed(body_prefix, SEED).to_le_bytes());
     Identity {

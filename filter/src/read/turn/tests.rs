@@ -1,5 +1,5 @@
 use super::*;
-use crate::scan::{ReadLimits, read_doc, scan_full};
+use crate::read::scan::{ReadLimits, read_doc, scan_full};
 use crate::testkit::{ALL_ORDERS, Convo, SliceFetch, Step};
 
 fn tools() -> Vec<String> {

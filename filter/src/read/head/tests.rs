@@ -1,5 +1,5 @@
 use super::*;
-use crate::scan::{ReadLimits, read_doc, scan_full};
+use crate::read::scan::{ReadLimits, read_doc, scan_full};
 use crate::testkit::{ALL_APIS, ALL_ORDERS, Convo, Order, SliceFetch, Step};
 
 fn hash_whole(api: Api, body: &[u8]) -> Option<u64> {

@@ -5,20 +5,21 @@
 //! survives (a client must not be able to spoof markers). Format:
 //! `tether_wire::params`, `docs/wire.md` ("Markers in the body").
 
+use super::markers;
 use crate::config::Config;
-use crate::decide::Decision;
-use crate::identity::hex16_bytes;
+use crate::config::outputs::Sink;
 use crate::json::{self, Value};
-use crate::markers;
+use crate::read::Reading;
+use crate::read::identity::hex16_bytes;
 use tether_wire::params;
 
 /// The top-level member holding the markers' object.
 pub const FIELD: &str = "kv_transfer_params";
 
-/// The `tether` object for a decision: one string member per marker known
+/// The `tether` object for a reading: one string member per marker known
 /// (prompt end, turn kind, turn count when counted, interval), then the
 /// tenant, session and subagent hashes.
-pub fn tether_object(cfg: &Config, d: &Decision) -> String {
+pub fn tether_object(cfg: &Config, read: &Reading) -> String {
     let mut out = String::with_capacity(192);
     out.push('{');
     let mut member = |name: &str, value: &[u8]| {
@@ -32,14 +33,14 @@ pub fn tether_object(cfg: &Config, d: &Decision) -> String {
         out.push_str(&String::from_utf8_lossy(value));
         out.push('"');
     };
-    markers::for_each_marker(cfg, d, |o, value| {
-        if let crate::outputs::Sink::Header(h) = o.sink()
+    markers::for_each_marker(cfg, read, |o, value| {
+        if let Sink::Header(h) = o.sink()
             && let Some(name) = params::field_of(h)
         {
             member(name, value);
         }
     });
-    let id = &d.identity;
+    let id = &read.identity;
     for (header, hash) in [
         (tether_wire::headers::TENANT, id.tenant_hash()),
         (tether_wire::headers::SESSION, id.session_hash()),

@@ -5,9 +5,8 @@
 //! never handed to Envoy and never copied by `header_mutation`.
 //!
 //! Adding an output: a variant here (name, where it goes, what it needs), its
-//! value in [`crate::markers`], and a row in `docs/gateway.md`.
+//! value in [`crate::emit::markers`], and a row in `docs/gateway.md`.
 
-use crate::config::Mode;
 use tether_wire::headers as h;
 
 /// One thing the filter can write for a routed request.
@@ -234,12 +233,10 @@ pub struct Outputs(u32);
 impl Outputs {
     pub const NONE: Outputs = Outputs(0);
 
-    /// The default: what the mode itself needs to place a request (`hash` or `pick`).
-    pub fn default_for(mode: Mode) -> Outputs {
-        let name = match mode {
-            Mode::Hash => "hash",
-            Mode::Pick => "pick",
-        };
+    /// The default: what the mode itself needs to place a request (preset
+    /// `pick` when the filter picks the endpoint, else `hash`).
+    pub fn default_for(pick: bool) -> Outputs {
+        let name = if pick { "pick" } else { "hash" };
         PRESETS
             .iter()
             .find(|p| p.name == name)
@@ -330,34 +327,17 @@ impl Outputs {
         })
     }
 
-    /// Parses `outputs`: a preset name, or a list of preset and output names
-    /// (their union). Unknown names and pick-only outputs in hash mode are
-    /// errors naming the entry; preset `all` takes only what the mode has.
-    pub fn parse(v: &serde_json::Value, mode: Mode) -> Result<Outputs, (String, String)> {
-        let names: Vec<(String, &str)> = match v {
-            serde_json::Value::String(s) => vec![("outputs".to_owned(), s.as_str())],
-            serde_json::Value::Array(items) => items
-                .iter()
-                .enumerate()
-                .map(|(i, item)| {
-                    item.as_str().map(|s| (format!("outputs[{i}]"), s)).ok_or((
-                        format!("outputs[{i}]"),
-                        "must be a string (a preset or an output name)".to_owned(),
-                    ))
-                })
-                .collect::<Result<_, _>>()?,
-            _ => {
-                return Err((
-                    "outputs".to_owned(),
-                    "must be a preset name or a list of preset and output names".to_owned(),
-                ));
-            }
-        };
+    /// The set named by `outputs` — (field, name) per entry: preset and
+    /// output names, their union. Unknown names and pick-only outputs when the
+    /// filter does not pick (`pick` false) are errors naming the entry;
+    /// preset `all` takes only what the mode has.
+    pub fn from_names(names: &[(String, String)], pick: bool) -> Result<Outputs, (String, String)> {
         let mut set = Outputs::NONE;
         for (field, name) in names {
+            let (field, name) = (field.clone(), name.as_str());
             if let Some(p) = PRESETS.iter().find(|p| p.name == name) {
                 let mut add = Outputs::of(p.outputs);
-                if mode != Mode::Pick {
+                if !pick {
                     if p.name != "all" && add.iter().any(Output::needs_pick) {
                         return Err((
                             field,
@@ -373,7 +353,7 @@ impl Outputs {
                 }
                 set = set.union(add);
             } else if let Some(o) = Output::ALL.into_iter().find(|o| o.name() == name) {
-                if o.needs_pick() && mode != Mode::Pick {
+                if o.needs_pick() && !pick {
                     return Err((
                         field,
                         format!(

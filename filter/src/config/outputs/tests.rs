@@ -1,21 +1,19 @@
 use super::*;
+use crate::config::Mode;
 use serde_json::json;
 
 #[test]
 fn the_default_is_what_the_mode_needs() {
+    assert_eq!(Outputs::default_for(false), Outputs::of(&[Output::Key]));
     assert_eq!(
-        Outputs::default_for(Mode::Hash),
-        Outputs::of(&[Output::Key])
-    );
-    assert_eq!(
-        Outputs::default_for(Mode::Pick),
+        Outputs::default_for(true),
         Outputs::of(&[Output::Destination, Output::DpRank])
     );
 }
 
 #[test]
 fn presets_and_names_combine() {
-    let o = Outputs::parse(&json!(["hash", "retain", "turn"]), Mode::Hash).unwrap();
+    let o = parse(&json!(["hash", "retain", "turn"]), Mode::Hash).unwrap();
     let names: Vec<&str> = o.iter().map(Output::name).collect();
     assert_eq!(
         names,
@@ -31,25 +29,22 @@ fn presets_and_names_combine() {
         ]
     );
     assert_eq!(
-        Outputs::parse(&json!("vllm"), Mode::Hash).unwrap(),
+        parse(&json!("vllm"), Mode::Hash).unwrap(),
         Outputs::of(&[Output::SessionId, Output::KvTransferParams])
     );
-    assert_eq!(
-        Outputs::parse(&json!([]), Mode::Hash).unwrap(),
-        Outputs::NONE
-    );
+    assert_eq!(parse(&json!([]), Mode::Hash).unwrap(), Outputs::NONE);
 }
 
 #[test]
 fn all_takes_what_the_mode_has() {
-    let hash = Outputs::parse(&json!("all"), Mode::Hash).unwrap();
+    let hash = parse(&json!("all"), Mode::Hash).unwrap();
     assert!(hash.iter().all(|o| !o.needs_pick()));
     assert!(hash.has(Output::Key) && hash.has(Output::Debug));
     assert!(
         !hash.has(Output::HashableString),
         "filter state needs its reader"
     );
-    let pick = Outputs::parse(&json!("all"), Mode::Pick).unwrap();
+    let pick = parse(&json!("all"), Mode::Pick).unwrap();
     // Everything but the body rewrites, which change the request and force the
     // body path, and the prefiller, which comes with `pd`: those are chosen one by one.
     assert_eq!(pick.body_fields().count(), 0);
@@ -64,7 +59,7 @@ fn pick_only_outputs_need_pick_mode() {
         json!(["destination"]),
         json!(["key", "routed_dp_rank"]),
     ] {
-        let (field, why) = Outputs::parse(&bad, Mode::Hash).unwrap_err();
+        let (field, why) = parse(&bad, Mode::Hash).unwrap_err();
         assert!(field.starts_with("outputs"), "{field}");
         assert!(why.contains("pick"), "{why}");
     }
@@ -72,7 +67,7 @@ fn pick_only_outputs_need_pick_mode() {
 
 #[test]
 fn where_each_output_goes() {
-    let o = Outputs::parse(
+    let o = parse(
         &json!([
             "all",
             "vllm",
@@ -109,4 +104,18 @@ fn names_are_unique() {
     let n = names.len();
     names.dedup();
     assert_eq!(names.len(), n);
+}
+
+/// `outputs` as written in the configuration (a name or a list of names).
+fn parse(v: &serde_json::Value, mode: Mode) -> Result<Outputs, (String, String)> {
+    let names: Vec<(String, String)> = match v {
+        serde_json::Value::String(s) => vec![("outputs".to_owned(), s.clone())],
+        serde_json::Value::Array(list) => list
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (format!("outputs[{i}]"), n.as_str().unwrap().to_owned()))
+            .collect(),
+        other => panic!("not an outputs value: {other}"),
+    };
+    Outputs::from_names(&names, mode == Mode::Pick)
 }

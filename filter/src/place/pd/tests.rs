@@ -1,4 +1,5 @@
 use super::*;
+use tether_placement::Endpoint;
 
 fn ep(a: &str) -> Endpoint {
     Endpoint {
@@ -74,47 +75,4 @@ fn the_prefiller_is_the_least_loaded_then_the_keys_rendezvous_choice() {
         .filter_map(|k| prefiller(&c, &p, k, long, &[0.0; 3]))
         .collect();
     assert_eq!(used.len(), 3);
-}
-
-#[test]
-fn pd_config_refusals_name_the_field() {
-    let decode = [ep("10.0.0.1:8000")];
-    let ok = PdConfig::parse(
-        &serde_json::json!({"prefill_endpoints": [{"address": "10.0.1.1:8000", "dp_size": 2}]}),
-        &decode,
-    )
-    .unwrap();
-    assert_eq!(ok.threshold_tokens, DEFAULT_THRESHOLD_TOKENS);
-    assert_eq!(ok.prefill[0].address, "10.0.1.1:8000");
-    for (v, field) in [
-        (serde_json::json!({}), "pd.prefill_endpoints"),
-        (
-            serde_json::json!({"prefill_endpoints": []}),
-            "pd.prefill_endpoints",
-        ),
-        (
-            serde_json::json!({"prefill_endpoints": [{"address": "nowhere"}]}),
-            "pd.prefill_endpoints[0].address",
-        ),
-        (
-            serde_json::json!({"prefill_endpoints": [{"address": "10.0.1.1:1", "dp_size": 1}]}),
-            "pd.prefill_endpoints[0].dp_size",
-        ),
-        (
-            serde_json::json!({"prefill_endpoints": [{"address": "10.0.1.1:1", "dp_size": 2}], "threshold_tokens": -1}),
-            "pd.threshold_tokens",
-        ),
-        (
-            serde_json::json!({"prefill_endpoints": [{"address": "10.0.1.1:1", "dp_size": 2}], "bytes_per_token": 0}),
-            "pd.bytes_per_token",
-        ),
-        (serde_json::json!({"x": 1}), "pd.x"),
-        (serde_json::json!(3), "pd"),
-    ] {
-        assert_eq!(
-            PdConfig::parse(&v, &decode).unwrap_err().field,
-            field,
-            "{v}"
-        );
-    }
 }

@@ -1,7 +1,11 @@
+//! Load-aware and P/D placement end to end: each request goes through the
+//! whole pipeline (read → place → emit) on a given view snapshot.
+
 use super::*;
 use crate::api::Api;
-use crate::decide::on_whole_body;
-use crate::load_view::Sample;
+use crate::decide::{BodyCall, on_body};
+use crate::emit::Plan;
+use crate::place::load_view::Sample;
 use serde_json::json;
 
 const DECODE: [&str; 4] = [
@@ -69,16 +73,32 @@ fn view(decode: [f64; 4], prefill: [f64; 2], at: u64) -> LoadView {
     v
 }
 
-fn decide(c: &Config, b: &[u8], v: &LoadView, now: u64) -> Decision {
-    let p = Placement::new(&c.endpoints);
-    let pp = c.pd.as_ref().map(|pd| Placement::new(&pd.prefill));
-    let mut d = on_whole_body(c, &p, Api::Chat, b);
-    refine(c, &p, pp.as_ref(), v, now, &mut d);
-    d
+fn decide(c: &Config, b: &[u8], v: &LoadView, now: u64) -> Plan {
+    let pools = Pools::new(c);
+    let call = BodyCall {
+        api: Api::Chat,
+        headers: &[],
+        size: b.len(),
+        reason: None,
+    };
+    let snap = Snapshot {
+        view: v,
+        now_ms: now,
+    };
+    let mut fetch = |s: usize, l: usize| b.get(s..s + l).map(<[u8]>::to_vec);
+    on_body(c, &pools, snap, call, &mut fetch, &mut |_| {})
 }
 
-fn primary(d: &Decision) -> usize {
-    d.pick.as_ref().unwrap().order[0]
+fn primary(d: &Plan) -> usize {
+    d.placed.primary().unwrap()
+}
+
+/// The prefill endpoint's address, as `x-prefiller-host-port` names it.
+fn prefiller(d: &Plan) -> Option<&'static str> {
+    match d.placed.prefill {
+        Prefill::Remote(i) => Some(PREFILL[i]),
+        Prefill::Local | Prefill::Off => None,
+    }
 }
 
 #[test]
@@ -86,20 +106,20 @@ fn a_hot_primary_spills_the_key_to_its_next_rendezvous_choice() {
     let c = cfg(json!({"pd": null}));
     let b = body("hot", true, 10);
     let plain = decide(&c, &b, &LoadView::new(6), 0);
-    assert!(!plain.spilled);
-    let order = plain.pick.clone().unwrap().order;
+    assert!(!plain.placed.spilled);
+    let order = plain.placed.pick.clone().unwrap().order;
     let mut loads = [0.0; 4];
     // Under the floor: stays.
     loads[order[0]] = 1.0;
     let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000);
-    assert_eq!((primary(&d), d.spilled), (order[0], false));
+    assert_eq!((primary(&d), d.placed.spilled), (order[0], false));
     // Well over the bound: its next choice, the same DP rank (equal dp_size).
     loads[order[0]] = 40.0;
     let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000);
-    assert_eq!((primary(&d), d.spilled), (order[1], true));
+    assert_eq!((primary(&d), d.placed.spilled), (order[1], true));
     assert_eq!(
-        d.pick.as_ref().unwrap().rank,
-        plain.pick.as_ref().unwrap().rank
+        d.placed.pick.as_ref().unwrap().rank,
+        plain.placed.pick.as_ref().unwrap().rank
     );
     // Both primary and first fallback hot: the second fallback.
     loads[order[1]] = 40.0;
@@ -109,18 +129,22 @@ fn a_hot_primary_spills_the_key_to_its_next_rendezvous_choice() {
     assert_eq!(decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000), d);
     // A stale view is no view: back on the primary.
     let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 5000);
-    assert_eq!((primary(&d), d.spilled), (order[0], false));
+    assert_eq!((primary(&d), d.placed.spilled), (order[0], false));
 }
 
 #[test]
 fn without_load_config_the_view_is_ignored() {
     let c = cfg(json!({"pd": null, "load": null}));
     let b = body("hot", true, 10);
-    let order = decide(&c, &b, &LoadView::new(6), 0).pick.unwrap().order;
+    let order = decide(&c, &b, &LoadView::new(6), 0)
+        .placed
+        .pick
+        .unwrap()
+        .order;
     let mut loads = [0.0; 4];
     loads[order[0]] = 1000.0;
     let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000);
-    assert_eq!((primary(&d), d.spilled), (order[0], false));
+    assert_eq!((primary(&d), d.placed.spilled), (order[0], false));
 }
 
 #[test]
@@ -128,12 +152,12 @@ fn a_long_first_turn_is_disaggregated_to_the_least_loaded_prefiller() {
     let c = cfg(json!({}));
     let first = body("s1", false, 2000);
     let d = decide(&c, &first, &view([0.0; 4], [9000.0, 10.0], 1000), 1000);
-    assert_eq!(d.prefiller.as_deref(), Some(PREFILL[1]));
+    assert_eq!(prefiller(&d), Some(PREFILL[1]));
     let d = decide(&c, &first, &view([0.0; 4], [10.0, 9000.0], 1000), 1000);
-    assert_eq!(d.prefiller.as_deref(), Some(PREFILL[0]));
+    assert_eq!(prefiller(&d), Some(PREFILL[0]));
     // A short one stays on its decode endpoint.
     let short = body("s1", false, 100);
-    assert_eq!(decide(&c, &short, &LoadView::new(6), 0).prefiller, None);
+    assert_eq!(prefiller(&decide(&c, &short, &LoadView::new(6), 0)), None);
 }
 
 #[test]
@@ -141,15 +165,19 @@ fn a_returning_turn_of_a_pinned_session_prefills_in_place_unless_spilled() {
     let c = cfg(json!({}));
     let returning = body("s2", true, 2000);
     let d = decide(&c, &returning, &LoadView::new(6), 0);
-    assert!(d.new_bytes.is_some_and(|n| n < 100), "{:?}", d.new_bytes);
-    assert_eq!(d.prefiller, None);
+    assert!(
+        d.read.new_bytes.is_some_and(|n| n < 100),
+        "{:?}",
+        d.read.new_bytes
+    );
+    assert_eq!(prefiller(&d), None);
     // Spilled to another decode endpoint: nothing cached there, disaggregate.
-    let order = d.pick.unwrap().order;
+    let order = d.placed.pick.unwrap().order;
     let mut loads = [0.0; 4];
     loads[order[0]] = 50.0;
     let d = decide(&c, &returning, &view(loads, [0.0; 2], 1000), 1000);
-    assert!(d.spilled);
-    assert!(d.prefiller.is_some());
+    assert!(d.placed.spilled);
+    assert!(prefiller(&d).is_some());
 }
 
 #[test]
@@ -180,7 +208,7 @@ fn pd_config_needs_pick_mode_and_the_body() {
 
 #[test]
 fn pd_adds_the_prefiller_output_and_it_needs_pd() {
-    use crate::outputs::Output;
+    use crate::config::outputs::Output;
     assert!(cfg(json!({})).outputs.has(Output::Prefiller));
     assert!(!cfg(json!({"pd": null})).outputs.has(Output::Prefiller));
     let bad = json!({"mode": "pick", "endpoints": [{"address": DECODE[0]}],

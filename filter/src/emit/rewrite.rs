@@ -3,7 +3,7 @@
 //! only the body's prefix whenever the client copies sit before the conversation.
 
 use crate::json::{self, Span};
-use crate::scan::{Doc, View};
+use crate::read::scan::{Doc, Member, View};
 
 /// Replace body bytes `[0, len)` with `data` (Envoy: `set_buffer_bytes(body, 0, len, data)`
 /// drains `len` bytes and prepends `data`).
@@ -19,7 +19,7 @@ pub fn plan(doc: &Doc, view: &View, owned: &[(&str, Vec<u8>)]) -> Option<Edit> {
     if view.head.get(open) != Some(&b'{') {
         return None;
     }
-    let is_owned = |m: &crate::scan::Member| {
+    let is_owned = |m: &Member| {
         view.bytes(m.key)
             .is_some_and(|k| owned.iter().any(|(name, _)| json::key_eq(k, name)))
     };

@@ -1,12 +1,12 @@
 //! The output set: headers (or, on the body path, filter-state values that
 //! Envoy copies into headers) handed to the rank for one decision.
 
+use crate::config::outputs::{Output, Sink};
 use crate::config::{Config, Mode};
-use crate::decide::Decision;
-use crate::identity::{hex16, hex16_bytes};
-use crate::outputs::Output;
-use crate::placement::Placement;
-use crate::turn::TurnKind;
+use crate::place::{Placed, Pools, Prefill};
+use crate::read::Reading;
+use crate::read::identity::{hex16, hex16_bytes};
+use crate::read::turn::TurnKind;
 
 /// Output header names: the wire contract's.
 pub use tether_wire::headers as names;
@@ -16,36 +16,24 @@ pub fn state_key(header: &str) -> String {
     format!("tether.{header}")
 }
 
-/// The request headers for a decision, in a stable order.
-pub fn request_headers(
-    cfg: &Config,
-    placement: &Placement,
-    d: &Decision,
-) -> Vec<(&'static str, String)> {
-    let mut out = Vec::with_capacity(8);
-    for_each_request_header(cfg, placement, d, |name, value| {
-        out.push((name, String::from_utf8_lossy(value).into_owned()));
-    });
-    out
-}
-
-/// [`request_headers`] without building them: each (name, value) is handed to
-/// `emit` from stack buffers. The header path sets them straight into Envoy's
-/// map, so it pays no allocation or formatting per header.
+/// The request headers of a decision, in a stable order: each (name, value)
+/// is handed to `emit` from stack buffers. The header path sets them straight
+/// into Envoy's map, so it pays no allocation or formatting per header.
 pub fn for_each_request_header(
     cfg: &Config,
-    placement: &Placement,
-    d: &Decision,
+    pools: &Pools,
+    read: &Reading,
+    placed: &Placed,
     mut emit: impl FnMut(&'static str, &[u8]),
 ) {
     let out = cfg.outputs;
-    let id = &d.identity;
+    let id = &read.identity;
     let key = hex16_bytes(id.key());
     if out.has(Output::Key) {
         emit(names::KEY, &key);
     }
     if out.has(Output::KeySource) {
-        emit(names::KEY_SOURCE, d.source.as_bytes());
+        emit(names::KEY_SOURCE, read.source.as_bytes());
     }
     if out.has(Output::Tenant) {
         emit(names::TENANT, &hex16_bytes(id.tenant_hash()));
@@ -59,22 +47,24 @@ pub fn for_each_request_header(
     if let (true, Some(p)) = (out.has(Output::Parent), id.parent_hash()) {
         emit(names::PARENT, &hex16_bytes(p));
     }
-    for_each_marker(cfg, d, |o, value| {
+    for_each_marker(cfg, read, |o, value| {
         if out.has(o)
-            && let crate::outputs::Sink::Header(name) = o.sink()
+            && let Sink::Header(name) = o.sink()
         {
             emit(name, value);
         }
     });
-    if let (Mode::Pick, Some(p)) = (cfg.mode, &d.pick) {
+    if let (Mode::Pick, Some(p)) = (cfg.mode, &placed.pick) {
         if out.has(Output::Destination) {
-            emit(names::DESTINATION, placement.destination(p).as_bytes());
+            emit(names::DESTINATION, pools.decode.destination(p).as_bytes());
         }
         if out.has(Output::DpRank) {
             emit(names::DP_RANK, Decimal::new(u64::from(p.rank)).as_bytes());
         }
-        if let (true, Some(pf)) = (out.has(Output::Prefiller), &d.prefiller) {
-            emit(names::PREFILLER, pf.as_bytes());
+        if let (true, Prefill::Remote(i)) = (out.has(Output::Prefiller), placed.prefill)
+            && let Some(e) = pools.prefill.as_ref().and_then(|pp| pp.endpoints().get(i))
+        {
+            emit(names::PREFILLER, e.address.as_bytes());
         }
     }
     if out.has(Output::SessionId) {
@@ -88,11 +78,11 @@ pub fn for_each_request_header(
 /// cannot tell what ended the turn; but an agent request ends at a turn
 /// boundary, and without this marker the engine would retain nothing for the
 /// most common harnesses. The engine retains it with its default interval.
-pub fn for_each_marker(cfg: &Config, d: &Decision, mut emit: impl FnMut(Output, &[u8])) {
-    if d.turn.is_none() && d.header_path {
+pub fn for_each_marker(cfg: &Config, read: &Reading, mut emit: impl FnMut(Output, &[u8])) {
+    if read.turn.is_none() && read.header_path {
         emit(Output::PromptEnd, b"1");
     }
-    if let Some(t) = d.turn {
+    if let Some(t) = read.turn {
         emit(Output::PromptEnd, if t.prompt_end { b"1" } else { b"0" });
         emit(Output::TurnKind, t.kind.name().as_bytes());
         if let Some(n) = t.count {
@@ -139,23 +129,21 @@ pub fn retention(cfg: &Config, kind: TurnKind) -> u64 {
 }
 
 /// `x-tether-debug` response value: `source=…;key=…;endpoint=…;rank=…;kind=…`.
-pub fn debug_value(placement: &Placement, d: &Decision) -> String {
-    let endpoint = d
-        .pick
-        .as_ref()
-        .and_then(|p| p.order.first())
-        .and_then(|i| placement.endpoints().get(*i))
+pub fn debug_value(pools: &Pools, read: &Reading, placed: &Placed) -> String {
+    let endpoint = placed
+        .primary()
+        .and_then(|i| pools.decode.endpoints().get(i))
         .map_or("-", |e| e.address.as_str());
-    let rank = d
+    let rank = placed
         .pick
         .as_ref()
         .map_or_else(|| "-".to_owned(), |p| p.rank.to_string());
-    let kind = d.turn.map_or("-", |t| t.kind.name());
+    let kind = read.turn.map_or("-", |t| t.kind.name());
     format!(
         "source={};key={};endpoint={endpoint};rank={rank};kind={kind};path={}",
-        d.source,
-        hex16(d.identity.key()),
-        if d.header_path { "header" } else { "body" }
+        read.source,
+        hex16(read.identity.key()),
+        if read.header_path { "header" } else { "body" }
     )
 }
 

@@ -4,7 +4,7 @@
 
 use crate::api::{Api, ApiShape};
 use crate::json::{Span, Value};
-use crate::scan::{Conv, Doc, View};
+use crate::read::scan::{Conv, Doc, View};
 
 pub use tether_wire::TurnKind;
 
@@ -270,7 +270,7 @@ fn count_turns<'a>(api: Api, entries: impl Iterator<Item = Value<'a>>) -> u32 {
 
 /// Bytes of the conversation after its last assistant entry: the part of a
 /// returning turn's prompt that its rank has not seen yet (tool results, the
-/// user's reply), for the P/D decision (`crate::pd`). `None` when no assistant
+/// user's reply), for the P/D decision (`crate::place::pd`). `None` when no assistant
 /// entry is among the known last entries (a first turn, a text prompt).
 pub fn new_turn_bytes(api: Api, doc: &Doc, view: &View) -> Option<usize> {
     let conv = doc.conv.as_ref()?;
