@@ -388,7 +388,7 @@ impl TryFrom<RawConfig> for Config {
             None => Ok(default),
             Some(l) => source_list(name, &l),
         };
-        let mut cfg = Config {
+        let cfg = Config {
             mode,
             fallbacks: raw.fallbacks.unwrap_or(d.fallbacks),
             session_sources: sources("session_sources", raw.session_sources, d.session_sources)?,
@@ -413,39 +413,45 @@ impl TryFrom<RawConfig> for Config {
             pd: None,
             endpoints,
         };
-        if cfg.max_body_bytes == 0 {
-            return Err(ConfigError::new("max_body_bytes", "must be positive"));
-        }
-        if cfg.load.is_some() && cfg.mode != Mode::Pick {
-            return Err(ConfigError::new(
-                "load",
-                "needs mode \"pick\" (the filter must choose the endpoint)",
-            ));
-        }
-        if let Some(Obj(raw_pd)) = raw.pd {
-            if cfg.mode != Mode::Pick {
-                return Err(ConfigError::new(
-                    "pd",
-                    "needs mode \"pick\" (the decode endpoint is the filter's pick)",
-                ));
-            }
-            if cfg.header_fast_path {
-                return Err(ConfigError::new(
-                    "pd",
-                    "needs header_fast_path: false (the decision reads the conversation to estimate its uncached prompt)",
-                ));
-            }
-            cfg.pd = Some(prefill_config(raw_pd, &cfg.endpoints)?);
-            // The prefiller header is what `pd` is for.
-            cfg.outputs = cfg.outputs.with(Output::Prefiller);
-        } else if cfg.outputs.has(Output::Prefiller) {
-            return Err(ConfigError::new(
-                "outputs",
-                "\"prefiller\" needs a pd configuration (the prefill pool)",
-            ));
-        }
-        Ok(cfg)
+        pick_features(cfg, raw.pd.map(|Obj(p)| p))
     }
+}
+
+/// What only pick mode has — load-aware pick, P/D — checked against the rest
+/// of the configuration, and the body limit.
+fn pick_features(mut cfg: Config, pd: Option<RawPd>) -> Result<Config, ConfigError> {
+    if cfg.max_body_bytes == 0 {
+        return Err(ConfigError::new("max_body_bytes", "must be positive"));
+    }
+    if cfg.load.is_some() && cfg.mode != Mode::Pick {
+        return Err(ConfigError::new(
+            "load",
+            "needs mode \"pick\" (the filter must choose the endpoint)",
+        ));
+    }
+    if let Some(raw_pd) = pd {
+        if cfg.mode != Mode::Pick {
+            return Err(ConfigError::new(
+                "pd",
+                "needs mode \"pick\" (the decode endpoint is the filter's pick)",
+            ));
+        }
+        if cfg.header_fast_path {
+            return Err(ConfigError::new(
+                "pd",
+                "needs header_fast_path: false (the decision reads the conversation to estimate its uncached prompt)",
+            ));
+        }
+        cfg.pd = Some(prefill_config(raw_pd, &cfg.endpoints)?);
+        // The prefiller header is what `pd` is for.
+        cfg.outputs = cfg.outputs.with(Output::Prefiller);
+    } else if cfg.outputs.has(Output::Prefiller) {
+        return Err(ConfigError::new(
+            "outputs",
+            "\"prefiller\" needs a pd configuration (the prefill pool)",
+        ));
+    }
+    Ok(cfg)
 }
 
 fn source_list(name: &str, raw: &[String]) -> Result<Vec<Source>, ConfigError> {

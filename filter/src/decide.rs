@@ -119,7 +119,7 @@ fn decide(
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
     mark: &mut impl FnMut(Step),
 ) -> Plan {
-    let placed = placement(cfg, pools, snap, &r);
+    let placed = placement(cfg, pools, snap, &r, body.is_some());
     mark(Step::Place);
     let plan = emit::emit(cfg, r, placed, body, fetch);
     if body.is_some() && cfg.rewrites_body() {
@@ -128,7 +128,16 @@ fn decide(
     plan
 }
 
-fn placement(cfg: &Config, pools: &Pools, snap: Snapshot<'_>, r: &Reading) -> Placed {
+/// Places a reading; `scanned` = its body was read as a JSON object, so it is
+/// rewritten when the configuration rewrites bodies, and then a spill must
+/// keep the key's DP rank (`docs/gateway.md`, "Load-aware pick").
+fn placement(
+    cfg: &Config,
+    pools: &Pools,
+    snap: Snapshot<'_>,
+    r: &Reading,
+    scanned: bool,
+) -> Placed {
     let refused = r.reject.is_some();
     let req = place::Request {
         key: r.identity.key(),
@@ -136,7 +145,7 @@ fn placement(cfg: &Config, pools: &Pools, snap: Snapshot<'_>, r: &Reading) -> Pl
             bytes: r.body_bytes,
             new_bytes: r.new_bytes,
         }),
-        keep_rank: !r.header_path && cfg.rewrites_body(),
+        keep_rank: scanned && cfg.rewrites_body(),
     };
     place::place(
         cfg,

@@ -5,6 +5,7 @@ use super::*;
 use crate::api::Api;
 use crate::decide::{BodyCall, on_body};
 use crate::emit::Plan;
+use crate::emit::metrics::{Counter, Fixed};
 use crate::place::load_view::Sample;
 use serde_json::json;
 
@@ -222,4 +223,121 @@ fn pd_adds_the_prefiller_output_and_it_needs_pd() {
             .header_path_markers()
             .any(|h| h == tether_wire::headers::PREFILLER)
     );
+}
+
+fn header(d: &Plan, c: &Config, name: &str) -> Option<String> {
+    d.request_headers(c, &Pools::new(c))
+        .into_iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+fn counters(d: &Plan, c: &Config) -> Vec<Counter> {
+    let mut out = Vec::new();
+    d.for_each_counter(c, |x| out.push(x));
+    out
+}
+
+#[test]
+fn a_spill_and_a_disaggregation_reach_the_headers_and_the_counters() {
+    let c = cfg(json!({}));
+    let b = body("hot", false, 2000);
+    let plain = decide(&c, &b, &LoadView::new(6), 0);
+    let order = plain.placed.pick.clone().unwrap().order;
+    let dest = |d: &Plan| header(d, &c, "x-gateway-destination-endpoint").unwrap();
+    assert!(
+        dest(&plain).starts_with(DECODE[order[0]]),
+        "{}",
+        dest(&plain)
+    );
+    assert!(!counters(&plain, &c).contains(&Counter::Fixed(Fixed::LoadSpilled)));
+    let mut loads = [0.0; 4];
+    loads[order[0]] = 40.0;
+    let d = decide(&c, &b, &view(loads, [9000.0, 10.0], 1000), 1000);
+    assert!(dest(&d).starts_with(DECODE[order[1]]), "{}", dest(&d));
+    assert_eq!(
+        header(&d, &c, "x-prefiller-host-port").as_deref(),
+        Some(PREFILL[1])
+    );
+    let n = counters(&d, &c);
+    for want in [
+        Counter::Fixed(Fixed::BodyPath),
+        Counter::Fixed(Fixed::LoadSpilled),
+        Counter::Fixed(Fixed::PdDisaggregated),
+        Counter::Pick(order[1]),
+    ] {
+        assert!(n.contains(&want), "{want:?} in {n:?}");
+    }
+    assert!(!n.contains(&Counter::Pick(order[0])));
+    // A short prompt prefills on its decode endpoint: no header, counted local.
+    let d = decide(&c, &body("hot", false, 10), &LoadView::new(6), 0);
+    assert_eq!(header(&d, &c, "x-prefiller-host-port"), None);
+    assert!(counters(&d, &c).contains(&Counter::Fixed(Fixed::PdLocal)));
+}
+
+#[test]
+fn the_header_path_spills_on_the_view_too() {
+    let c = cfg(json!({"pd": null, "header_fast_path": true}));
+    let pools = Pools::new(&c);
+    let h: Vec<(String, Vec<u8>)> = [(":path", "/v1/chat/completions"), ("x-session-id", "hot")]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.as_bytes().to_vec()))
+        .collect();
+    let at = |v: &LoadView, now: u64| {
+        let snap = Snapshot {
+            view: v,
+            now_ms: now,
+        };
+        match crate::decide::on_headers(&c, &pools, snap, &h, false) {
+            crate::decide::HeaderOutcome::Decided(d) => *d,
+            other => panic!("{other:?}"),
+        }
+    };
+    let plain = at(&LoadView::new(6), 0);
+    assert!(plain.read.header_path);
+    let order = plain.placed.pick.clone().unwrap().order;
+    let mut loads = [0.0; 4];
+    loads[order[0]] = 40.0;
+    let d = at(&view(loads, [0.0; 2], 1000), 1000);
+    assert_eq!((primary(&d), d.placed.spilled), (order[1], true));
+    assert_eq!(d.placed.prefill, Prefill::Off, "no P/D without the body");
+    assert!(
+        header(&d, &c, "x-gateway-destination-endpoint")
+            .unwrap()
+            .starts_with(DECODE[order[1]])
+    );
+}
+
+/// With endpoints of different `dp_size`, a spill can change the key's DP
+/// rank: it is made when nothing in the body carries the rank, and not when
+/// the body is rewritten (`docs/gateway.md`, "Load-aware pick").
+#[test]
+fn a_rewritten_body_keeps_its_dp_rank_across_a_spill() {
+    let mixed = json!({"pd": null, "endpoints": [
+        {"address": DECODE[0], "dp_size": 1}, {"address": DECODE[1], "dp_size": 8},
+        {"address": DECODE[2], "dp_size": 3}, {"address": DECODE[3], "dp_size": 5}]});
+    let plain_cfg = cfg(mixed.clone());
+    let mut with_rank = mixed;
+    with_rank["outputs"] = json!(["pick", "routed_dp_rank"]);
+    let rank_cfg = cfg(with_rank);
+    let mut seen = 0;
+    for i in 0..200 {
+        let b = body(&format!("s{i}"), true, 10);
+        let home = decide(&plain_cfg, &b, &LoadView::new(6), 0);
+        let pick = home.placed.pick.clone().unwrap();
+        let mut loads = [0.0; 4];
+        loads[pick.order[0]] = 40.0;
+        let v = view(loads, [0.0; 2], 1000);
+        let moved = decide(&plain_cfg, &b, &v, 1000);
+        if !moved.placed.spilled || moved.placed.pick.as_ref().unwrap().rank == pick.rank {
+            continue;
+        }
+        seen += 1;
+        let kept = decide(&rank_cfg, &b, &v, 1000);
+        assert!(!kept.placed.spilled, "s{i}");
+        let out = crate::emit::rewrite::apply(&b, kept.edit.as_ref().unwrap());
+        let sent: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(sent["routed_dp_rank"], json!(pick.rank), "s{i}");
+    }
+    assert!(seen > 10, "{seen} keys changed rank when spilled");
 }
