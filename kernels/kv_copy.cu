@@ -2,7 +2,7 @@
 // staging buffer and scatter them back. A copy is type-agnostic, so the kernels move
 // raw bytes and need no CUDA headers; NVRTC compiles them with no toolkit installed.
 //
-// Addressing (identical to ChunkMap in engine-ext/src/copy/layout.rs):
+// Addressing (identical to ChunkMap in engine-ext/kvcopy/src/layout.rs):
 //   work item  = ((entry * num_layers + layer) * planes + plane), one chunk each
 //   cache addr = layer_base[layer] + plane * plane_stride + blocks[entry] * block_stride
 //   staging    = staging + item * chunk_bytes

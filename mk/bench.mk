@@ -8,8 +8,8 @@ BENCH_ARGS ?=
 # Builds both wasm modules, installs Envoy, builds the benchmark in release and
 # runs it: six gateway variants through real Envoy, medians and ratios, targets.
 bench-gateway: wasm envoy-install
-	$(CARGO) build --quiet --release -p tether-e2e --bin gateway-bench
-	$(CARGO) run --quiet --release -p tether-e2e --bin gateway-bench -- $(BENCH_ARGS)
+	$(CARGO) build --quiet --release -p tether-bench --bin gateway-bench
+	$(CARGO) run --quiet --release -p tether-bench --bin gateway-bench -- $(BENCH_ARGS)
 
 # envoy/istio/*.yaml against Istio's CRD schemas (strict, as the API server) and each other.
 test-istio:
@@ -17,4 +17,4 @@ test-istio:
 
 # The benchmark's body generator and statistics (no Envoy needed).
 test-bench:
-	$(CARGO) test --quiet -p tether-e2e --bin gateway-bench
+	$(CARGO) test --quiet -p tether-bench --bin gateway-bench

@@ -14,5 +14,5 @@ test-engine:
 	$(CARGO) test --quiet -p tether-fleet
 
 bench-engine:
-	$(CARGO) run --quiet --release -p tether-fleet --bin retention-bench -- --trace $(ENGINE_TRACE) --format $(ENGINE_TRACE_FORMAT)
+	$(CARGO) run --quiet --release -p tether-bench --bin retention-bench -- --trace $(ENGINE_TRACE) --format $(ENGINE_TRACE_FORMAT)
 	$(CARGO) bench --quiet -p tether-engine --bench retention-throughput

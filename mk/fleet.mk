@@ -8,4 +8,4 @@
 FLEET_REAL ?=
 
 bench-fleet:
-	$(CARGO) run --quiet --release -p tether-fleet --bin fleet-bench -- $(if $(FLEET_REAL),--real $(FLEET_REAL),)
+	$(CARGO) run --quiet --release -p tether-bench --bin fleet-bench -- $(if $(FLEET_REAL),--real $(FLEET_REAL),)

@@ -24,9 +24,9 @@ MUTANTS_FILES_wire := -f 'wire/src/*.rs'
 MUTANTS_FILES_placement := -f 'placement/src/*.rs'
 MUTANTS_FILES_filter := -f filter/src/decide.rs -f filter/src/read.rs -f filter/src/emit.rs -f filter/src/read/identity.rs -f filter/src/read/turn.rs \
 	-f filter/src/read/scan.rs -f filter/src/config.rs
-MUTANTS_FILES_engine := -f engine-ext/src/cache.rs -f engine-ext/src/pool.rs -f engine-ext/src/host.rs \
-	-f engine-ext/src/victims.rs -f engine-ext/src/hash.rs \
-	-f engine-ext/src/marker.rs -f engine-ext/src/record.rs
+MUTANTS_FILES_engine := -f engine-ext/policy/src/cache.rs -f engine-ext/policy/src/pool.rs -f engine-ext/policy/src/host.rs \
+	-f engine-ext/policy/src/victims.rs -f engine-ext/policy/src/hash.rs \
+	-f engine-ext/policy/src/marker.rs -f engine-ext/policy/src/record.rs
 # Unit tests only (`--lib`, for the build too: no doc-test copy of the crate).
 MUTANTS_FILES_fleet := -f fleet/src/import/derive.rs -f fleet/src/import/mooncake.rs \
 	-f fleet/src/import/bailian.rs -f fleet/src/import/agentx.rs -f fleet/src/report/compare.rs

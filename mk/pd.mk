@@ -8,5 +8,5 @@ SPILL_BENCH_ARGS ?=
 
 bench-spill: wasm envoy-install
 	$(CARGO) build --quiet --release -p tether-rank --bin tether-rank
-	$(CARGO) build --quiet --release -p tether-e2e --bin spill-bench
-	TETHER_RANK=$(abspath target/release/tether-rank) $(CARGO) run --quiet --release -p tether-e2e --bin spill-bench -- $(SPILL_BENCH_ARGS)
+	$(CARGO) build --quiet --release -p tether-bench --bin spill-bench
+	TETHER_RANK=$(abspath target/release/tether-rank) $(CARGO) run --quiet --release -p tether-bench --bin spill-bench -- $(SPILL_BENCH_ARGS)

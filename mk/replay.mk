@@ -9,5 +9,5 @@
 REPLAY_BENCH_ARGS ?=
 
 bench-replay: wasm envoy-install
-	$(CARGO) build --quiet --release -p tether-rank --bin tether-rank -p tether-e2e --bin replay-bench
-	$(CARGO) run --quiet --release -p tether-e2e --bin replay-bench -- $(REPLAY_BENCH_ARGS)
+	$(CARGO) build --quiet --release -p tether-rank --bin tether-rank -p tether-bench --bin replay-bench
+	$(CARGO) run --quiet --release -p tether-bench --bin replay-bench -- $(REPLAY_BENCH_ARGS)

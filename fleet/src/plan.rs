@@ -23,8 +23,8 @@ use demand::{Interval, Work, intervals};
 use serde::Serialize;
 use size::{Binding, DecodeLoad, Infeasible, PrefillLoad, Size, Slo};
 use tether_placement::disaggregate;
-use tether_rank::latency::LatencyModel;
-use tether_rank::profile::Profile;
+use tether_rank_engine::latency::LatencyModel;
+use tether_rank_engine::profile::Profile;
 use thiserror::Error;
 
 /// A cost target.

@@ -1,12 +1,12 @@
 //! GPU profiles as the fleet tools read them: tether's JSON
-//! (`tether_rank::profile`, `docs/profile.md`) or NVIDIA Dynamo's
+//! (`tether_rank_engine::profile`, `docs/profile.md`) or NVIDIA Dynamo's
 //! pre-deployment profiling output ([`dynamo`]), both into the one
-//! `tether_rank::profile::Profile` every latency model reads.
+//! `tether_rank_engine::profile::Profile` every latency model reads.
 
 pub mod dynamo;
 
 use std::path::Path;
-use tether_rank::profile::{Profile, ProfileError};
+use tether_rank_engine::profile::{Profile, ProfileError};
 
 /// Reads the profile at `path`: a tether JSON profile, or a JSON file with a
 /// `dynamo` member naming Dynamo's NPZ files (`docs/profile.md`). A bare

@@ -1,5 +1,5 @@
 //! The fleet simulator: a trace served by 1–4096 simulated ranks, each a
-//! `tether_rank::engine::Engine` (continuous batching timed by a GPU profile)
+//! `tether_rank_engine::engine::Engine` (continuous batching timed by a GPU profile)
 //! on `tether-engine`'s real retention policy, placed by `tether-placement` —
 //! the code the gateway and the ranks run, not a model of it.
 //!

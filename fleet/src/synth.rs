@@ -6,7 +6,7 @@
 //! own decision code):
 //!
 //! - **Exact length.** The prompt counts exactly `input_tokens` under the
-//!   simulated tokenizer contract (`tether_rank::prompt`: one word = one
+//!   simulated tokenizer contract (`tether_rank_engine::prompt`: one word = one
 //!   token, canonical prompt members per API). An `input_tokens` of 0 is sent
 //!   as 1.
 //! - **Shared blocks are shared text.** A token's word derives from the block

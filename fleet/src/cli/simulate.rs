@@ -17,8 +17,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tether_rank::engine::EngineSettings;
-use tether_rank::profile::Profile;
+use tether_rank_engine::engine::EngineSettings;
+use tether_rank_engine::profile::Profile;
 
 /// `tether simulate`.
 #[derive(Debug, ClapArgs)]

@@ -7,7 +7,7 @@
 
 use super::demand::Interval;
 use serde::Serialize;
-use tether_rank::latency::LatencyModel;
+use tether_rank_engine::latency::LatencyModel;
 
 /// Latency objectives. Percentiles over all requests (TTFT) or all tokens (ITL).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]

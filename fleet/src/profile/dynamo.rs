@@ -21,7 +21,7 @@
 use npyz::npz::NpzArchive;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use tether_rank::profile::{Curve, DecodeSurface, Profile, ProfileError};
+use tether_rank_engine::profile::{Curve, DecodeSurface, Profile, ProfileError};
 
 fn field(f: impl Into<String>, why: impl Into<String>) -> ProfileError {
     ProfileError::Field {

@@ -4,7 +4,7 @@
 
 use super::identity::IdentityModel;
 use serde::Serialize;
-use tether_rank::engine::EngineSettings;
+use tether_rank_engine::engine::EngineSettings;
 
 /// Where the gateway sends a request (`docs/planning.md` states what identity
 /// each one sees).

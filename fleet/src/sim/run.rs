@@ -1,5 +1,5 @@
 //! The discrete-event loop: arrivals in trace order, each routed by the
-//! policy and submitted to a simulated engine (`tether_rank::engine`, one per
+//! policy and submitted to a simulated engine (`tether_rank_engine::engine`, one per
 //! rank, on `tether-engine`'s real retention policy); engines advance lazily —
 //! only when a request reaches them, when a load view needs them current, or
 //! when a prefill they run hands its KV to a decode rank.
@@ -23,9 +23,9 @@ use std::collections::{BinaryHeap, HashSet};
 use tether_engine::cache::snapshot_boundaries;
 use tether_engine::{BlockHash, TurnMarker};
 use tether_placement::disaggregate;
-use tether_rank::engine::{Engine, EngineConfig, Event, Outcome, SimMs, SimRequest};
-use tether_rank::latency::LatencyModel;
-use tether_rank::profile::Profile;
+use tether_rank_engine::engine::{Engine, EngineConfig, Event, Outcome, SimMs, SimRequest};
+use tether_rank_engine::latency::LatencyModel;
+use tether_rank_engine::profile::Profile;
 use thiserror::Error;
 
 /// Why a run could not start.
@@ -791,7 +791,7 @@ impl Sim<'_> {
         );
         let prompt = self.trace.requests()[q].input_tokens as usize;
         let bs = cfg.block_size;
-        let reusable = (usable * bs).min(tether_rank::engine::cached_cap(prompt, bs));
+        let reusable = (usable * bs).min(tether_rank_engine::engine::cached_cap(prompt, bs));
         self.reqs[q].reusable = reusable as u32;
     }
 

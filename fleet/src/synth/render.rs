@@ -1,7 +1,7 @@
 //! How a layout becomes the prompt members of a request body in each API, and
 //! how many structural tokens each message costs there.
 //!
-//! Under the simulated tokenizer (`tether_rank::prompt`) every JSON string of
+//! Under the simulated tokenizer (`tether_rank_engine::prompt`) every JSON string of
 //! a prompt member is text and object members are read in key order, so each
 //! message here is built by walking its members in that order: the words of
 //! its text at the positions the layout gives them, every other string (a role

@@ -7,7 +7,7 @@ use tether_filter::config::Config;
 use tether_filter::decide::{BodyCall, HeaderOutcome, on_body, on_headers};
 use tether_filter::place::{Pools, Snapshot};
 use tether_filter::read::Reading;
-use tether_rank::prompt::prompt_tokens;
+use tether_rank_engine::prompt::prompt_tokens;
 
 /// A small generated trace: six sessions sharing one system prompt, subagents, tool loops.
 /// First prompts pass 4 KiB (≈ 1,365 synthesized tokens), so legacy

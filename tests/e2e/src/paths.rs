@@ -106,3 +106,20 @@ pub fn require_filter_wasm() -> Result<PathBuf, HarnessError> {
 pub fn require_floor_wasm() -> Result<PathBuf, HarnessError> {
     require("floor filter module", floor_wasm(), "run `make wasm`")
 }
+
+/// The artifact, or a panic naming the fix — for tests, which never skip:
+/// `make` installs everything they need, so a missing artifact is a broken
+/// set-up (said so under `CI=true`).
+#[track_caller]
+pub fn need(r: Result<PathBuf, HarnessError>) -> PathBuf {
+    match r {
+        Ok(p) => p,
+        Err(e) => {
+            let ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
+            panic!(
+                "end-to-end prerequisite missing{}: {e}",
+                if ci { " (CI=true)" } else { "" }
+            )
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! Known answers, computed by hand from the formulas and a hand-made profile.
 
 use super::*;
-use tether_rank::profile::{Curve, DecodeSurface, Profile};
+use tether_rank_engine::profile::{Curve, DecodeSurface, Profile};
 
 /// Prefill: 100 ms per 1,000 tokens, linear. Decode at every context: 10 ms
 /// for one sequence, +1 ms per further sequence (b = 11 → 20 ms).

@@ -1,7 +1,7 @@
 use super::*;
 use crate::sim::config::PdOptions;
 use crate::sim::testkit::agent_trace;
-use tether_rank::engine::EngineSettings;
+use tether_rank_engine::engine::EngineSettings;
 
 fn profile() -> Profile {
     let p = concat!(

@@ -5,7 +5,6 @@ mod bad_input;
 mod body_scan;
 mod buffering;
 mod config;
-mod demo;
 mod floor;
 mod pd;
 mod pick;

@@ -5,25 +5,10 @@ use std::path::PathBuf;
 use tether_e2e::agent::Conversation;
 use tether_e2e::prometheus::Metrics;
 use tether_e2e::{
-    EchoRank, EchoReply, Envoy, EnvoyBuilder, HarnessError, HttpClient, Request, Response,
-    bootstrap, paths,
+    EchoRank, EchoReply, Envoy, EnvoyBuilder, HttpClient, Request, Response, bootstrap, paths,
 };
 
-/// Fails loudly (under `CI=true` and otherwise: `make test-e2e` installs
-/// everything, so a missing artifact is a broken setup, never a reason to skip).
-#[track_caller]
-pub fn need(r: Result<PathBuf, HarnessError>) -> PathBuf {
-    match r {
-        Ok(p) => p,
-        Err(e) => {
-            let ci = std::env::var("CI").map(|v| v == "true").unwrap_or(false);
-            panic!(
-                "end-to-end prerequisite missing{}: {e}",
-                if ci { " (CI=true)" } else { "" }
-            )
-        }
-    }
-}
+pub use tether_e2e::paths::need;
 
 /// Envoy and the tether filter module, or a panic naming the fix.
 pub fn need_envoy_and_filter() {

@@ -10,7 +10,7 @@
 //!    no-reuse plan, and agree with its own simulation within 10 %.
 //! 3. **Scale**: 1 M requests (generated, seeded) on 1,024 ranks in under 60 s.
 //!
-//! Run: `cargo run --release -p tether-fleet --bin fleet-bench -- --real conversation_trace.jsonl`
+//! Run: `cargo run --release -p tether-bench --bin fleet-bench -- --real conversation_trace.jsonl`
 
 use anyhow::Result;
 use clap::Parser;
@@ -25,8 +25,8 @@ use tether_fleet::sim::{
     CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
 };
 use tether_fleet::trace::Trace;
-use tether_rank::engine::EngineSettings;
-use tether_rank::profile::Profile;
+use tether_rank_engine::engine::EngineSettings;
+use tether_rank_engine::profile::Profile;
 
 #[derive(Parser, Debug)]
 #[command(about = "Fleet simulator and planner targets, with verdicts")]

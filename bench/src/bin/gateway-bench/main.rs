@@ -2,24 +2,20 @@
 //! with no filter, the cheapest wasm filters (the floors) and Envoy's native JSON
 //! routing, at 4 KB and 400 KB agent-shaped bodies.
 //!
-//! Run with `make bench-gateway` (or `cargo run --release -p tether-e2e --bin
+//! Run with `make bench-gateway` (or `cargo run --release -p tether-bench --bin
 //! gateway-bench -- --quick`). Method and measured figures: `docs/bench-gateway.md`.
 
-#[path = "../bench_body.rs"]
-mod bench_body;
-#[path = "../bench_load.rs"]
-mod bench_load;
-#[path = "../bench_report.rs"]
-mod bench_report;
-#[path = "../bench_upstream.rs"]
-mod bench_upstream;
+mod body;
+mod load;
+mod report;
+mod upstream;
 
 use anyhow::{Context, Result, bail, ensure};
-use bench_load::{Reply, Target};
-use bench_report::{Results, Sample, Variant};
 use bytes::Bytes;
 use clap::Parser;
 use hyper::header::{HeaderName, HeaderValue};
+use load::{Reply, Target};
+use report::{Results, Sample, Variant};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tether_e2e::{Envoy, paths};
@@ -146,7 +142,7 @@ fn envoy_key(v: Variant) -> &'static str {
 const BODY_FLOOR_KEY: &str = "body-floor-key";
 
 /// Starts the Envoy for `v` with its bootstrap and plugin configuration.
-fn start_envoy(v: Variant, upstream: &bench_upstream::Upstream) -> Result<Envoy> {
+fn start_envoy(v: Variant, upstream: &upstream::Upstream) -> Result<Envoy> {
     let mut builder = Envoy::builder().concurrency(1).log_level("warning");
     for (i, addr) in upstream.addrs().iter().enumerate() {
         builder = builder.var(format!("UP_{i}_PORT"), addr.port().to_string());
@@ -221,7 +217,7 @@ fn target(v: Variant, envoy: &Envoy, body: &Bytes) -> Target {
     ) {
         headers.push((
             HeaderName::from_static("x-session-id"),
-            HeaderValue::from_static(bench_body::SESSION_ID),
+            HeaderValue::from_static(body::SESSION_ID),
         ));
     }
     Target {
@@ -275,7 +271,7 @@ fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
             "expected x-session-id and x-tether-key (outputs vllm)"
         ),
         Variant::NativeJson => ensure!(
-            header("x-up-x-tether-key").as_deref() == Some(bench_body::SESSION_ID),
+            header("x-up-x-tether-key").as_deref() == Some(body::SESSION_ID),
             "json_to_metadata did not deliver prompt_cache_key as x-tether-key"
         ),
         Variant::BodyFloorInChain => ensure!(
@@ -316,10 +312,10 @@ fn main() -> Result<()> {
     ensure!(!sizes.is_empty(), "no body size");
     paths::require_envoy()?;
 
-    let upstream = bench_upstream::Upstream::start(4)?;
+    let upstream = upstream::Upstream::start(4)?;
     let bodies: BTreeMap<usize, Bytes> = sizes
         .iter()
-        .map(|&s| (s, Bytes::from(bench_body::chat_completion(s, true))))
+        .map(|&s| (s, Bytes::from(body::chat_completion(s, true))))
         .collect();
 
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -346,14 +342,14 @@ fn main() -> Result<()> {
         for (&size, body) in &bodies {
             let t = target(v, envoy, body);
             let outcome = rt
-                .block_on(bench_load::probe(&t))
+                .block_on(load::probe(&t))
                 .and_then(|r| check_reply(v, &r, body.len()));
             if let Err(e) = outcome {
                 skipped.push((
                     v,
                     format!(
                         "routing check at {} failed: {e:#}",
-                        bench_report::human_size(size)
+                        report::human_size(size)
                     ),
                 ));
                 return false;
@@ -379,8 +375,8 @@ fn main() -> Result<()> {
     eprintln!("gateway-bench: warming up");
     for t in targets.values() {
         rt.block_on(async {
-            bench_load::saturate(t, args.conns, plan.warmup).await?;
-            bench_load::latency_interleaved(&[t], 20, plan.warmup / 4).await
+            load::saturate(t, args.conns, plan.warmup).await?;
+            load::latency_interleaved(&[t], 20, plan.warmup / 4).await
         })?;
     }
 
@@ -391,14 +387,14 @@ fn main() -> Result<()> {
             // Latency: all variants in one interleaved phase (one request at a time).
             let phase: Vec<&Target> = variants.iter().map(|v| &targets[&(*v, size)]).collect();
             let budget = plan.latency * variants.len() as u32;
-            let hists = rt.block_on(bench_load::latency_interleaved(&phase, 20, budget))?;
+            let hists = rt.block_on(load::latency_interleaved(&phase, 20, budget))?;
             // Saturation: one variant at a time, the order rotating each round so
             // drift and the neighbours' load hit all alike.
             let mut order: Vec<(usize, Variant)> = variants.iter().copied().enumerate().collect();
             let turn = round % order.len();
             order.rotate_left(turn);
             for (i, v) in order {
-                let rps = rt.block_on(bench_load::saturate(
+                let rps = rt.block_on(load::saturate(
                     &targets[&(v, size)],
                     args.conns,
                     plan.saturation,
@@ -430,22 +426,22 @@ fn main() -> Result<()> {
     );
     let sizes_text: Vec<String> = bodies
         .iter()
-        .map(|(s, b)| format!("{} ({} bytes)", bench_report::human_size(*s), b.len()))
+        .map(|(s, b)| format!("{} ({} bytes)", report::human_size(*s), b.len()))
         .collect();
     println!(
         "bodies: Chat Completions agent transcripts, {}",
         sizes_text.join(", ")
     );
     println!("upstream: in-process hyper server (drains the body, fixed 200-byte reply)\n");
-    println!("{}", bench_report::table(&results, &variants, &sizes));
+    println!("{}", report::table(&results, &variants, &sizes));
     println!("targets (floors inside tether's own chain):");
-    println!("  {}", bench_report::header_target(&results, &sizes));
+    println!("  {}", report::header_target(&results, &sizes));
     for &size in &sizes {
-        println!("  {}", bench_report::body_target(&results, size));
+        println!("  {}", report::body_target(&results, size));
     }
     println!("diagnostics:");
     for &size in &sizes {
-        let at = bench_report::human_size(size);
+        let at = report::human_size(size);
         let chain = results.rps_ratio(Variant::FloorInChain, Variant::HeaderFloor, size);
         if let Some(chain) = chain {
             println!(

@@ -2,17 +2,18 @@
 //! on a cut of the bundled trace and prints the comparison and where the
 //! reports and plots are.
 
-use crate::support::*;
 use std::process::Command;
+use tether_e2e::paths::{self, need};
 
 #[test]
 fn demo_compares_three_settings_and_writes_reports() {
-    need_envoy_and_filter();
+    need(paths::require_envoy());
+    need(paths::require_filter_wasm());
     let out_dir = std::env::temp_dir().join(format!("tether-demo-test-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_tether-demo"))
         .args(["--sessions", "10", "--speedup", "100", "--out"])
         .arg(&out_dir)
-        .current_dir(tether_e2e::paths::workspace_root())
+        .current_dir(paths::workspace_root())
         .output()
         .expect("tether-demo runs");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -4,12 +4,12 @@
 //!
 //! Each configuration is a run of the fleet simulator (`tether_fleet::sim`): the trace's
 //! requests at their arrival times, placed by the gateway's tether key, served by simulated
-//! engines (`tether_rank::engine`, continuous batching timed by a GPU profile) whose cache
+//! engines (`tether_rank_engine::engine`, continuous batching timed by a GPU profile) whose cache
 //! is the real `RetentionCache`. The trace is any format `tether trace import` reads
 //! (`--format`). It prints its own verdict against the target: retention + host tier must
 //! leave at least 5x less avoidable re-prefill than LRU.
 //!
-//! Run: `cargo run --release -p tether-fleet --bin retention-bench -- --trace examples/traces/mooncake_synthetic_trace.jsonl --format mooncake`
+//! Run: `cargo run --release -p tether-bench --bin retention-bench -- --trace examples/traces/mooncake_synthetic_trace.jsonl --format mooncake`
 
 use anyhow::Result;
 use clap::Parser;
@@ -19,8 +19,8 @@ use tether_fleet::sim::config::HybridOptions;
 use tether_fleet::sim::{
     CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
 };
-use tether_rank::engine::EngineSettings;
-use tether_rank::profile::Profile;
+use tether_rank_engine::engine::EngineSettings;
+use tether_rank_engine::profile::Profile;
 
 /// The benchmark's target: LRU's avoidable re-prefill ÷ retention + host's.
 const TARGET_RATIO: f64 = 5.0;
