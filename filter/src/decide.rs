@@ -38,7 +38,7 @@ pub fn on_headers(
             cfg,
             pools,
             snap,
-            *r,
+            r,
             None,
             &mut |_, _| None,
             &mut |_| {},
@@ -119,33 +119,34 @@ fn decide(
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
     mark: &mut impl FnMut(Step),
 ) -> Plan {
-    let placed = placement(cfg, pools, snap, &r, body.is_some());
+    // A body read as a JSON object is rewritten when the configuration says so.
+    let rewritten = body.filter(|_| cfg.rewrites_body());
+    let placed = placement(cfg, pools, snap, &r, rewritten.is_some());
     mark(Step::Place);
-    let plan = emit::emit(cfg, r, placed, body, fetch);
-    if body.is_some() && cfg.rewrites_body() {
+    let plan = emit::emit(cfg, r, placed, rewritten, fetch);
+    if rewritten.is_some() {
         mark(Step::Rewrite);
     }
     plan
 }
 
-/// Places a reading; `scanned` = its body was read as a JSON object, so it is
-/// rewritten when the configuration rewrites bodies, and then a spill must
+/// Places a reading; `rewritten` = its body is rewritten, so a spill must
 /// keep the key's DP rank (`docs/gateway.md`, "Load-aware pick").
 fn placement(
     cfg: &Config,
     pools: &Pools,
     snap: Snapshot<'_>,
     r: &Reading,
-    scanned: bool,
+    rewritten: bool,
 ) -> Placed {
     let refused = r.reject.is_some();
     let req = place::Request {
-        key: r.identity.key(),
+        key: r.key,
         prompt: (!r.header_path && !refused).then_some(Prompt {
             bytes: r.body_bytes,
             new_bytes: r.new_bytes,
         }),
-        keep_rank: scanned && cfg.rewrites_body(),
+        keep_rank: rewritten,
     };
     place::place(
         cfg,

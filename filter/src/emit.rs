@@ -12,14 +12,15 @@ pub mod rewrite;
 use crate::config::Config;
 use crate::config::outputs::Output;
 use crate::place::Placed;
-use crate::read::identity::{self, Identity};
+use crate::read::identity;
 use crate::read::scan::{self, Doc, View};
 use crate::read::{Body, Reading};
 pub use plan::Plan;
 use rewrite::Edit;
 
 /// The plan for one request; `body` is the scanned body when it is to be
-/// rewritten, `fetch(start, len)` reads body bytes when its ends are not enough.
+/// rewritten (the configuration rewrites bodies and this one is a JSON
+/// object), `fetch(start, len)` reads body bytes when its ends are not enough.
 pub fn emit(
     cfg: &Config,
     read: Reading,
@@ -29,9 +30,7 @@ pub fn emit(
 ) -> Plan {
     let mut spoofed = false;
     let edit = match body {
-        Some(b) if cfg.rewrites_body() && read.reject.is_none() => {
-            edit(cfg, &read, &placed, b, fetch, &mut spoofed)
-        }
+        Some(b) if read.reject.is_none() => edit(cfg, &read, &placed, b, fetch, &mut spoofed),
         _ => None,
     };
     let reject = read.reject.or_else(|| {
@@ -100,7 +99,7 @@ fn owned_fields(
     if cfg.outputs.has(Output::BodySessionId) {
         out.push((
             "session_id",
-            format!("\"{}\"", identity::hex16(read.identity.key())).into_bytes(),
+            format!("\"{}\"", identity::hex16(read.key)).into_bytes(),
         ));
     }
     if let (true, Some(p)) = (cfg.outputs.has(Output::RoutedDpRank), &placed.pick) {
@@ -128,9 +127,4 @@ pub fn cache_salt(secret: &[u8], tenant: &[u8]) -> String {
         "{:032x}",
         xxhash_rust::xxh3::xxh3_128_with_seed(&buf, identity::SEED)
     )
-}
-
-/// The identity's routing key as the outputs write it.
-pub fn key_hex(id: &Identity) -> String {
-    identity::hex16(id.key())
 }

@@ -30,6 +30,9 @@ pub type Reject = (u32, &'static str);
 pub struct Reading {
     pub api: Api,
     pub identity: Identity,
+    /// The routing key, `identity.key()`: hashed once, read by placement
+    /// and by every output that carries it.
+    pub key: u64,
     /// `x-tether-key-source`: `header:<name>`, `body:<path>`, `head`, `fallback:<reason>`.
     pub source: String,
     pub turn: Option<Turn>,
@@ -54,6 +57,7 @@ impl Reading {
         Self {
             api,
             source: source_label(cfg, &identity),
+            key: identity.key(),
             identity,
             turn: None,
             stats: ReadStats::default(),
@@ -75,11 +79,15 @@ pub struct Body {
 
 /// What the header callback reads.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "short-lived: the reading moves straight into the plan, unboxed"
+)]
 pub enum HeaderRead {
     /// Unknown path: no routing headers.
     Untouched,
     /// Read in full from the headers: decide now, never buffer.
-    Read(Box<Reading>),
+    Read(Reading),
     /// Read the body; `reason` is already known to force the fallback key.
     ReadBody { api: Api, reason: Option<Reason> },
 }
@@ -106,10 +114,10 @@ pub fn headers(cfg: &Config, headers: &Headers, end_of_stream: bool) -> HeaderRe
             };
         }
     };
-    HeaderRead::Read(Box::new(Reading {
+    HeaderRead::Read(Reading {
         bad_headers: bad,
         ..Reading::unread(cfg, api, id, true)
-    }))
+    })
 }
 
 /// `compressed` / `not_json` from the content headers.

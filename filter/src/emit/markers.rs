@@ -28,7 +28,7 @@ pub fn for_each_request_header(
 ) {
     let out = cfg.outputs;
     let id = &read.identity;
-    let key = hex16_bytes(id.key());
+    let key = hex16_bytes(read.key);
     if out.has(Output::Key) {
         emit(names::KEY, &key);
     }
@@ -142,7 +142,7 @@ pub fn debug_value(pools: &Pools, read: &Reading, placed: &Placed) -> String {
     format!(
         "source={};key={};endpoint={endpoint};rank={rank};kind={kind};path={}",
         read.source,
-        hex16(read.identity.key()),
+        hex16(read.key),
         if read.header_path { "header" } else { "body" }
     )
 }

@@ -56,7 +56,7 @@ impl Plan {
         mut emit: impl FnMut(&'static str, &str),
     ) {
         if cfg.outputs.has(Output::HashableString) {
-            emit(HASHABLE_KEY, &hex16(self.read.identity.key()));
+            emit(HASHABLE_KEY, &hex16(self.read.key));
         }
         if cfg.outputs.has(Output::OriginalDst)
             && let Some(e) = self
