@@ -120,12 +120,7 @@ fn decide_on(
     size: usize,
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
 ) -> Plan {
-    let call = BodyCall {
-        api,
-        headers,
-        size,
-        reason: None,
-    };
+    let call = BodyCall::new(api, headers, size);
     decide::on_body(cfg, pools, Snapshot::NONE, call, fetch, &mut |_| {})
 }
 

@@ -72,6 +72,18 @@ pub struct BodyCall<'a> {
     pub reason: Option<Reason>,
 }
 
+impl<'a> BodyCall<'a> {
+    /// A body of `size` bytes with no reason known beforehand.
+    pub fn new(api: Api, headers: &'a Headers, size: usize) -> Self {
+        Self {
+            api,
+            headers,
+            size,
+            reason: None,
+        }
+    }
+}
+
 /// The body-callback decision at end of stream; `fetch(start, len)` reads
 /// body bytes, `mark` is called after each [`Step`] that ran (timing builds).
 pub fn on_body(
@@ -99,12 +111,7 @@ pub fn on_body(
 /// concludes at end of stream (tests, tools and benchmarks compare against it).
 pub fn on_whole_body(cfg: &Config, pools: &Pools, api: Api, body: &[u8]) -> Plan {
     let mut fetch = |s: usize, l: usize| body.get(s..s.checked_add(l)?).map(<[u8]>::to_vec);
-    let call = BodyCall {
-        api,
-        headers: &[],
-        size: body.len(),
-        reason: None,
-    };
+    let call = BodyCall::new(api, &[], body.len());
     on_body(cfg, pools, Snapshot::NONE, call, &mut fetch, &mut |_| {})
 }
 

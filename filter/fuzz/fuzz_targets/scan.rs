@@ -85,12 +85,7 @@ fuzz_target!(|data: &[u8]| {
         (cfg, pools)
     });
     let headers = vec![(":path".to_owned(), b"/v1/chat/completions".to_vec())];
-    let call = BodyCall {
-        api,
-        headers: &headers,
-        size: body.len(),
-        reason: None,
-    };
+    let call = BodyCall::new(api, &headers, body.len());
     let d = decide::on_body(cfg, pools, Snapshot::NONE, call, &mut fetch, &mut |_| {});
     if let (Some(edit), Ok(_)) = (&d.edit, serde_json::from_slice::<serde_json::Value>(body)) {
         let out = rewrite::apply(body, edit);

@@ -1235,10 +1235,8 @@ fn on_body(
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
 ) -> Plan {
     let call = BodyCall {
-        api,
-        headers,
-        size,
         reason,
+        ..BodyCall::new(api, headers, size)
     };
     super::on_body(cfg, pools, Snapshot::NONE, call, fetch, &mut |_| {})
 }

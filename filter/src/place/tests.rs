@@ -76,12 +76,7 @@ fn view(decode: [f64; 4], prefill: [f64; 2], at: u64) -> LoadView {
 
 fn decide(c: &Config, b: &[u8], v: &LoadView, now: u64) -> Plan {
     let pools = Pools::new(c);
-    let call = BodyCall {
-        api: Api::Chat,
-        headers: &[],
-        size: b.len(),
-        reason: None,
-    };
+    let call = BodyCall::new(Api::Chat, &[], b.len());
     let snap = Snapshot {
         view: v,
         now_ms: now,
