@@ -1,10 +1,8 @@
 //! A ready Envoy bootstrap for a list of ranks: the shipped template of the
 //! chosen mode (`demo.yaml` for pick, `hash.yaml` for hash and round robin)
-//! with its placeholders filled, then edited as YAML — the upstream cluster
-//! holds exactly the given ranks, round robin replaces MAGLEV, and every
-//! route retries a failed connection (on the next fallback endpoint in pick
-//! mode, on another host otherwise) and reports its attempts in
-//! `x-envoy-attempt-count`.
+//! with its placeholders filled (timeouts, retries, ejection), then edited as
+//! YAML — the upstream cluster holds exactly the given ranks (with their
+//! stable names), and round robin replaces MAGLEV.
 
 use crate::bootstraps;
 use crate::template::{self, Unresolved};
@@ -82,6 +80,47 @@ pub struct GatewaySpec {
     pub retries: u32,
     /// MAGLEV `hash_balance_factor` (hash mode), default the template's 150.
     pub hash_balance_factor: Option<u32>,
+    /// Stable names of the ranks, by position (`None` or missing: the
+    /// address is the identity). Rendezvous (pick mode) and MAGLEV (hash
+    /// mode, `envoy.lb` `hash_key`) hash the name, so a rank restarted on a
+    /// new address keeps its sessions.
+    pub rank_names: Vec<Option<String>>,
+    /// Route, stream-idle and per-attempt timeouts.
+    pub timeouts: Timeouts,
+    /// Consecutive failures (5xx, resets, timeouts) after which a rank is
+    /// ejected: Envoy's outlier detection, and in pick mode the filter's
+    /// `eject` (Envoy's `override_host` ignores ejections).
+    pub eject_after: u32,
+    /// For how long (seconds; Envoy lengthens repeated ejections).
+    pub eject_for_s: u64,
+}
+
+/// Timeouts suited to LLM answers (Envoy's 15 s route default cuts them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Whole request, first byte sent to last byte answered (route `timeout`; 0: none).
+    pub request_s: u64,
+    /// No byte in either direction for this long ends a stream (`stream_idle_timeout`; 0: none).
+    pub stream_idle_s: u64,
+    /// Wait for one attempt's response headers before retrying elsewhere
+    /// (`per_try_timeout`; 0: none). A non-streamed answer sends its headers
+    /// only when done, so set it only where answers stream or are short.
+    pub attempt_s: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            request_s: 600,
+            stream_idle_s: 300,
+            attempt_s: 0,
+        }
+    }
+}
+
+/// Envoy's duration for whole seconds.
+fn seconds(s: u64) -> String {
+    format!("{s}s")
 }
 
 /// A bootstrap that cannot be rendered.
@@ -90,6 +129,9 @@ pub enum RenderError {
     /// No ranks.
     #[error("--ranks: at least one rank is needed")]
     NoRanks,
+    /// A rank name that is empty, repeated or not one token.
+    #[error("--ranks: rank name {0:?} must be unique, non-empty and without spaces, commas or `=`")]
+    BadName(String),
     /// The plugin configuration sets what the flags set.
     #[error(
         "plugin configuration field `{0}` is set by tether gateway (--mode / --ranks); remove it from the file"
@@ -117,6 +159,24 @@ pub enum RenderError {
 }
 
 impl GatewaySpec {
+    /// The stable name of rank `i`, if it has one.
+    pub fn name(&self, i: usize) -> Option<&str> {
+        self.rank_names.get(i).and_then(|n| n.as_deref())
+    }
+
+    fn check_names(&self) -> Result<(), RenderError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for n in self.rank_names.iter().flatten() {
+            let bad = n.is_empty()
+                || n.chars().any(|c| c.is_whitespace() || c == ',' || c == '=')
+                || !seen.insert(n.as_str());
+            if bad {
+                return Err(RenderError::BadName(n.clone()));
+            }
+        }
+        Ok(())
+    }
+
     /// The plugin configuration the filter gets: the given fields plus `mode`
     /// and, in pick mode, one endpoint per rank.
     pub fn filter_config(&self) -> Result<Json, RenderError> {
@@ -131,7 +191,15 @@ impl GatewaySpec {
             let eps: Vec<Json> = self
                 .ranks
                 .iter()
-                .map(|r| serde_json::json!({"address": r.to_string(), "dp_size": self.dp_size}))
+                .enumerate()
+                .map(|(i, r)| {
+                    let mut e =
+                        serde_json::json!({"address": r.to_string(), "dp_size": self.dp_size});
+                    if let (Some(name), Some(o)) = (self.name(i), e.as_object_mut()) {
+                        o.insert("name".into(), Json::from(name));
+                    }
+                    e
+                })
                 .collect();
             c.insert("endpoints".into(), Json::Array(eps));
         }
@@ -143,6 +211,12 @@ impl GatewaySpec {
             Mode::Hash | Mode::RoundRobin => "hash",
         };
         c.insert("outputs".into(), serde_json::json!([preset, "retain"]));
+        if self.mode == Mode::Pick {
+            c.insert(
+                "eject".into(),
+                serde_json::json!({"failures": self.eject_after, "ms": self.eject_for_s.saturating_mul(1000)}),
+            );
+        }
         c.extend(self.plugin_config.clone());
         Ok(Json::Object(c))
     }
@@ -167,6 +241,24 @@ fn get_mut<'a>(
     Ok(cur)
 }
 
+/// Routes of every virtual host of every listener.
+fn count_routes(doc: &Value) -> usize {
+    let listeners = doc["static_resources"]["listeners"].as_sequence();
+    listeners
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["filter_chains"].as_sequence().into_iter().flatten())
+        .flat_map(|c| c["filters"].as_sequence().into_iter().flatten())
+        .flat_map(|f| {
+            f["typed_config"]["route_config"]["virtual_hosts"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+        })
+        .map(|v| v["routes"].as_sequence().map_or(0, Vec::len))
+        .sum()
+}
+
 fn yaml(text: &str) -> Value {
     // Literals below are valid YAML; a failure would be a bug caught by the tests.
     serde_yaml_ng::from_str(text).unwrap_or(Value::Null)
@@ -181,6 +273,7 @@ pub fn render(spec: &GatewaySpec) -> Result<String, RenderError> {
         Mode::Pick => ("demo.yaml", bootstraps::DEMO),
         Mode::Hash | Mode::RoundRobin => ("hash.yaml", bootstraps::HASH),
     };
+    spec.check_names()?;
     let config = spec.filter_config()?;
     let mut vars: BTreeMap<String, String> = BTreeMap::new();
     vars.insert("ADMIN_PORT".into(), spec.admin.port().to_string());
@@ -191,6 +284,15 @@ pub fn render(spec: &GatewaySpec) -> Result<String, RenderError> {
         "PLUGIN_CONFIG".into(),
         template::yaml_string(&config.to_string()),
     );
+    vars.insert("RETRIES".into(), spec.retries.to_string());
+    vars.insert("ROUTE_TIMEOUT".into(), seconds(spec.timeouts.request_s));
+    vars.insert(
+        "STREAM_IDLE_TIMEOUT".into(),
+        seconds(spec.timeouts.stream_idle_s),
+    );
+    vars.insert("ATTEMPT_TIMEOUT".into(), seconds(spec.timeouts.attempt_s));
+    vars.insert("EJECT_AFTER".into(), spec.eject_after.to_string());
+    vars.insert("EJECT_TIME".into(), seconds(spec.eject_for_s));
     if let Some(f) = spec.hash_balance_factor {
         vars.insert("HASH_BALANCE_FACTOR".into(), f.to_string());
     }
@@ -230,12 +332,23 @@ pub fn render(spec: &GatewaySpec) -> Result<String, RenderError> {
     let endpoints: Vec<Value> = spec
         .ranks
         .iter()
-        .map(|r| {
-            yaml(&format!(
+        .enumerate()
+        .map(|(i, r)| {
+            let mut e = yaml(&format!(
                 "endpoint: {{address: {{socket_address: {{address: \"{}\", port_value: {}}}}}}}",
                 r.ip(),
                 r.port()
-            ))
+            ));
+            // MAGLEV hashes `envoy.lb` `hash_key` instead of the address.
+            if let (Some(n), Some(m), Mode::Hash) = (spec.name(i), e.as_mapping_mut(), spec.mode) {
+                m.insert(
+                    key("metadata"),
+                    yaml(&format!(
+                        "filter_metadata: {{envoy.lb: {{hash_key: \"{n}\"}}}}"
+                    )),
+                );
+            }
+            e
         })
         .collect();
     let lb = get_mut(cluster, &["load_assignment", "endpoints"], name)?;
@@ -251,60 +364,8 @@ pub fn render(spec: &GatewaySpec) -> Result<String, RenderError> {
         );
     }
 
-    // Routes: retry failed connections; report attempts.
-    let vhosts = get_mut(&mut doc, &["static_resources", "listeners"], name)?;
-    let mut routes_seen = 0;
-    for l in vhosts.as_sequence_mut().into_iter().flatten() {
-        for chain in l
-            .get_mut("filter_chains")
-            .and_then(Value::as_sequence_mut)
-            .into_iter()
-            .flatten()
-        {
-            for f in chain
-                .get_mut("filters")
-                .and_then(Value::as_sequence_mut)
-                .into_iter()
-                .flatten()
-            {
-                let Some(vh) = f
-                    .get_mut("typed_config")
-                    .and_then(|t| t.get_mut("route_config"))
-                    .and_then(|r| r.get_mut("virtual_hosts"))
-                    .and_then(Value::as_sequence_mut)
-                else {
-                    continue;
-                };
-                for v in vh {
-                    if let Some(m) = v.as_mapping_mut() {
-                        m.insert(key("include_attempt_count_in_response"), Value::Bool(true));
-                    }
-                    for r in v
-                        .get_mut("routes")
-                        .and_then(Value::as_sequence_mut)
-                        .into_iter()
-                        .flatten()
-                    {
-                        if let Some(route) = r.get_mut("route").and_then(Value::as_mapping_mut) {
-                            routes_seen += 1;
-                            if spec.retries > 0 {
-                                let mut policy = format!(
-                                    "retry_on: connect-failure,refused-stream,reset-before-request\nnum_retries: {}\n",
-                                    spec.retries
-                                );
-                                if spec.mode != Mode::Pick {
-                                    // Pick mode retries walk the filter's fallback list;
-                                    // elsewhere, never the host that just failed.
-                                    policy.push_str("retry_host_predicate: [{name: envoy.retry_host_predicates.previous_hosts, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate}}]\nhost_selection_retry_max_attempts: 5\n");
-                                }
-                                route.insert(key("retry_policy"), yaml(&policy));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    // Routes: the templates carry the timeouts and the retry policy.
+    let routes_seen = count_routes(&doc);
     if routes_seen == 0 {
         return Err(RenderError::Shape {
             template: name,
@@ -343,7 +404,80 @@ mod tests {
             admin: "127.0.0.1:9901".parse().unwrap(),
             retries: 2,
             hash_balance_factor: None,
+            rank_names: Vec::new(),
+            timeouts: Timeouts::default(),
+            eject_after: 5,
+            eject_for_s: 30,
         }
+    }
+
+    fn route(doc: &Value, i: usize) -> &Value {
+        &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
+            ["virtual_hosts"][0]["routes"][i]["route"]
+    }
+
+    #[test]
+    fn every_route_gets_llm_timeouts_and_retries_on_5xx() {
+        for mode in Mode::ALL {
+            let mut s = spec(mode, 2);
+            s.timeouts = Timeouts {
+                request_s: 900,
+                stream_idle_s: 120,
+                attempt_s: 7,
+            };
+            s.eject_after = 3;
+            let doc: Value = serde_yaml_ng::from_str(&render(&s).unwrap()).unwrap();
+            let hcm = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+            assert_eq!(hcm["stream_idle_timeout"].as_str(), Some("120s"));
+            for i in 0..2 {
+                let r = route(&doc, i);
+                assert_eq!(r["timeout"].as_str(), Some("900s"), "{mode:?} route {i}");
+                let p = &r["retry_policy"];
+                assert_eq!(p["per_try_timeout"].as_str(), Some("7s"));
+                assert!(p["retry_on"].as_str().unwrap().contains("5xx"));
+                assert_eq!(p["num_retries"].as_u64(), Some(2));
+            }
+            let c = &doc["static_resources"]["clusters"][0];
+            assert_eq!(c["outlier_detection"]["consecutive_5xx"].as_u64(), Some(3));
+            assert_eq!(
+                c["outlier_detection"]["base_ejection_time"].as_str(),
+                Some("30s")
+            );
+            assert!(!c["circuit_breakers"]["thresholds"][0]["retry_budget"].is_null());
+        }
+    }
+
+    #[test]
+    fn rank_names_reach_the_filter_and_maglev() {
+        let mut s = spec(Mode::Pick, 2);
+        s.rank_names = vec![Some("rank-a".into()), None];
+        let doc: Value = serde_yaml_ng::from_str(&render(&s).unwrap()).unwrap();
+        let chain = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+        let cfg: Json = serde_json::from_str(
+            chain["http_filters"][0]["typed_config"]["config"]["configuration"]["value"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(cfg["endpoints"][0]["name"], "rank-a");
+        assert!(cfg["endpoints"][1].get("name").is_none());
+        s.mode = Mode::Hash;
+        let doc: Value = serde_yaml_ng::from_str(&render(&s).unwrap()).unwrap();
+        let eps = &doc["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"];
+        assert_eq!(
+            eps[0]["metadata"]["filter_metadata"]["envoy.lb"]["hash_key"].as_str(),
+            Some("rank-a")
+        );
+        assert!(eps[1]["metadata"].is_null());
+        for bad in ["", "a b", "a,b", "a=b"] {
+            s.rank_names = vec![Some(bad.into())];
+            assert!(
+                matches!(render(&s), Err(RenderError::BadName(_))),
+                "{bad:?}"
+            );
+        }
+        s.rank_names = vec![Some("x".into()), Some("x".into())];
+        assert!(matches!(render(&s), Err(RenderError::BadName(_))));
     }
 
     fn endpoints(y: &str) -> Vec<String> {
@@ -390,6 +524,10 @@ mod tests {
         assert_eq!(cfg["fallbacks"], 2);
         assert_eq!(cfg["endpoints"][2]["address"], "127.0.0.3:8002");
         assert_eq!(cfg["endpoints"][0]["dp_size"], 2);
+        assert_eq!(
+            cfg["eject"],
+            serde_json::json!({"failures": 5, "ms": 30000})
+        );
         let route = &chain["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
         assert_eq!(route["retry_policy"]["num_retries"].as_u64(), Some(2));
         assert!(route["retry_policy"]["retry_host_predicate"].is_null());

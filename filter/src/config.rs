@@ -3,10 +3,12 @@
 //! into the typed, validated [`Config`] (every refusal names its field; see
 //! `docs/gateway.md`).
 
+pub mod eject;
 pub mod load;
 pub mod outputs;
 pub mod pd;
 
+use eject::EjectConfig;
 use load::LoadConfig;
 use outputs::{Output, Outputs};
 use pd::PdConfig;
@@ -134,6 +136,8 @@ pub struct Config {
     pub load: Option<LoadConfig>,
     /// P/D in pick mode (`pd`): a prefill pool and the disaggregation threshold.
     pub pd: Option<PdConfig>,
+    /// Pick mode: passive outlier detection on the response path (`eject`).
+    pub eject: EjectConfig,
 }
 
 /// Default `session_sources`.
@@ -141,7 +145,11 @@ pub const DEFAULT_SESSION_SOURCES: &[&str] = &[
     "header:x-session-id",
     "header:x-claude-code-session-id",
     "header:session-id",
+    // Codex's older spelling.
+    "header:session_id",
     "header:x-session-affinity",
+    // OpenCode Zen.
+    "header:x-opencode-session",
     "header:x-dynamo-session-id",
     "body:session_id",
     "body:vllm_xargs.agentic_context.session_id",
@@ -200,6 +208,7 @@ impl Default for Config {
             turn_count_max_bytes: 32 * 1024,
             load: None,
             pd: None,
+            eject: EjectConfig::default(),
         }
     }
 }
@@ -264,6 +273,7 @@ pub struct RawConfig {
     turn_count_max_bytes: Option<usize>,
     load: Option<Obj<RawLoad>>,
     pd: Option<Obj<RawPd>>,
+    eject: Option<Obj<RawEject>>,
 }
 
 /// One element of `endpoints` / `pd.prefill_endpoints`.
@@ -273,6 +283,14 @@ pub struct RawEndpoint {
     address: Option<String>,
     weight: Option<f64>,
     dp_size: Option<u32>,
+    name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEject {
+    failures: Option<u64>,
+    ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -378,6 +396,20 @@ impl TryFrom<RawConfig> for Config {
             }
         };
         let endpoints = endpoint_list("endpoints", raw.endpoints.unwrap_or_default())?;
+        // Two endpoints with one name would share every key.
+        for (i, e) in endpoints.iter().enumerate() {
+            if e.name.is_some()
+                && endpoints
+                    .iter()
+                    .take(i)
+                    .any(|o| o.identity() == e.identity())
+            {
+                return Err(ConfigError::new(
+                    format!("endpoints[{i}].name"),
+                    format!("{:?} is used twice", e.identity()),
+                ));
+            }
+        }
         if mode == Mode::Pick && endpoints.is_empty() {
             return Err(ConfigError::new(
                 "endpoints",
@@ -411,6 +443,11 @@ impl TryFrom<RawConfig> for Config {
             turn_count_max_bytes: raw.turn_count_max_bytes.unwrap_or(d.turn_count_max_bytes),
             load: raw.load.map(|Obj(l)| LoadConfig::try_from(l)).transpose()?,
             pd: None,
+            eject: raw
+                .eject
+                .map(|Obj(e)| eject_config(e))
+                .transpose()?
+                .unwrap_or_default(),
             endpoints,
         };
         pick_features(cfg, raw.pd.map(|Obj(p)| p))
@@ -452,6 +489,29 @@ fn pick_features(mut cfg: Config, pd: Option<RawPd>) -> Result<Config, ConfigErr
         ));
     }
     Ok(cfg)
+}
+
+/// The `eject` object.
+fn eject_config(raw: RawEject) -> Result<EjectConfig, ConfigError> {
+    let d = EjectConfig::default();
+    let failures = match raw.failures {
+        None => d.failures,
+        Some(f) => u32::try_from(f)
+            .ok()
+            .filter(|f| (1..=1000).contains(f))
+            .ok_or_else(|| ConfigError::new("eject.failures", "must be between 1 and 1000"))?,
+    };
+    let ms = match raw.ms {
+        None => d.ms,
+        Some(m) if (100..=3_600_000).contains(&m) => m,
+        Some(_) => {
+            return Err(ConfigError::new(
+                "eject.ms",
+                "must be between 100 and 3600000",
+            ));
+        }
+    };
+    Ok(EjectConfig { failures, ms })
 }
 
 fn source_list(name: &str, raw: &[String]) -> Result<Vec<Source>, ConfigError> {
@@ -532,10 +592,19 @@ fn endpoint(at: &str, raw: RawEndpoint) -> Result<Endpoint, ConfigError> {
     if dp_size == 0 {
         return Err(ConfigError::new(field("dp_size"), "must be at least 1"));
     }
+    if let Some(n) = &raw.name
+        && (n.is_empty() || n.contains(|c: char| c.is_whitespace() || c == ','))
+    {
+        return Err(ConfigError::new(
+            field("name"),
+            "must be non-empty, without spaces or commas",
+        ));
+    }
     Ok(Endpoint {
         address: addr.to_string(),
         weight,
         dp_size,
+        name: raw.name,
     })
 }
 

@@ -10,7 +10,8 @@
 //!   head/tail body scanner ([`read::scan`], on [`json`] and [`api`]), the
 //!   conversation head, identity and routing key, turn markers;
 //! - [`place`]: a pure function of (key, configuration, load-view snapshot,
-//!   now) into a [`place::Placed`] — rendezvous pick, load-aware spill, P/D;
+//!   now) into a [`place::Placed`] — rendezvous pick, ejection, load-aware
+//!   spill, P/D;
 //!   the fleet simulator can call it too;
 //! - [`emit`]: both into the [`emit::Plan`] — headers, filter state, body
 //!   edit, counters, or a refusal.

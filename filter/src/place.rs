@@ -1,9 +1,12 @@
 //! Stage 2 of the decision, place: a pure function of (key, configuration,
-//! load-view snapshot, now) — every gateway replica, the fleet simulator and
+//! snapshot of the load view and ejection table, now) — every gateway replica, the fleet simulator and
 //! the replay client given the same view make the same choice.
 //!
 //! - Rendezvous (pick mode): the key's weighted rendezvous order over the
 //!   decode endpoints and its DP rank ([`tether_placement::Placement::pick`]).
+//! - Ejection (pick mode): when the VM's [`eject::Health`] table (fed by the
+//!   response path) holds the primary out, the key takes its first healthy
+//!   fallback ([`eject::Health::reorder`]).
 //! - Load-aware pick (`load`): when the view has a fresh sample, the key is
 //!   placed by [`tether_placement::Placement::pick_bounded`] on the polled
 //!   requests in flight — it stays on its primary until that endpoint is over
@@ -13,10 +16,12 @@
 //! - P/D (`pd`, body path): [`pd::prefiller`] on the prompt estimate and the
 //!   prefill endpoints' queued prefill tokens.
 
+pub mod eject;
 pub mod load_view;
 pub mod pd;
 
 use crate::config::{Config, Mode};
+use eject::Health;
 use load_view::LoadView;
 use tether_placement::{Pick, Placement};
 
@@ -43,6 +48,8 @@ impl Pools {
 #[derive(Debug, Clone, Copy)]
 pub struct Snapshot<'a> {
     pub view: &'a LoadView,
+    /// Pick mode: the VM's ejection table ([`eject`]), when it keeps one.
+    pub health: Option<&'a Health>,
     /// Host clock, ms since the epoch (what the samples' `at_ms` count from).
     pub now_ms: u64,
 }
@@ -54,6 +61,7 @@ impl Snapshot<'_> {
     /// No load known.
     pub const NONE: Snapshot<'static> = Snapshot {
         view: &NO_VIEW,
+        health: None,
         now_ms: 0,
     };
 }
@@ -93,6 +101,8 @@ pub enum Prefill {
 pub struct Placed {
     /// Pick mode: the endpoint order and DP rank; `None` in hash mode.
     pub pick: Option<Pick>,
+    /// Its primary is ejected: the key went to its first healthy fallback.
+    pub ejected: bool,
     /// Load-aware pick moved the key off its rendezvous primary.
     pub spilled: bool,
     pub prefill: Prefill,
@@ -102,6 +112,7 @@ impl Placed {
     /// Hash mode: Envoy places the key.
     pub const NONE: Placed = Placed {
         pick: None,
+        ejected: false,
         spilled: false,
         prefill: Prefill::Off,
     };
@@ -120,14 +131,17 @@ pub fn place(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> 
     let Some(plain) = pools.decode.pick(req.key, cfg.fallbacks) else {
         return Placed::NONE;
     };
+    let (home, ejected) = match healthy(pools, req, snap, &plain) {
+        Some(moved) => (moved, true),
+        None => (plain, false),
+    };
     let (pick, spilled) = match bounded(cfg, pools, req, snap) {
         Some(b)
-            if b.order.first() != plain.order.first()
-                && !(req.keep_rank && b.rank != plain.rank) =>
+            if b.order.first() != home.order.first() && !(req.keep_rank && b.rank != home.rank) =>
         {
             (b, true)
         }
-        _ => (plain, false),
+        _ => (home, false),
     };
     let prefill = match req.prompt {
         Some(p) => prefill(cfg, pools, req.key, p, spilled, snap),
@@ -135,9 +149,25 @@ pub fn place(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> 
     };
     Placed {
         pick: Some(pick),
+        ejected,
         spilled,
         prefill,
     }
+}
+
+/// The key's order with its ejected primary moved behind its healthy
+/// fallbacks ([`eject::Health::reorder`]), when the primary is ejected and the
+/// move keeps the DP rank where it must.
+fn healthy(pools: &Pools, req: &Request, snap: Snapshot<'_>, plain: &Pick) -> Option<Pick> {
+    let health = snap.health.filter(|h| h.ever_ejected())?;
+    let first = *plain.order.first()?;
+    if !health.ejected(first, snap.now_ms) {
+        return None;
+    }
+    let mut moved = plain.clone();
+    (health.reorder(&pools.decode, req.key, &mut moved, snap.now_ms)
+        && !(req.keep_rank && moved.rank != plain.rank))
+        .then_some(moved)
 }
 
 /// The bounded-load pick on the view's requests in flight, when `load` is

@@ -6,6 +6,7 @@
 pub mod head;
 pub mod header_names;
 pub mod identity;
+pub mod preamble;
 pub mod reason;
 
 pub use reason::Reason;

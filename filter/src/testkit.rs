@@ -313,3 +313,13 @@ pub fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
 
 pub const ALL_APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];
 pub const ALL_ORDERS: [Order; 3] = [Order::Sdk, Order::IdsFirst, Order::Middle];
+
+/// A view holding the whole body (as a read that took it all).
+pub fn whole_view(body: &[u8]) -> crate::read::scan::View {
+    crate::read::scan::View {
+        head: body.to_vec(),
+        tail: Vec::new(),
+        tail_base: body.len(),
+        size: body.len(),
+    }
+}

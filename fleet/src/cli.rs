@@ -4,6 +4,7 @@
 
 pub mod compare;
 pub mod gateway;
+pub mod input;
 pub mod plan;
 pub mod replay;
 pub mod simulate;

@@ -9,7 +9,9 @@ pub mod bailian;
 pub mod derive;
 mod fuzz;
 pub mod mooncake;
+pub mod tracelab;
 
+use crate::name::{UnknownName, pick};
 use crate::trace::{Api, Trace, TraceError};
 use std::path::Path;
 
@@ -24,15 +26,18 @@ pub enum Format {
     Bailian,
     /// AgentX / WEKA agent traces (one JSON object per trace).
     Agentx,
+    /// TraceLab rounds (`session_id`, `round_index`, `input_tokens_total`, …; no block ids).
+    Tracelab,
 }
 
 impl Format {
     /// Every format.
-    pub const ALL: [Format; 4] = [
+    pub const ALL: [Format; 5] = [
         Format::Tether,
         Format::Mooncake,
         Format::Bailian,
         Format::Agentx,
+        Format::Tracelab,
     ];
 
     /// The `--format` name.
@@ -42,6 +47,7 @@ impl Format {
             Format::Mooncake => "mooncake",
             Format::Bailian => "bailian",
             Format::Agentx => "agentx",
+            Format::Tracelab => "tracelab",
         }
     }
 
@@ -52,20 +58,23 @@ impl Format {
             Format::Mooncake => "Mooncake",
             Format::Bailian => "Qwen-Bailian",
             Format::Agentx => "AgentX/WEKA",
+            Format::Tracelab => "TraceLab",
         }
     }
 
     /// Parses a `--format` name; an unknown name is refused with the known ones.
-    pub fn parse(s: &str) -> Result<Format, String> {
-        Self::ALL
-            .into_iter()
-            .find(|f| f.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| {
-                format!(
-                    "unknown trace format `{s}` (known: {})",
-                    Self::ALL.map(Format::name).join(", ")
-                )
-            })
+    /// Case and surrounding blanks do not matter.
+    pub fn parse(s: &str) -> Result<Format, UnknownName> {
+        pick(
+            &Self::ALL,
+            Format::name,
+            &s.trim().to_ascii_lowercase(),
+            "trace format",
+        )
+        .map_err(|e| UnknownName {
+            given: s.to_owned(),
+            ..e
+        })
     }
 }
 
@@ -78,6 +87,8 @@ pub fn sniff(first_line: &str) -> Option<Format> {
         Some(Format::Tether)
     } else if has("chat_id") && has("parent_chat_id") {
         Some(Format::Bailian)
+    } else if has("session_id") && has("round_index") && has("input_tokens_total") {
+        Some(Format::Tracelab)
     } else if has("requests") && (has("hash_id_scope") || has("block_size")) {
         Some(Format::Agentx)
     } else if has("input_length") && has("output_length") {
@@ -90,8 +101,10 @@ pub fn sniff(first_line: &str) -> Option<Format> {
 /// Options shared by the importers.
 #[derive(Clone, Debug)]
 pub struct ImportOptions {
-    /// API every imported request is sent with (none of the sources records one).
-    pub api: Api,
+    /// API every imported request is sent with; `None`: the importer's default
+    /// (Mooncake and Bailian record none: Chat; AgentX: the API its `models`
+    /// imply — Anthropic Messages for Claude models — stated in its report).
+    pub api: Option<Api>,
     /// Mooncake: tokens per hash id.
     pub mooncake_block_size: u32,
     /// Mooncake, Bailian: a continuation arriving within this many ms of its
@@ -108,7 +121,7 @@ pub struct ImportOptions {
 impl Default for ImportOptions {
     fn default() -> Self {
         Self {
-            api: Api::Chat,
+            api: None,
             mooncake_block_size: mooncake::BLOCK_SIZE,
             tool_gap_ms: 30_000,
             head_fanout: derive::DEFAULT_HEAD_FANOUT,
@@ -124,6 +137,7 @@ pub fn import(format: Format, input: &Path, opts: &ImportOptions) -> Result<Trac
         Format::Mooncake => mooncake::import_file(input, opts),
         Format::Bailian => bailian::import_file(input, opts),
         Format::Agentx => agentx::import_path(input, opts),
+        Format::Tracelab => tracelab::import_file(input, opts),
     }
 }
 
@@ -135,6 +149,9 @@ pub fn report_text(trace: &Trace) -> Option<String> {
         return Some(d.to_string());
     }
     if let Some(r) = bailian::report_of(trace) {
+        return Some(r.to_string());
+    }
+    if let Some(r) = tracelab::report_of(trace) {
         return Some(r.to_string());
     }
     agentx::report_of(trace).map(|r| r.to_string())
@@ -169,12 +186,4 @@ pub(crate) fn check_timestamp(t: f64) -> Result<(), String> {
     } else {
         Err(format!("`timestamp` must be a finite number ≥ 0, got {t}"))
     }
-}
-
-/// Opens a file for line reading, with the error naming it.
-pub(crate) fn open_lines(path: &Path) -> Result<std::io::BufReader<std::fs::File>, TraceError> {
-    let name = path.display().to_string();
-    std::fs::File::open(path)
-        .map(std::io::BufReader::new)
-        .map_err(|e| TraceError::at(&name, None, e))
 }

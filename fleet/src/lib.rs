@@ -15,6 +15,9 @@
 //!   harness identities;
 //! - [`replay`]: `tether replay`, a trace sent to a serving stack and measured;
 //! - [`report`]: replay reports (JSON, markdown, SVG plots) and `compare`;
+//! - [`quantile`]: the one quantile definition (nearest rank) and its
+//!   histogram form, used by every report, plan, summary and benchmark;
+//! - [`name`]: names from closed lists (formats, policies, modes) and their typed error;
 //! - [`profile`]: GPU profiles from tether JSON or Dynamo's profiling NPZ;
 //! - [`plan`]: the P/D planner (replica counts per interval against
 //!   objectives and a cost target, verified by simulation);
@@ -24,8 +27,10 @@
 pub mod cli;
 pub mod generate;
 pub mod import;
+pub mod name;
 pub mod plan;
 pub mod profile;
+pub mod quantile;
 pub mod replay;
 pub mod report;
 pub mod sim;

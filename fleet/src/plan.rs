@@ -14,9 +14,9 @@ pub mod demand;
 pub mod output;
 pub mod size;
 
+use crate::report::Observation;
 use crate::sim::{
-    CacheMode, FleetShape, Policy, RequestRecord, RunReport, SimConfig, SimError, Step,
-    oracle_hits, simulate,
+    CacheMode, FleetShape, Policy, RunReport, SimConfig, SimError, Step, oracle_hits, simulate,
 };
 use crate::trace::Trace;
 use demand::{Interval, Work, intervals};
@@ -238,7 +238,7 @@ pub fn plan(trace: &Trace, profile: &Profile, cfg: &PlanConfig) -> Result<PlanRe
     let cost = chosen
         .simulated
         .as_ref()
-        .map_or(chosen.predicted_usd_per_mtok, |s| s.usd_per_mtok);
+        .map_or(chosen.predicted_usd_per_mtok, |s| s.sim.usd_per_mtok);
     let verdict = verdict(chosen, cost, target_usd);
     let meets_target =
         target_usd.map(|t| chosen.slo_met && chosen.infeasible.is_none() && cost <= t);
@@ -391,7 +391,11 @@ impl<'a> Planner<'a> {
         let (pk, dk) = self.reference;
         let cfg = self.base_cfg(policy, cache, FleetShape::disaggregated(pk, dk));
         let out = simulate(self.trace, self.profile, &cfg, &self.oracle, true, None)?;
-        let mut work: Vec<Work> = out.records.iter().map(Work::from_record).collect();
+        let mut work: Vec<Work> = out
+            .records
+            .iter()
+            .filter_map(Work::from_observation)
+            .collect();
         if let (Some(obs), CacheMode::RetentionHost | CacheMode::Retention) =
             (&self.cfg.observed_hits, cache)
             && policy == self.cfg.sim.policy
@@ -571,7 +575,7 @@ impl<'a> Planner<'a> {
         let mut bindings: Vec<Vec<(Binding, Binding)>> =
             vec![sizes.iter().map(|(p, d)| (p.binding, d.binding)).collect()];
         let mut rounds = 0;
-        let mut last: Option<(RunReport, Vec<RequestRecord>)> = None;
+        let mut last: Option<(RunReport, Vec<Observation>)> = None;
         let mut met = false;
         while rounds < self.cfg.rounds.max(1) {
             rounds += 1;
@@ -711,12 +715,12 @@ impl<'a> Planner<'a> {
             v.push(("ttft-p99".to_owned(), r.ttft_ms.p99 / t));
         }
         if let Some(t) = slo.itl_p99_ms {
-            v.push(("itl-p99".to_owned(), r.itl_ms.p99 / t));
+            v.push(("itl-p99".to_owned(), r.sim.itl_ms.p99 / t));
         }
-        if r.refused + r.failed > 0 {
+        if r.sim.refused + r.sim.failed > 0 {
             v.push((
                 "requests-served".to_owned(),
-                1.0 + (r.refused + r.failed) as f64,
+                1.0 + (r.sim.refused + r.sim.failed) as f64,
             ));
         }
         v
@@ -726,28 +730,24 @@ impl<'a> Planner<'a> {
     /// p90 over it) or the ITL objective (their TPOT p99 over it)?
     fn bad_intervals(
         &self,
-        records: &[RequestRecord],
+        records: &[Observation],
         n: usize,
         miss: &[(String, f64)],
     ) -> Vec<(bool, bool)> {
         let mut ttft: Vec<Vec<f64>> = vec![Vec::new(); n];
         let mut tpot: Vec<Vec<f64>> = vec![Vec::new(); n];
         for r in records {
-            let k = (((r.arrival_ms - self.start_ms) / self.cfg.interval_ms)
+            let Some(s) = r.served() else { continue };
+            let k = (((r.sent_ms - self.start_ms) / self.cfg.interval_ms)
                 .floor()
                 .max(0.0) as usize)
                 .min(n - 1);
-            ttft[k].push(r.ttft_ms());
-            if r.output_tokens > 1 {
-                tpot[k].push(r.tpot_ms());
+            ttft[k].push(s.timing.ttft_ms);
+            if let Some(itl) = s.timing.itl_ms {
+                tpot[k].push(itl);
             }
         }
-        let q = |v: &mut Vec<f64>, q: f64| {
-            v.sort_by(f64::total_cmp);
-            v.get(((q * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1)) - 1)
-                .copied()
-                .unwrap_or(0.0)
-        };
+        let q = |v: &mut Vec<f64>, q: f64| crate::quantile::of(v, q).unwrap_or(0.0);
         let slo = &self.cfg.slo;
         let ttft_missed = miss
             .iter()
@@ -850,7 +850,7 @@ impl<'a> Planner<'a> {
             .sum();
         let predicted = (pre + dec) * self.profile.gpu_hour_usd * 1e6 / all_tokens;
         let _ = tokens;
-        let agreement = (predicted > 0.0).then(|| report.usd_per_mtok / predicted);
+        let agreement = (predicted > 0.0).then(|| report.sim.usd_per_mtok / predicted);
         Variant {
             name,
             what,

@@ -9,11 +9,13 @@
 //! - [`prompt`]: a request's engine block ids from the trace's block tree;
 //! - [`route`], [`prefix`]: the routing policies and SGLang-style approximate tree;
 //! - [`run`]: the discrete-event loop ([`simulate`]);
+//! - [`assemble`]: a run's observations → the same [`Report`](crate::report::Report) a replay writes;
 //! - [`report`]: what a run measured; [`plot`]: the throughput-per-GPU vs
 //!   interactivity chart.
 //!
 //! Method, assumptions and outputs: `docs/planning.md`.
 
+pub mod assemble;
 pub mod config;
 pub mod identity;
 pub mod plot;
@@ -27,5 +29,5 @@ pub(crate) mod testkit;
 
 pub use config::{CacheMode, FleetShape, PdOptions, Policy, SimConfig, Step};
 pub use identity::request_key;
-pub use report::{RequestRecord, RunReport};
-pub use run::{RunOutput, SimError, oracle_hits, simulate};
+pub use report::{RunReport, Simulation};
+pub use run::{RunOutput, SimError, engine_name, oracle_hits, simulate};

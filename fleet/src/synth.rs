@@ -82,16 +82,8 @@ impl Identity {
     }
 
     /// Parses an `--identity` name.
-    pub fn parse(s: &str) -> Result<Identity, String> {
-        Self::ALL
-            .into_iter()
-            .find(|i| i.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown identity `{s}` (known: {})",
-                    Self::ALL.map(Identity::name).join(", ")
-                )
-            })
+    pub fn parse(s: &str) -> Result<Identity, crate::name::UnknownName> {
+        crate::name::pick(&Self::ALL, Identity::name, s, "identity")
     }
 }
 
@@ -109,8 +101,9 @@ pub struct SynthOptions {
     /// Ask the server for exactly `output_tokens` (vLLM's `ignore_eos` and
     /// `min_tokens`; not for servers that refuse unknown fields).
     pub exact_output: bool,
-    /// Mixed into every session and agent id, so two replays of one trace do
-    /// not share ids (and caches keyed by them).
+    /// Mixed into every session and agent id and into every word of every
+    /// prompt, so two replays of one trace share neither ids nor prompt text
+    /// (and no cache keyed by either); empty: the trace's own ids and text.
     pub salt: String,
     /// Send the session's tenant in this header (what the gateway's
     /// `tenant_header` names; an auth layer sets it in production).
@@ -128,6 +121,16 @@ impl Default for SynthOptions {
             salt: String::new(),
             tenant_header: None,
         }
+    }
+}
+
+/// The seed a replay's `--salt` mixes into every word (0 without one: the
+/// trace's own text, byte for byte).
+fn content_seed(salt: &str) -> u64 {
+    if salt.is_empty() {
+        0
+    } else {
+        xxhash_rust::xxh3::xxh3_64(salt.as_bytes()) | 1
     }
 }
 
@@ -300,11 +303,15 @@ impl<'t> SessionSynth<'t> {
         let l = self.plan(r);
         let bs = u64::from(t.block_size());
         let ids = &self.ids;
+        let content = content_seed(&self.opts.salt);
         let mut words = |src: RequestId, from: u64, to: u64| {
             words::words(
-                ids.get(&src).map_or(&[][..], Vec::as_slice),
-                bs,
-                u64::from(src.0),
+                words::Source {
+                    ids: ids.get(&src).map_or(&[][..], Vec::as_slice),
+                    block_size: bs,
+                    salt: u64::from(src.0),
+                    content,
+                },
                 from,
                 to,
             )

@@ -169,3 +169,31 @@ fn bad_input_is_refused_by_name() {
         text(&o)
     );
 }
+
+#[test]
+fn a_directory_and_a_byte_order_mark_are_named_not_line_one() {
+    let dir = TempDir::new("bom");
+    let bom = dir.path("bom.jsonl");
+    std::fs::write(
+        &bom,
+        b"\xEF\xBB\xBF{\"timestamp\":0,\"input_length\":10,\"output_length\":2,\"hash_ids\":[1]}\n",
+    )
+    .unwrap();
+    for format in ["tether", "mooncake", "bailian", "agentx"] {
+        let o = tether(&["trace", "stats", "--format", format, &bom]);
+        assert!(!o.status.success(), "{format}");
+        assert!(
+            text(&o).contains(&format!("{bom}:1: starts with a UTF-8 byte-order mark")),
+            "{format}: {}",
+            text(&o)
+        );
+    }
+    let d = dir.0.display().to_string();
+    for format in ["tether", "mooncake", "bailian"] {
+        let o = tether(&["trace", "stats", "--format", format, &d]);
+        assert!(!o.status.success(), "{format}");
+        let t = text(&o);
+        assert!(t.contains(&format!("{d}: is a directory")), "{format}: {t}");
+        assert_eq!(t.lines().count(), 1, "one line, no backtrace: {t}");
+    }
+}

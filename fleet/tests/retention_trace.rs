@@ -15,14 +15,17 @@ use tether_rank::profile::Profile;
 const DEVICE_TOKENS: u64 = 160_000;
 
 fn run(cache: CacheMode) -> Result<RunReport> {
+    run_with("llama-3.1-8b-fp8-h200-tp1.json", cache)
+}
+
+fn run_with(profile: &str, cache: CacheMode) -> Result<RunReport> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let trace = import(
         Format::Mooncake,
         &dir.join("tests/data/mooncake_head400.jsonl"),
         &ImportOptions::default(),
     )?;
-    let profile =
-        Profile::from_file(&dir.join("../examples/profiles/llama-3.1-8b-fp8-h200-tp1.json"))?;
+    let profile = Profile::from_file(&dir.join("../examples/profiles").join(profile))?;
     let cfg = SimConfig {
         policy: Policy::Tether,
         cache,
@@ -55,25 +58,55 @@ fn retention_with_host_tier_saves_re_prefill_that_lru_loses() -> Result<()> {
     for r in [&lru, &dev, &host] {
         // Never more reuse than an unlimited cache: reused + avoidable adds up exactly.
         assert_eq!(
-            r.hit_tokens + r.avoidable_tokens.unwrap(),
-            r.reusable_tokens.unwrap(),
+            r.hit_tokens + r.sim.avoidable_tokens.unwrap(),
+            r.sim.reusable_tokens.unwrap(),
             "{r:?}"
         );
-        assert_eq!(r.refused + r.failed, 0);
+        assert_eq!(r.sim.refused + r.sim.failed, 0);
         assert_eq!(r.finished, 400);
         assert_eq!(r.prompt_tokens, lru.prompt_tokens);
     }
-    assert!(lru.reusable_tokens.unwrap() > 0);
-    assert_eq!(lru.retention.retained, 0);
-    assert!(dev.retention.retained > 0 && dev.retention.host_peak_bytes == 0);
-    assert!(host.retention.offloaded > 0 && host.retention.restored_tokens > 0);
-    assert!(host.retention.host_peak_bytes <= 4 * DEVICE_TOKENS * 131_072);
+    assert!(lru.sim.reusable_tokens.unwrap() > 0);
+    assert_eq!(lru.sim.retention.retained, 0);
+    assert!(dev.sim.retention.retained > 0 && dev.sim.retention.host_peak_bytes == 0);
+    assert!(host.sim.retention.offloaded > 0 && host.sim.retention.restored_tokens > 0);
+    assert!(host.sim.retention.host_peak_bytes <= 4 * DEVICE_TOKENS * 131_072);
     let (h, l) = (
-        host.avoidable_tokens.unwrap(),
-        lru.avoidable_tokens.unwrap(),
+        host.sim.avoidable_tokens.unwrap(),
+        lru.sim.avoidable_tokens.unwrap(),
     );
     assert!(h * 2 < l, "retention + host {h} vs LRU {l}");
     // Restores take link time, recomputing takes prefill time: the host tier is faster.
     assert!(host.ttft_ms.mean < lru.ttft_ms.mean);
+    Ok(())
+}
+
+/// The same pipeline with a hybrid model's profile (Qwen3-Coder-Next: a 37.7 MiB state
+/// snapshot every 544 tokens, paid from the KV budget): prefixes are reused only at
+/// snapshot boundaries, on every configuration, and the host tier still wins.
+#[test]
+fn a_hybrid_profile_reuses_only_at_snapshot_boundaries_and_the_host_tier_still_wins() -> Result<()>
+{
+    let profile = "qwen3-coder-next-fp8-h200-tp1.json";
+    let lru = run_with(profile, CacheMode::Lru)?;
+    let host = run_with(profile, CacheMode::RetentionHost)?;
+    let attention = run(CacheMode::Lru)?;
+    for r in [&lru, &host] {
+        assert_eq!(
+            r.hit_tokens + r.sim.avoidable_tokens.unwrap(),
+            r.sim.reusable_tokens.unwrap(),
+            "{r:?}"
+        );
+        assert_eq!(r.sim.refused + r.sim.failed, 0);
+    }
+    // Resuming only at 544-token boundaries leaves less reusable than every 16 tokens.
+    assert!(lru.sim.reusable_tokens.unwrap() < attention.sim.reusable_tokens.unwrap());
+    assert!(lru.sim.reusable_tokens.unwrap() > 0);
+    assert!(host.sim.retention.restored_tokens > 0);
+    let (h, l) = (
+        host.sim.avoidable_tokens.unwrap(),
+        lru.sim.avoidable_tokens.unwrap(),
+    );
+    assert!(h * 2 < l, "retention + host {h} vs LRU {l}");
     Ok(())
 }

@@ -15,9 +15,19 @@ pub struct Endpoint {
     pub weight: f64,
     /// Data-parallel ranks behind the address (≥ 1).
     pub dp_size: u32,
+    /// A stable name hashed instead of the address (`None`: the address),
+    /// so a rank restarted on a new address keeps its keys.
+    pub name: Option<String>,
 }
 
-/// Endpoint set prepared for picking (address hashes computed once).
+impl Endpoint {
+    /// What rendezvous hashes: the name, else the address.
+    pub fn identity(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.address)
+    }
+}
+
+/// Endpoint set prepared for picking (identity hashes computed once).
 #[derive(Debug, Clone)]
 pub struct Placement {
     endpoints: Vec<Endpoint>,
@@ -45,7 +55,7 @@ impl Placement {
     pub fn new(endpoints: &[Endpoint]) -> Self {
         let ids = endpoints
             .iter()
-            .map(|e| xxh3_64_with_seed(e.address.as_bytes(), SEED))
+            .map(|e| xxh3_64_with_seed(e.identity().as_bytes(), SEED))
             .collect();
         Self {
             endpoints: endpoints.to_vec(),

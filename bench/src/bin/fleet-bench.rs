@@ -110,9 +110,9 @@ fn routing(trace: &Trace, name: &str, ranks: usize, llama: &Profile) -> Result<(
     for r in &reports {
         println!(
             "  {:<16} {:>6.1} % of the oracle's saved prefill, busiest/mean busy {:.2}, returning-turn hits {:.1} %, TTFT p99 {:.0} ms",
-            r.policy.name(),
-            r.oracle_share * 100.0,
-            r.balance.busy_max_over_mean,
+            r.sim.policy.name(),
+            r.sim.oracle_share * 100.0,
+            r.sim.balance.busy_max_over_mean,
             r.returning.hit_ratio * 100.0,
             r.ttft_ms.p99
         );
@@ -124,19 +124,19 @@ fn routing(trace: &Trace, name: &str, ranks: usize, llama: &Profile) -> Result<(
         ideal.session * 100.0,
         100.0 * ideal.session / ideal.global.max(1e-12)
     );
-    let ok = |r: &RunReport| r.oracle_share >= 0.95 && r.balance.busy_max_over_mean <= 1.25;
+    let ok = |r: &RunReport| r.sim.oracle_share >= 0.95 && r.sim.balance.busy_max_over_mean <= 1.25;
     let why = |r: &RunReport| {
         let mut w = Vec::new();
-        if r.oracle_share < 0.95 {
+        if r.sim.oracle_share < 0.95 {
             w.push(format!(
                 "oracle share {:.1} % < 95 %",
-                r.oracle_share * 100.0
+                r.sim.oracle_share * 100.0
             ));
         }
-        if r.balance.busy_max_over_mean > 1.25 {
+        if r.sim.balance.busy_max_over_mean > 1.25 {
             w.push(format!(
                 "max/mean {:.2} > 1.25",
-                r.balance.busy_max_over_mean
+                r.sim.balance.busy_max_over_mean
             ));
         }
         if w.is_empty() {
@@ -241,7 +241,7 @@ fn plan_mix(name: &str, cmd: &str, opts: &GenerateOptions) -> Result<()> {
             (
                 v.simulated
                     .as_ref()
-                    .map_or(v.predicted_usd_per_mtok, |s| s.usd_per_mtok),
+                    .map_or(v.predicted_usd_per_mtok, |s| s.sim.usd_per_mtok),
                 v,
             )
         })
@@ -311,13 +311,13 @@ fn scale(sessions: u32, ranks: usize) -> Result<()> {
     println!(
         "  {} requests on {ranks} ranks ({} / {}): {:.1} s wall, {:.1} s CPU, {} engine steps, {:.1} % of the oracle, busiest/mean {:.2}; peak memory {} MiB",
         r.finished,
-        r.policy.name(),
-        r.cache.name(),
+        r.sim.policy.name(),
+        r.sim.cache.name(),
         wall,
         cpu,
-        r.steps,
-        r.oracle_share * 100.0,
-        r.balance.busy_max_over_mean,
+        r.sim.steps,
+        r.sim.oracle_share * 100.0,
+        r.sim.balance.busy_max_over_mean,
         peak_rss_bytes().map_or(0, |b| b >> 20)
     );
     println!(

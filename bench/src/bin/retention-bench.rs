@@ -52,12 +52,14 @@ struct Args {
     /// Tokens per KV block (must divide the trace's block size).
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    /// Linear-state snapshot bytes (0 = attention-only model).
+    /// Linear-state snapshot bytes, paid from the device KV budget (0 = the profile's
+    /// `hybrid.state_bytes`; attention-only when it has none).
     #[arg(long, default_value_t = 0)]
     state_bytes: u64,
-    /// Device slots for state snapshots when `--state-bytes` is set.
-    #[arg(long, default_value_t = 4096)]
-    state_slots: usize,
+    /// Hybrid models: tokens between the boundaries a snapshot can be taken at, a
+    /// multiple of `--block-size` (0 = the profile's `hybrid.align_tokens`, else every block).
+    #[arg(long, default_value_t = 0)]
+    state_align_tokens: usize,
     /// Hybrid models: extra state checkpoints every this many tokens (0 = prompt end only).
     #[arg(long, default_value_t = 0)]
     checkpoint_tokens: usize,
@@ -94,10 +96,16 @@ fn main() -> Result<()> {
         track_reusable: true,
         hybrid: HybridOptions {
             state_bytes: a.state_bytes,
-            state_slots: if a.state_bytes > 0 { a.state_slots } else { 0 },
+            align_tokens: a.state_align_tokens,
             checkpoint_tokens: a.checkpoint_tokens,
         },
         ..SimConfig::default()
+    };
+    let state = profile.hybrid.map_or(0, |h| h.state_bytes);
+    let state = if a.state_bytes > 0 {
+        a.state_bytes
+    } else {
+        state
     };
     println!(
         "trace {}: {} requests, {} sessions ({} agents), {} ranks ({}), device {} tokens/rank, host {}x device, block {} tokens, state {} B",
@@ -110,7 +118,7 @@ fn main() -> Result<()> {
         a.device_tokens,
         a.host_factor,
         a.block_size,
-        a.state_bytes
+        state
     );
     let oracle = oracle_hits(&trace, a.block_size);
     let names = [
@@ -126,7 +134,7 @@ fn main() -> Result<()> {
         };
         reports.push(simulate(&trace, &profile, &cfg, &oracle, false, None)?.report);
     }
-    let avoidable = |r: &RunReport| r.avoidable_tokens.unwrap_or(0);
+    let avoidable = |r: &RunReport| r.sim.avoidable_tokens.unwrap_or(0);
     let lru = avoidable(&reports[0]);
     // LRU's avoidable re-prefill ÷ this mode's (inf when this mode has none).
     let ratio = |r: &RunReport| match (lru, avoidable(r)) {
@@ -154,22 +162,22 @@ fn main() -> Result<()> {
             name,
             r.prompt_tokens,
             r.hit_tokens,
-            r.reusable_tokens.unwrap_or(0),
+            r.sim.reusable_tokens.unwrap_or(0),
             avoidable(r),
             ratio(r),
-            r.retention.restored_tokens,
-            r.retention.offloaded,
-            r.retention.dropped,
-            r.retention.expired,
+            r.sim.retention.restored_tokens,
+            r.sim.retention.offloaded,
+            r.sim.retention.dropped,
+            r.sim.retention.expired,
             r.wall_s
         );
     }
     for (name, r) in names.iter().zip(&reports) {
         println!(
             "{name}: avoidable on returning turns {} tokens; host peak {:.1} GiB; refused {}; TTFT p50 {:.1} ms p99 {:.1} ms",
-            r.avoidable_returning_tokens.unwrap_or(0),
-            r.retention.host_peak_bytes as f64 / (1u64 << 30) as f64,
-            r.refused + r.failed,
+            r.sim.avoidable_returning_tokens.unwrap_or(0),
+            r.sim.retention.host_peak_bytes as f64 / (1u64 << 30) as f64,
+            r.sim.refused + r.sim.failed,
             r.ttft_ms.p50,
             r.ttft_ms.p99
         );
@@ -183,7 +191,7 @@ fn main() -> Result<()> {
     };
     let host_ratio = ratio(&reports[2]);
     let dev_ratio = ratio(&reports[1]);
-    if reports.iter().any(|r| r.refused > 0) {
+    if reports.iter().any(|r| r.sim.refused > 0) {
         println!(
             "warning: requests were refused (a prompt larger than the device capacity): raise --device-tokens above the longest prompt"
         );

@@ -55,12 +55,9 @@ struct Sample {
     itl_ms: f64,
 }
 
+/// Nearest-rank `q`-quantile (NaN for no samples).
 fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s.get(((s.len() as f64 - 1.0) * q).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
+    tether_fleet::quantile::of(v, q).unwrap_or(f64::NAN)
 }
 
 fn words(seed: &str, n: usize) -> String {
@@ -151,7 +148,9 @@ fn summarize(s: &[Sample]) -> Summary {
 
 /// The median of each figure over runs.
 fn median(runs: &[Summary]) -> Summary {
-    let m = |f: fn(&Summary) -> f64| quantile(&runs.iter().map(f).collect::<Vec<_>>(), 0.5);
+    let m = |f: fn(&Summary) -> f64| {
+        tether_fleet::quantile::median(&runs.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+    };
     Summary {
         ttft_p50: m(|s| s.ttft_p50),
         ttft_p99: m(|s| s.ttft_p99),

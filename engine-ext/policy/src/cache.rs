@@ -91,6 +91,9 @@ pub struct Admission {
     pub restored_blocks: usize,
     /// For hybrid models: the snapshot to resume the linear state from (at `cached_blocks`).
     pub state: Option<StateSlot>,
+    /// True when that snapshot was restored from the host tier for this request (its
+    /// `state_bytes` crossed the host link).
+    pub state_restored: bool,
     /// Set when host-tier data existed but could not be used.
     pub miss: Option<RestoreMiss>,
 }
@@ -130,11 +133,8 @@ struct Running {
     /// The cached slot each block is published as (equal to `slots[i]` unless a duplicate).
     canonical: Vec<Option<SlotId>>,
     state_pin: Option<BlockHash>,
-}
-
-enum Victim {
-    Block,
-    State,
+    /// The retention key the request was admitted or retained under.
+    key: Option<RetentionKey>,
 }
 
 /// Where a usable prefix comes from.
@@ -146,14 +146,18 @@ struct Plan {
 
 /// Block counts at which a hybrid prompt of `n` full blocks keeps state snapshots: the
 /// prompt end first, then every `checkpoint_every_tokens` (latest first), so when slots
-/// run short the boundaries most likely to be resumed from are the ones kept. Empty
-/// for attention-only models.
+/// run short the boundaries most likely to be resumed from are the ones kept. All are
+/// rounded down to `state_align_tokens`: the prompt end is the last boundary the engine
+/// can resume at, the one the session's next turn (which resends this prompt) resumes
+/// from. Empty for attention-only models.
 pub fn snapshot_boundaries(cfg: &PolicyConfig, n: usize) -> Vec<usize> {
+    let align = cfg.state_align_blocks();
+    let n = n / align * align;
     if !cfg.hybrid() || n == 0 {
         return Vec::new();
     }
     let mut bounds = vec![n];
-    let every = cfg.checkpoint_every_tokens / cfg.block_size;
+    let every = (cfg.checkpoint_every_tokens / cfg.block_size).next_multiple_of(align);
     if every > 0 {
         bounds.extend(
             (1..n.div_ceil(every))
@@ -176,6 +180,8 @@ pub struct RetentionCache {
     host: HostTier,
     running: HashMap<RequestId, Running>,
     stats: Stats,
+    /// Scratch: hashes of blocks the last LRU eviction removed.
+    evicted: Vec<BlockHash>,
 }
 
 impl RetentionCache {
@@ -184,12 +190,13 @@ impl RetentionCache {
         cfg.validate()?;
         Ok(Self {
             pool: BlockPool::new(cfg.device_blocks),
-            states: StatePool::new(cfg.device_state_slots),
+            states: StatePool::new(cfg.device_blocks / cfg.state_blocks().max(1)),
             host: HostTier::new(cfg.host_bytes),
             records: HashMap::new(),
             victims: VictimIndex::default(),
             running: HashMap::new(),
             stats: Stats::default(),
+            evicted: Vec::new(),
             cfg,
         })
     }
@@ -288,6 +295,7 @@ impl RetentionCache {
             slots: Vec::with_capacity(n),
             canonical: vec![None; n],
             state_pin: None,
+            key,
         };
         for (i, h) in hashes.iter().take(plan.device).enumerate() {
             let Some(s) = self.pool.get(*h) else { break };
@@ -310,6 +318,7 @@ impl RetentionCache {
             }
         }
         let mut restored = 0;
+        let mut state_restored = false;
         let mut state = run.state_pin.and_then(|b| self.states.get(b));
         if plan.restore > 0 || state_bytes.is_some() {
             match self.scatter_restore(
@@ -324,6 +333,7 @@ impl RetentionCache {
                     restored = r;
                     if s.is_some() {
                         state = s;
+                        state_restored = true;
                     }
                 }
                 Err(m) => {
@@ -349,6 +359,7 @@ impl RetentionCache {
             cached_blocks: cached,
             restored_blocks: restored,
             state,
+            state_restored,
             miss,
         };
         self.running.insert(id, run);
@@ -443,7 +454,8 @@ impl RetentionCache {
                 .alloc_state(b, now, mover)
                 .ok_or_else(|| RestoreMiss::Copy("no state slot".into()))?;
             if let Err(e) = mover.scatter_states(&[s], bytes) {
-                self.states.discard(b);
+                let backing = self.states.discard(b);
+                self.release_backing(backing);
                 return Err(RestoreMiss::Copy(e.0));
             }
             run.state_pin = Some(b);
@@ -483,6 +495,9 @@ impl RetentionCache {
             self.publish(&mut run, i);
         }
         let full = run.canonical.iter().take_while(|c| c.is_some()).count();
+        if let Some(m) = marker {
+            run.key = Some(m.key);
+        }
         let out = match marker.filter(|m| m.prompt_end && self.cfg.retention && full > 0) {
             Some(m) => self.retain(&run, m, now, mover),
             None => self.cache_snapshots(&run, now, mover),
@@ -498,29 +513,54 @@ impl RetentionCache {
         now: Millis,
         mover: &mut dyn Mover,
     ) -> Retained {
-        let chain: Vec<SlotId> = run.canonical.iter().map_while(|c| *c).collect();
+        let mut chain: Vec<SlotId> = run.canonical.iter().map_while(|c| *c).collect();
+        if self.cfg.hybrid() {
+            // Blocks past the last boundary a snapshot can be taken at are never resumed
+            // from: a hybrid retention ends at the aligned prompt end.
+            let end = snapshot_boundaries(&self.cfg, chain.len())
+                .first()
+                .copied()
+                .unwrap_or(0);
+            if end == 0 {
+                return self.cache_snapshots(run, now, mover);
+            }
+            chain.truncate(end);
+        }
         let n = chain.len();
         let mut out = Retained::default();
         for s in &chain {
             self.pool.retain(*s);
         }
-        if let Some(old) = self.take_record(&m.key) {
-            self.drop_device_record(old);
-            self.stats.superseded += 1;
-        }
-        if self.host.remove_record(&m.key).is_some() {
-            self.stats.superseded += 1;
-        }
+        // The previous prompt end stays pinned (out of the victim order) until the new
+        // prompt end's snapshot is saved, so the new snapshot takes its room from
+        // anything else first; only if nothing else gives way does the old one yield.
+        let mut old = self.take_record(&m.key);
         let mut states = Vec::new();
         for b in snapshot_boundaries(&self.cfg, n) {
             let h = run.hashes[b - 1];
             let existed = self.states.get(h).is_some();
-            if let Some(s) = self.alloc_state(h, now, mover) {
+            let mut slot = self.alloc_state(h, now, mover);
+            if slot.is_none()
+                && b == n
+                && let Some(o) = old.take()
+            {
+                self.drop_device_record(o);
+                self.stats.superseded += 1;
+                slot = self.alloc_state(h, now, mover);
+            }
+            if let Some(s) = slot {
                 states.push((h, s));
                 if !existed {
                     out.state_slots.push((b, s));
                 }
             }
+        }
+        if let Some(o) = old {
+            self.drop_device_record(o);
+            self.stats.superseded += 1;
+        }
+        if self.host.remove_record(&m.key).is_some() {
+            self.stats.superseded += 1;
         }
         let interval = self.cfg.interval(m.kind, m.retention_ms);
         let bytes = n as u64 * self.cfg.block_bytes + states.len() as u64 * self.cfg.state_bytes;
@@ -540,6 +580,7 @@ impl RetentionCache {
             hashes,
             states,
             interval_ms: interval,
+            lru_tick: self.pool.lru_clock(),
         });
         self.stats.retained += 1;
         out
@@ -567,6 +608,7 @@ impl RetentionCache {
     fn refresh(&mut self, key: &RetentionKey, now: Millis) {
         if let Some(mut r) = self.take_record(key) {
             r.meta.refresh(now, r.interval_ms);
+            r.lru_tick = self.pool.lru_clock();
             self.insert_record(r);
             self.stats.refreshed += 1;
         } else if self.host.refresh(key, now) {
@@ -589,7 +631,13 @@ impl RetentionCache {
     /// Ends a request: drops its pins, tail first so chain tails are evicted before heads.
     pub fn release(&mut self, id: RequestId) -> Result<(), CacheError> {
         let run = self.running.remove(&id).ok_or(CacheError::Unknown(id))?;
+        let key = run.key;
         self.release_running(run);
+        // The key's retention was in use until now: it ranks against unpinned blocks
+        // as if released with this request's blocks, as plain LRU would rank them.
+        if let Some(r) = key.and_then(|k| self.records.get_mut(&k)) {
+            r.lru_tick = self.pool.lru_clock();
+        }
         Ok(())
     }
 
@@ -609,6 +657,17 @@ impl RetentionCache {
         }
     }
 
+    /// Drops a retention that yielded for room: its blocks join the free queue at the
+    /// front (it was chosen as older than everything there), tail first.
+    fn drop_device_record_cold(&mut self, rec: DeviceRecord) {
+        for s in &rec.chain {
+            self.pool.unretain_cold(*s);
+        }
+        for (h, _) in &rec.states {
+            self.states.unpin(*h);
+        }
+    }
+
     fn drop_device_record(&mut self, rec: DeviceRecord) {
         for s in rec.chain.iter().rev() {
             self.pool.unretain(*s);
@@ -618,52 +677,117 @@ impl RetentionCache {
         }
     }
 
-    /// One free block slot (pinned once, uncached), evicting in policy order.
+    /// One free block slot (pinned once, uncached), evicting in policy order: unpinned
+    /// blocks (with the unpinned snapshots at their boundaries, now unusable), unpinned
+    /// snapshots, then retentions.
     fn alloc(&mut self, now: Millis, mover: &mut dyn Mover) -> Option<SlotId> {
         loop {
             if let Some(s) = self.pool.take_empty() {
                 return Some(s);
             }
-            if self.pool.evict_lru() > 0 {
+            // Hybrid models: a retention used less recently than every unpinned block
+            // yields first, so a pinned turn (with its snapshot, worth thousands of
+            // tokens of KV) never displaces blocks that are more recent. Measured
+            // better for hybrid models and worse for attention-only ones (docs/engine.md).
+            if let Some(key) = self.colder_record() {
+                let class = self.victims.class_of(&key, now);
+                if self.evict_key(class, key, now, mover) {
+                    continue;
+                }
+            }
+            let mut evicted = std::mem::take(&mut self.evicted);
+            evicted.clear();
+            let freed = self.pool.evict_lru_into(&mut evicted);
+            if self.states.used() > 0 {
+                for h in &evicted {
+                    let backing = self.states.forget_unpinned(*h);
+                    self.release_backing(backing);
+                }
+            }
+            self.evicted = evicted;
+            if freed > 0 {
                 continue;
             }
-            if !self.evict_record(Victim::Block, now, mover) {
+            if let Some(backing) = self.states.evict_unpinned() {
+                self.release_backing(backing);
+                continue;
+            }
+            if !self.evict_record(now, mover) {
                 return None;
             }
         }
     }
 
-    /// A state slot for the snapshot at `boundary` (pinned once), evicting in policy order.
+    /// The least recently used retention, when it was last used before the free
+    /// queue's front entered the queue.
+    fn colder_record(&self) -> Option<RetentionKey> {
+        if !self.cfg.hybrid() {
+            return None;
+        }
+        let front = self.pool.lru_front_tick()?;
+        let key = self.victims.least_recent()?;
+        self.records
+            .get(&key)
+            .is_some_and(|r| r.lru_tick < front)
+            .then_some(key)
+    }
+
+    /// Gives the block slots of a removed snapshot back to the pool.
+    fn release_backing(&mut self, backing: Vec<SlotId>) {
+        for s in backing {
+            self.pool.release(s);
+        }
+    }
+
+    /// The snapshot at `boundary` (pinned once): the existing one, or a new one backed
+    /// by `state_blocks` block slots allocated in policy order.
     fn alloc_state(
         &mut self,
         boundary: BlockHash,
         now: Millis,
         mover: &mut dyn Mover,
     ) -> Option<StateSlot> {
-        loop {
-            if self.states.has_free() || self.states.get(boundary).is_some() {
-                return self.states.insert(boundary);
+        if let Some(s) = self.states.pin(boundary) {
+            return Some(s);
+        }
+        let need = self.cfg.state_blocks();
+        let mut backing = Vec::with_capacity(need);
+        while backing.len() < need {
+            match self.alloc(now, mover) {
+                Some(s) => backing.push(s),
+                None => {
+                    self.release_backing(backing);
+                    return None;
+                }
             }
-            if self.states.evict_unpinned() {
-                continue;
-            }
-            if !self.evict_record(Victim::State, now, mover) {
-                return None;
+        }
+        match self.states.insert(boundary, backing) {
+            Ok(s) => Some(s),
+            Err(backing) => {
+                self.release_backing(backing);
+                None
             }
         }
     }
 
     /// Gives up one device retention: the earliest-expired one (dropped), else the
     /// least valuable live one (offloaded if the host tier takes it, else dropped).
-    fn evict_record(&mut self, victim: Victim, now: Millis, mover: &mut dyn Mover) -> bool {
-        let records = &self.records;
-        let pick = self.victims.pick(now, None, |k| match victim {
-            Victim::Block => true,
-            Victim::State => records.get(k).is_some_and(|r| !r.states.is_empty()),
-        });
-        let Some((class, key)) = pick else {
-            return false;
-        };
+    fn evict_record(&mut self, now: Millis, mover: &mut dyn Mover) -> bool {
+        match self.victims.pick(now, None, |_| true) {
+            Some((class, key)) => self.evict_key(class, key, now, mover),
+            None => false,
+        }
+    }
+
+    /// Gives up the device retention of `key`: dropped if expired, else offloaded if
+    /// the host tier takes it, else dropped.
+    fn evict_key(
+        &mut self,
+        class: Class,
+        key: RetentionKey,
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> bool {
         let Some(rec) = self.take_record(&key) else {
             return false;
         };
@@ -674,7 +798,7 @@ impl RetentionCache {
         } else {
             self.stats.dropped += 1;
         }
-        self.drop_device_record(rec);
+        self.drop_device_record_cold(rec);
         true
     }
 
@@ -779,6 +903,19 @@ impl RetentionCache {
                 *retains.entry(*s).or_default() += 1;
             }
             state_pins += r.states.len() as u64;
+        }
+        for s in self.states.backing_slots() {
+            if self.pool.hash_of(s).is_some() {
+                return Err(format!("slot {s:?} backs a snapshot and holds a block"));
+            }
+            *refs.entry(s).or_default() += 1;
+        }
+        if let Some(b) = self
+            .states
+            .boundaries()
+            .find(|b| self.pool.get(*b).is_none())
+        {
+            return Err(format!("snapshot at {b:?} outlived its boundary block"));
         }
         for run in self.running.values() {
             for (i, s) in run.slots.iter().enumerate() {

@@ -48,6 +48,8 @@ struct Slot {
     retains: u32,
     cached: bool,
     in_lru: bool,
+    /// The pool's LRU clock when the slot entered the free queue.
+    tick: u64,
 }
 
 impl Slot {
@@ -63,6 +65,7 @@ impl Slot {
         retains: 0,
         cached: false,
         in_lru: false,
+        tick: 0,
     };
 
     fn block_hash(&self) -> BlockHash {
@@ -105,6 +108,8 @@ pub struct BlockPool {
     lru_tail: u32,
     lru_len: usize,
     evicted: u64,
+    /// LRU clock: advanced by every entry into the free queue.
+    clock: u64,
 }
 
 impl BlockPool {
@@ -121,6 +126,7 @@ impl BlockPool {
             lru_tail: NIL,
             lru_len: 0,
             evicted: 0,
+            clock: 0,
         }
     }
 
@@ -195,6 +201,12 @@ impl BlockPool {
 
     /// Evicts the front of the free queue and its subtree; returns the number of slots freed.
     pub fn evict_lru(&mut self) -> usize {
+        self.evict_lru_into(&mut Vec::new())
+    }
+
+    /// As [`BlockPool::evict_lru`], appending the evicted blocks' hashes to `out`
+    /// (a hybrid model's snapshots at those boundaries become unusable with them).
+    pub fn evict_lru_into(&mut self, out: &mut Vec<BlockHash>) -> usize {
         if self.lru_head == NIL {
             return 0;
         }
@@ -222,6 +234,7 @@ impl BlockPool {
             if let Some(ev) = &mut self.events {
                 ev.push(KvEvent::Removed { hash: h });
             }
+            out.push(h);
             self.slots[s as usize] = Slot::EMPTY;
             self.empty.push(s);
             freed += 1;
@@ -245,6 +258,48 @@ impl BlockPool {
         debug_assert!(e.refs > 0, "release of an unreferenced slot");
         e.refs = e.refs.saturating_sub(1);
         self.settle(s);
+    }
+
+    /// Drops a retention pin from a block of a retention that yielded for being older
+    /// than the free queue's front: a block it leaves unpinned goes to the *front*
+    /// (call head first, so the chain's tail ends up evicted first).
+    pub fn unretain_cold(&mut self, slot: SlotId) {
+        let s = slot.0;
+        let e = &mut self.slots[s as usize];
+        debug_assert!(e.retains > 0, "unretain of an unretained slot");
+        e.retains = e.retains.saturating_sub(1);
+        if !(e.refs == 0 && e.retains == 0 && e.cached) {
+            self.settle(s);
+            return;
+        }
+        let head = self.lru_head;
+        let tick = if head == NIL {
+            self.clock
+        } else {
+            self.slots[head as usize].tick
+        };
+        let e = &mut self.slots[s as usize];
+        e.in_lru = true;
+        e.lru_prev = NIL;
+        e.lru_next = head;
+        e.tick = tick;
+        if head != NIL {
+            self.slots[head as usize].lru_prev = s;
+        } else {
+            self.lru_tail = s;
+        }
+        self.lru_head = s;
+        self.lru_len += 1;
+    }
+
+    /// The LRU clock now (ticks of free-queue entries so far).
+    pub fn lru_clock(&self) -> u64 {
+        self.clock
+    }
+
+    /// The LRU tick of the free queue's front (the next block evicted), if any.
+    pub fn lru_front_tick(&self) -> Option<u64> {
+        (self.lru_head != NIL).then(|| self.slots[self.lru_head as usize].tick)
     }
 
     /// Pins a cached slot for a retention record.
@@ -341,11 +396,13 @@ impl BlockPool {
             return;
         }
         let tail = self.lru_tail;
+        self.clock += 1;
         {
             let e = &mut self.slots[s as usize];
             e.in_lru = true;
             e.lru_prev = tail;
             e.lru_next = NIL;
+            e.tick = self.clock;
         }
         if tail != NIL {
             self.slots[tail as usize].lru_next = s;

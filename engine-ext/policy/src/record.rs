@@ -59,6 +59,9 @@ pub struct DeviceRecord {
     pub states: Vec<(BlockHash, StateSlot)>,
     /// The interval, kept to refresh by on a hit.
     pub interval_ms: Millis,
+    /// The block pool's LRU clock at its last use (creation or hit): the record is
+    /// older than an unpinned block whose LRU entry tick is larger.
+    pub lru_tick: u64,
 }
 
 /// A retention living on the host tier: the blocks and states are host payloads.

@@ -1,52 +1,60 @@
-//! Device slots for linear-state snapshots, keyed by the block hash of their boundary.
+//! Linear-state snapshots on the device, keyed by the block hash of their boundary.
 //!
 //! A hybrid model's state is valid only exactly at the boundary it was taken at
 //! (vLLM `--mamba-cache-mode align`), so a snapshot is named by the hash of the last
 //! block before it: any request whose prefix chain reaches that hash can resume from it.
-//! Snapshots nothing pins stay cached in LRU order (like unpinned KV blocks) and are
-//! the first to give up their slot.
+//! Snapshots share the device budget with KV blocks, as vLLM's hybrid allocator pads a
+//! Mamba state into pages of the same pool: each one is backed by
+//! `PolicyConfig::state_blocks` block slots taken from the block pool, which the
+//! cache gives back when the snapshot goes. Snapshots nothing pins stay cached in LRU
+//! order (like unpinned KV blocks); one whose boundary block is evicted goes with it.
 
 use crate::hash::BlockHash;
-use crate::payload::StateSlot;
+use crate::payload::{SlotId, StateSlot};
 use crate::pool::HashIndex;
 use std::collections::BTreeMap;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Entry {
     slot: StateSlot,
     pins: u32,
     /// Position in the LRU while unpinned.
     seq: u64,
+    /// Block slots (pinned once each) whose device bytes hold this snapshot.
+    backing: Vec<SlotId>,
 }
 
-/// The device's pool of state snapshot slots.
+/// The device's linear-state snapshots.
 #[derive(Debug)]
 pub struct StatePool {
     capacity: usize,
+    /// Slot numbers given back; numbers `next..capacity` were never used.
     free: Vec<u32>,
+    next: u32,
     by_boundary: HashIndex<Entry>,
     lru: BTreeMap<u64, BlockHash>,
     clock: u64,
 }
 
 impl StatePool {
-    /// A pool of `capacity` slots.
+    /// A pool of at most `capacity` snapshots; slot numbers are handed out on first use.
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
-            free: (0..capacity as u32).rev().collect(),
+            free: Vec::new(),
+            next: 0,
             by_boundary: HashIndex::default(),
             lru: BTreeMap::new(),
             clock: 0,
         }
     }
 
-    /// Slots in use (pinned or cached).
+    /// Snapshots held (pinned or cached).
     pub fn used(&self) -> usize {
-        self.capacity - self.free.len()
+        self.by_boundary.len()
     }
 
-    /// Slot count.
+    /// Most snapshots the device can hold (its block budget ÷ blocks per snapshot).
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -71,26 +79,32 @@ impl StatePool {
         Some(e.slot)
     }
 
-    /// True when a slot is free.
-    pub fn has_free(&self) -> bool {
-        !self.free.is_empty()
-    }
-
-    /// Takes a free slot for a new snapshot at `boundary`, pinned once (or pins the existing one).
-    pub fn insert(&mut self, boundary: BlockHash) -> Option<StateSlot> {
-        if let Some(s) = self.pin(boundary) {
-            return Some(s);
-        }
-        let slot = StateSlot(self.free.pop()?);
+    /// Records a new snapshot at `boundary`, pinned once, stored in `backing`. Gives
+    /// `backing` back when no slot number is left (the caller releases it).
+    pub fn insert(
+        &mut self,
+        boundary: BlockHash,
+        backing: Vec<SlotId>,
+    ) -> Result<StateSlot, Vec<SlotId>> {
+        let n = match self.free.pop() {
+            Some(n) => n,
+            None if (self.next as usize) < self.capacity => {
+                self.next += 1;
+                self.next - 1
+            }
+            None => return Err(backing),
+        };
+        let slot = StateSlot(n);
         self.by_boundary.insert(
             boundary,
             Entry {
                 slot,
                 pins: 1,
                 seq: 0,
+                backing,
             },
         );
-        Some(slot)
+        Ok(slot)
     }
 
     /// Drops a pin; at zero pins the snapshot stays cached at the back of the LRU.
@@ -107,26 +121,46 @@ impl StatePool {
     }
 
     /// Drops a pin on a snapshot whose bytes were never written (a failed restore):
-    /// at zero pins the slot is freed, not cached, so the garbage is never served.
-    pub fn discard(&mut self, boundary: BlockHash) {
-        if let Some(e) = self.by_boundary.get_mut(&boundary) {
-            e.pins = e.pins.saturating_sub(1);
-            if e.pins == 0 {
-                self.free.push(e.slot.0);
-                self.by_boundary.remove(&boundary);
+    /// at zero pins it is removed, not cached, so the garbage is never served. Returns
+    /// the backing block slots to release.
+    pub fn discard(&mut self, boundary: BlockHash) -> Vec<SlotId> {
+        let Some(e) = self.by_boundary.get_mut(&boundary) else {
+            return Vec::new();
+        };
+        e.pins = e.pins.saturating_sub(1);
+        if e.pins > 0 {
+            return Vec::new();
+        }
+        self.remove(boundary)
+    }
+
+    /// Removes the least recently unpinned snapshot; `None` when every snapshot is
+    /// pinned, else the backing block slots to release.
+    pub fn evict_unpinned(&mut self) -> Option<Vec<SlotId>> {
+        let (_, b) = self.lru.pop_first()?;
+        Some(self.remove(b))
+    }
+
+    /// Removes the snapshot at `boundary` if nothing pins it (its boundary block was
+    /// evicted); returns the backing block slots to release.
+    pub fn forget_unpinned(&mut self, boundary: BlockHash) -> Vec<SlotId> {
+        match self.by_boundary.get(&boundary) {
+            Some(e) if e.pins == 0 => {
+                self.lru.remove(&e.seq);
+                self.remove(boundary)
             }
+            _ => Vec::new(),
         }
     }
 
-    /// Frees the least recently unpinned snapshot; false when every snapshot is pinned.
-    pub fn evict_unpinned(&mut self) -> bool {
-        let Some((_, b)) = self.lru.pop_first() else {
-            return false;
-        };
-        if let Some(e) = self.by_boundary.remove(&b) {
-            self.free.push(e.slot.0);
+    fn remove(&mut self, boundary: BlockHash) -> Vec<SlotId> {
+        match self.by_boundary.remove(&boundary) {
+            Some(e) => {
+                self.free.push(e.slot.0);
+                e.backing
+            }
+            None => Vec::new(),
         }
-        true
     }
 
     /// Sum of pins over snapshots (for invariant checks).
@@ -134,10 +168,25 @@ impl StatePool {
         self.by_boundary.values().map(|e| u64::from(e.pins)).sum()
     }
 
+    /// Every block slot backing a snapshot (for invariant checks).
+    pub fn backing_slots(&self) -> impl Iterator<Item = SlotId> + '_ {
+        self.by_boundary
+            .values()
+            .flat_map(|e| e.backing.iter().copied())
+    }
+
+    /// The boundaries of all snapshots held (for invariant checks).
+    pub fn boundaries(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.by_boundary.keys().copied()
+    }
+
     /// Checks slot accounting and LRU membership.
     pub fn check(&self) -> Result<(), String> {
-        if self.by_boundary.len() + self.free.len() != self.capacity {
-            return Err("state slots: entries + free != capacity".into());
+        if self.by_boundary.len() + self.free.len() != self.next as usize {
+            return Err("state slots: entries + free != slots handed out".into());
+        }
+        if self.next as usize > self.capacity {
+            return Err("state slots: more handed out than capacity".into());
         }
         let unpinned = self.by_boundary.values().filter(|e| e.pins == 0).count();
         if unpinned != self.lru.len() {

@@ -68,6 +68,19 @@ impl VictimIndex {
             .map(|(_, k)| (Class::Live, *k))
     }
 
+    /// Whether the record of `key` has expired at `now`.
+    pub(crate) fn class_of(&self, key: &RetentionKey, now: Millis) -> Class {
+        match self.entries.get(key) {
+            Some((e, _)) if *e <= now => Class::Expired,
+            _ => Class::Live,
+        }
+    }
+
+    /// The least recently used record, expired or not.
+    pub(crate) fn least_recent(&self) -> Option<RetentionKey> {
+        self.by_prio.first().map(|(_, k)| *k)
+    }
+
     /// True when the index holds exactly these records with their current orders.
     pub(crate) fn matches<'a>(&self, metas: impl Iterator<Item = &'a RecordMeta>) -> bool {
         let mut n = 0;

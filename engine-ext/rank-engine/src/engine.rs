@@ -74,11 +74,12 @@ impl EngineConfig {
     /// The engine of one rank serving `profile`: `device_kv_tokens` of device KV
     /// (the profile's `max_kv_tokens` unless shrunk), blocks of `block_size`
     /// tokens sized from the profile's `kv_bytes_per_token`, a host tier of
-    /// `host_bytes` (0 = none), retention on or off (plain LRU). The server and
+    /// `host_bytes` (0 = none), retention on or off (plain LRU), and for a hybrid
+    /// profile its state snapshots (`Profile::hybrid`). The server and
     /// the fleet simulator both build their engines here.
     pub fn for_profile(profile: &crate::profile::Profile, s: &EngineSettings) -> Self {
         let device_kv_tokens = s.device_kv_tokens.unwrap_or(profile.max_kv_tokens);
-        Self {
+        let mut e = Self {
             policy: PolicyConfig {
                 block_size: s.block_size,
                 device_blocks: usize::try_from(device_kv_tokens / s.block_size.max(1) as u64)
@@ -91,7 +92,16 @@ impl EngineConfig {
             max_num_seqs: s.max_num_seqs,
             max_num_batched_tokens: s.max_num_batched_tokens,
             kv_link_gbps: s.kv_link_gbps,
+        };
+        // A hybrid model: snapshots of its linear state, paid from the same device
+        // budget, at its resumable boundaries rounded up to whole blocks.
+        if let Some(h) = profile.hybrid {
+            e.policy.state_bytes = h.state_bytes;
+            e.policy.state_align_tokens = usize::try_from(h.align_tokens)
+                .unwrap_or(usize::MAX)
+                .next_multiple_of(s.block_size.max(1));
         }
+        e
     }
 }
 
@@ -641,10 +651,16 @@ impl Engine {
                     m.queue.observe((start - w.arrival) / 1000.0);
                     let mut ready_at = start;
                     let mut restore_ms = 0.0;
-                    if adm.restored_blocks > 0 {
-                        restore_ms = self
-                            .model
-                            .restore_ms(adm.restored_blocks as u64 * self.cfg.policy.block_bytes);
+                    if adm.restored_blocks > 0 || adm.state_restored {
+                        // A hybrid model's snapshot crosses the host link with its blocks.
+                        let state = if adm.state_restored {
+                            self.cfg.policy.state_bytes
+                        } else {
+                            0
+                        };
+                        restore_ms = self.model.restore_ms(
+                            adm.restored_blocks as u64 * self.cfg.policy.block_bytes + state,
+                        );
                         self.link_free_at = self.link_free_at.max(start) + restore_ms;
                         m.restore_ms += restore_ms;
                         ready_at = self.link_free_at;

@@ -227,8 +227,23 @@ pub struct Profile {
     pub prefill_ttft_ms: Curve,
     /// Decode inter-token latency by batch size and context.
     pub decode_itl_ms: DecodeSurface,
+    /// For a hybrid model (linear-attention / SSM layers beside attention): its state.
+    pub hybrid: Option<HybridState>,
     /// Where the figures come from.
     pub sources: Vec<String>,
+}
+
+/// A hybrid model's linear state, as the engine keeps it (vLLM `--mamba-cache-mode
+/// align`): one snapshot per resumable boundary, paid from the KV budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HybridState {
+    /// Bytes of one state snapshot over all linear-attention / SSM layers (and all
+    /// GPUs of the engine): what a retained boundary costs on the device and the host
+    /// link, on top of its KV.
+    pub state_bytes: u64,
+    /// Tokens between the boundaries the engine can resume at (vLLM's
+    /// `mamba_block_size`, equal to its block size in align mode).
+    pub align_tokens: u64,
 }
 
 #[derive(Deserialize)]
@@ -247,10 +262,19 @@ struct JsonProfile {
     prefill: JsonPrefill,
     decode: JsonDecode,
     #[serde(default)]
+    hybrid: Option<JsonHybrid>,
+    #[serde(default)]
     sources: Vec<String>,
     #[serde(default)]
     #[allow(dead_code, reason = "free text for humans; accepted, not used")]
     notes: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonHybrid {
+    state_bytes: u64,
+    align_tokens: u64,
 }
 
 #[derive(Deserialize)]
@@ -356,6 +380,10 @@ impl Profile {
             max_model_len: j.max_model_len,
             prefill_ttft_ms: prefill,
             decode_itl_ms: decode,
+            hybrid: j.hybrid.map(|h| HybridState {
+                state_bytes: h.state_bytes,
+                align_tokens: h.align_tokens,
+            }),
             sources: j.sources,
         };
         p.validate()?;
@@ -387,6 +415,14 @@ impl Profile {
         }
         if self.max_model_len == Some(0) {
             return Err(field_err("max_model_len", "must be positive when set"));
+        }
+        if let Some(h) = self.hybrid {
+            if h.state_bytes == 0 {
+                return Err(field_err("hybrid.state_bytes", "must be positive"));
+            }
+            if h.align_tokens == 0 {
+                return Err(field_err("hybrid.align_tokens", "must be positive"));
+            }
         }
         Ok(())
     }
@@ -425,6 +461,7 @@ pub(crate) fn test_profile(
                 .collect(),
         )
         .unwrap(),
+        hybrid: None,
         sources: vec![],
     }
 }

@@ -237,3 +237,59 @@ fn pd_config_refusals_name_the_field() {
         assert_eq!(pd(v.clone()).unwrap_err().field, field, "{v}");
     }
 }
+
+#[test]
+fn endpoint_names_are_read_and_bad_ones_refused_by_name() {
+    let c = Config::parse(
+        br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":"rank-a"},{"address":"10.0.0.2:8000"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(c.endpoints[0].name.as_deref(), Some("rank-a"));
+    assert_eq!(c.endpoints[0].identity(), "rank-a");
+    assert_eq!(c.endpoints[1].identity(), "10.0.0.2:8000");
+    for (json, field) in [
+        (
+            r#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":""}]}"#,
+            "endpoints[0].name",
+        ),
+        (
+            r#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":"a b"}]}"#,
+            "endpoints[0].name",
+        ),
+        (
+            r#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":7}]}"#,
+            "endpoints[0].name",
+        ),
+        (
+            r#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:8000","name":"x"},{"address":"10.0.0.2:8000","name":"x"}]}"#,
+            "endpoints[1].name",
+        ),
+    ] {
+        assert_eq!(err(json).field, field, "{json}");
+    }
+}
+
+#[test]
+fn the_eject_config_is_checked_by_field() {
+    let eject = |v: serde_json::Value| {
+        let c = serde_json::json!({"mode": "pick", "endpoints": [{"address": "10.0.0.1:8000"}], "eject": v});
+        Config::parse(c.to_string().as_bytes()).map(|c| c.eject)
+    };
+    let ok = eject(serde_json::json!({"failures": 2, "ms": 500})).unwrap();
+    assert_eq!(
+        ok,
+        EjectConfig {
+            failures: 2,
+            ms: 500
+        }
+    );
+    for (v, field) in [
+        (serde_json::json!({"failures": 0}), "eject.failures"),
+        (serde_json::json!({"failures": "3"}), "eject.failures"),
+        (serde_json::json!({"ms": 5}), "eject.ms"),
+        (serde_json::json!({"seconds": 5}), "eject.seconds"),
+        (serde_json::json!(3), "eject"),
+    ] {
+        assert_eq!(eject(v.clone()).unwrap_err().field, field, "{v}");
+    }
+}

@@ -118,7 +118,9 @@ fn header_sources_decide_in_the_header_callback() {
         "x-session-id",
         "x-claude-code-session-id",
         "session-id",
+        "session_id",
         "x-session-affinity",
+        "x-opencode-session",
         "x-dynamo-session-id",
     ] {
         let h = headers(&[(":path", "/v1/messages"), (name, "run-7")]);

@@ -96,6 +96,18 @@ pub const FIXED: &[(&str, &str)] = &[
         "tether_pd_local",
         "P/D on, prefilled on the decode endpoint (expected uncached under the threshold)",
     ),
+    (
+        "tether_served_by_fallback",
+        "pick mode: answered by an endpoint other than the one listed first (after a retry)",
+    ),
+    (
+        "tether_primary_ejected",
+        "pick mode: a key's primary was ejected, the request listed its fallbacks first",
+    ),
+    (
+        "tether_endpoint_ejected",
+        "pick mode: an endpoint failed `eject.failures` times in a row and was taken out",
+    ),
 ];
 
 /// The [`FIXED`] counters by position, so a request counts by index instead
@@ -119,10 +131,13 @@ pub enum Fixed {
     LoadSpilled,
     PdDisaggregated,
     PdLocal,
+    ServedByFallback,
+    PrimaryEjected,
+    EndpointEjected,
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 17] = [
+    pub const ALL: [Fixed; 20] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
@@ -140,6 +155,9 @@ impl Fixed {
         Fixed::LoadSpilled,
         Fixed::PdDisaggregated,
         Fixed::PdLocal,
+        Fixed::ServedByFallback,
+        Fixed::PrimaryEjected,
+        Fixed::EndpointEjected,
     ];
 
     /// The counter's name (its row in [`FIXED`]).
@@ -169,7 +187,7 @@ pub enum Counter {
 /// failed. Names that sanitize alike share one id, as they share one counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CounterIds {
-    pub fixed: [Option<u32>; 17],
+    pub fixed: [Option<u32>; 20],
     /// By index into `session_sources`.
     pub source: Vec<Option<u32>>,
     pub head: Option<u32>,

@@ -107,6 +107,9 @@ impl Plan {
         if let Some(i) = self.placed.primary() {
             count(Counter::Pick(i));
         }
+        if self.placed.ejected {
+            count(Counter::Fixed(Fixed::PrimaryEjected));
+        }
         if self.placed.spilled {
             count(Counter::Fixed(Fixed::LoadSpilled));
         }

@@ -79,6 +79,7 @@ fn decide(c: &Config, b: &[u8], v: &LoadView, now: u64) -> Plan {
     let call = BodyCall::new(Api::Chat, &[], b.len());
     let snap = Snapshot {
         view: v,
+        health: None,
         now_ms: now,
     };
     let mut fetch = |s: usize, l: usize| b.get(s..s + l).map(<[u8]>::to_vec);
@@ -281,6 +282,7 @@ fn the_header_path_spills_on_the_view_too() {
     let at = |v: &LoadView, now: u64| {
         let snap = Snapshot {
             view: v,
+            health: None,
             now_ms: now,
         };
         match crate::decide::on_headers(&c, &pools, snap, &h, false) {

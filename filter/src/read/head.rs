@@ -71,25 +71,29 @@ pub fn head_hash(api: Api, doc: &Doc, view: &View) -> Option<u64> {
     h.update(api.name().as_bytes());
     // Top-level parts are hashed as raw bytes: a harness sends them byte-identical
     // every turn, and raw xxh3 is far cheaper than a walk over 60 KB of tool schemas.
-    let mut part = |name: &str, v: Option<Value<'_>>| {
+    fn part(h: &mut Xxh3, name: &str, v: Option<Value<'_>>) {
         if let Some(v) = v {
             h.update(name.as_bytes());
             h.update(&(v.bytes().len() as u64).to_le_bytes());
             h.update(v.bytes());
         }
-    };
+    }
     match api {
         Api::Chat => {
-            part("tools", doc.member(view, "tools"));
-            part("functions", doc.member(view, "functions"));
+            part(&mut h, "tools", doc.member(view, "tools"));
+            part(&mut h, "functions", doc.member(view, "functions"));
         }
         Api::Responses => {
-            part("instructions", doc.member(view, "instructions"));
-            part("tools", doc.member(view, "tools"));
+            part(&mut h, "instructions", doc.member(view, "instructions"));
+            part(&mut h, "tools", doc.member(view, "tools"));
         }
         Api::Messages => {
-            part("system", doc.member(view, "system"));
-            part("tools", doc.member(view, "tools"));
+            // Without its per-request blocks (Claude Code's billing header);
+            // a system without them hashes as the other raw parts.
+            if let Some(s) = doc.member(view, "system") {
+                crate::read::preamble::feed_system(&mut h, s);
+            }
+            part(&mut h, "tools", doc.member(view, "tools"));
         }
         Api::Completions => {}
     }

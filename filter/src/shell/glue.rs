@@ -19,6 +19,7 @@ use crate::decide::{self, BodyCall, HeaderOutcome};
 use crate::emit::Plan;
 use crate::emit::markers;
 use crate::emit::metrics::{self, Counter, CounterIds, Fixed};
+use crate::place::eject::Health;
 use crate::place::load_view::LoadView;
 use crate::place::{Pools, Snapshot};
 use crate::read::Reason;
@@ -41,6 +42,8 @@ struct Shared {
     pending: RefCell<Vec<(u32, i64)>>,
     /// Load-aware pick: this VM's copy of the polled view (the root's poller writes it).
     view: Rc<RefCell<LoadView>>,
+    /// Pick mode: this VM's ejection table, fed by the response path.
+    health: RefCell<Health>,
     timings: Log,
 }
 
@@ -75,19 +78,53 @@ impl Shared {
         }
     }
 
-    /// Hands the VM's load view and the clock to `f` as a snapshot; neither
-    /// is read unless `load` is configured.
+    /// Hands the VM's load view, ejection table and the clock to `f` as a
+    /// snapshot; the clock is read only when `load` is configured or an
+    /// endpoint was ever ejected.
     fn with_snapshot<T>(&self, f: impl FnOnce(Snapshot<'_>) -> T) -> T {
-        if self.cfg.load.is_none() {
+        let health = self.health.try_borrow().ok();
+        let health = health.as_deref().filter(|h| h.ever_ejected());
+        if self.cfg.load.is_none() && health.is_none() {
             return f(Snapshot::NONE);
         }
         let now_ms = host::now_ms().unwrap_or(0);
-        match self.view.try_borrow() {
-            Ok(view) => f(Snapshot {
-                view: &view,
-                now_ms,
-            }),
-            Err(_) => f(Snapshot::NONE),
+        let empty = LoadView::EMPTY;
+        let view = self.view.try_borrow().ok();
+        f(Snapshot {
+            view: view.as_deref().unwrap_or(&empty),
+            health,
+            now_ms,
+        })
+    }
+
+    /// The response path: which endpoint answered, after how many attempts,
+    /// with what status — fed to the ejection table.
+    fn observe(&self, first: usize) {
+        let wanted = |n: &[u8]| n == b":status" || n == b"x-envoy-attempt-count";
+        let headers = host::header_pairs(MapType::HttpResponseHeaders, wanted).unwrap_or_default();
+        let number = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, v)| std::str::from_utf8(v).ok())
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        };
+        let status = number(":status").unwrap_or(0);
+        let attempts = number("x-envoy-attempt-count").unwrap_or(1);
+        let served = host::get_property(&["upstream", "address"])
+            .ok()
+            .flatten()
+            .and_then(|a| Health::index_of(&self.pools.decode, &a));
+        let now = host::now_ms().unwrap_or(0);
+        let outcome =
+            self.health
+                .borrow_mut()
+                .record(&self.cfg.eject, first, served, attempts, status, now);
+        if outcome.served_by_fallback {
+            self.count_fixed(Fixed::ServedByFallback);
+        }
+        if outcome.ejected {
+            self.count_fixed(Fixed::EndpointEjected);
         }
     }
 
@@ -172,6 +209,7 @@ impl RootContext for Root {
         self.shared = Some(Rc::new(Shared {
             read_headers: ReadHeaders::new(&cfg),
             view,
+            health: RefCell::new(Health::new(cfg.endpoints.len())),
             pending: RefCell::new(Vec::new()),
             cfg,
             pools,
@@ -197,6 +235,7 @@ impl RootContext for Root {
             state: State::Idle,
             headers: Vec::new(),
             plan: None,
+            first: None,
         }))
     }
 
@@ -238,6 +277,8 @@ struct Http {
     state: State,
     headers: Vec<(String, Vec<u8>)>,
     plan: Option<Plan>,
+    /// Pick mode: the endpoint listed first, for the response path.
+    first: Option<usize>,
 }
 
 impl Context for Http {}
@@ -310,6 +351,7 @@ impl Http {
             self.plan = Some(plan);
             return Action::Pause;
         }
+        self.first = plan.placed.primary();
         self.apply_state(&plan);
         probe.mark(Step::Apply);
         s.note(&plan);
@@ -373,6 +415,7 @@ impl HttpContext for Http {
                 self.state = State::Done;
             }
             HeaderOutcome::Decided(plan) => {
+                self.first = plan.placed.primary();
                 probe.lap();
                 self.apply_headers(&plan);
                 probe.lap();
@@ -430,6 +473,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        if let Some(first) = self.first {
+            self.shared.observe(first);
+        }
         if self.shared.cfg.outputs.has(Output::Debug)
             && let Some(plan) = &self.plan
         {

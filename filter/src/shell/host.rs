@@ -43,6 +43,7 @@ unsafe extern "C" {
     ) -> u32;
     fn proxy_remove_header_map_value(t: MapType, k: *const u8, kl: usize) -> u32;
     fn proxy_set_property(p: *const u8, pl: usize, v: *const u8, vl: usize) -> u32;
+    fn proxy_get_property(p: *const u8, pl: usize, out: *mut *mut u8, out_size: *mut usize) -> u32;
     fn proxy_call_foreign_function(
         n: *const u8,
         nl: usize,
@@ -143,6 +144,21 @@ pub fn add_header(t: MapType, name: &str, value: &[u8]) -> Result<(), HostStatus
 pub fn remove_header(t: MapType, name: &str) -> Result<(), HostStatus> {
     // SAFETY: the host only reads `name` within its length.
     check(unsafe { proxy_remove_header_map_value(t, name.as_ptr(), name.len()) })
+}
+
+/// Reads a property (`path` segments, e.g. `["upstream", "address"]`);
+/// `None` when the host has none.
+pub fn get_property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
+    let joined = path.join("\0");
+    let (mut data, mut size) = (null_mut(), 0usize);
+    // SAFETY: the host reads `joined` within its length; the out-pointers point at live locals.
+    let status = unsafe { proxy_get_property(joined.as_ptr(), joined.len(), &mut data, &mut size) };
+    match status {
+        0 => Ok(Some(adopt(data, size))),
+        // NotFound
+        1 => Ok(None),
+        s => Err(HostStatus(s)),
+    }
 }
 
 /// Sets a one-segment property (Envoy: filter state `wasm.<name>`).

@@ -3,6 +3,7 @@
 //! are documented in `docs/cli.md`.
 
 use clap::{Parser, Subcommand};
+use std::process::ExitCode;
 use tether_fleet::cli;
 
 #[derive(Debug, Parser)]
@@ -32,13 +33,37 @@ enum Command {
     Plan(Box<cli::plan::Args>),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().cmd {
+fn main() -> ExitCode {
+    let result = match Cli::parse().cmd {
         Command::Trace(a) => cli::trace::run(a),
         Command::Replay(a) => cli::replay::run(a),
         Command::Compare(a) => cli::compare::run(a),
         Command::Gateway(a) => cli::gateway::run(a),
         Command::Simulate(a) => cli::simulate::run(*a),
         Command::Plan(a) => cli::plan::run(*a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
     }
+}
+
+/// A user error as one line: the message and each cause that adds something
+/// (an error that already quotes its source is not followed by it again). No
+/// backtrace: errors are the user's to fix; bugs panic, and panics keep theirs.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
 }

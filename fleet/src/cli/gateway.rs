@@ -6,14 +6,27 @@ use clap::Args as ClapArgs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tether_envoy::{GatewaySpec, Mode, render};
+use tether_envoy::{GatewaySpec, Mode, Timeouts, render};
+
+/// Parses `ip:port` or `name=ip:port`.
+fn parse_rank(s: &str) -> Result<(Option<String>, SocketAddr), String> {
+    let (name, addr) = match s.split_once('=') {
+        Some((n, a)) => (Some(n.to_owned()), a),
+        None => (None, s),
+    };
+    let addr = addr
+        .parse()
+        .map_err(|_| format!("{addr:?} is not ip:port (a rank is ip:port or name=ip:port)"))?;
+    Ok((name, addr))
+}
 
 /// `tether gateway`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// The ranks, `ip:port` (comma-separated, or repeat the flag).
-    #[arg(long, required = true, value_delimiter = ',')]
-    pub ranks: Vec<SocketAddr>,
+    /// The ranks, `ip:port` or `name=ip:port` (comma-separated, or repeat the
+    /// flag); a name is the rank's stable identity for placement.
+    #[arg(long, required = true, value_delimiter = ',', value_parser = parse_rank)]
+    pub ranks: Vec<(Option<String>, SocketAddr)>,
     /// `pick` (the filter picks endpoint + DP rank), `hash` (Envoy's MAGLEV with
     /// bounded load on the filter's key) or `round-robin` (the baseline).
     #[arg(long, default_value = "pick", value_parser = Mode::parse)]
@@ -37,18 +50,38 @@ pub struct Args {
         default_value = "target/wasm32-wasip1/wasm-release/tether_filter.wasm"
     )]
     pub filter_wasm: PathBuf,
-    /// Upstream attempts after a failed connection (pick mode: on the fallback endpoints).
+    /// Upstream attempts after a 5xx, a reset or a failed connection (pick
+    /// mode: on the fallback endpoints).
     #[arg(long, default_value_t = 2)]
     pub retries: u32,
+    /// Seconds a whole request may take (route timeout; 0: none).
+    #[arg(long, default_value_t = Timeouts::default().request_s)]
+    pub request_timeout: u64,
+    /// Seconds without a byte before a stream ends (0: none).
+    #[arg(long, default_value_t = Timeouts::default().stream_idle_s)]
+    pub stream_idle_timeout: u64,
+    /// Seconds one attempt may wait for response headers before the next
+    /// endpoint is tried (0: none; only for streamed or short answers).
+    #[arg(long, default_value_t = Timeouts::default().attempt_s)]
+    pub attempt_timeout: u64,
+    /// Consecutive 5xx / resets after which a rank is ejected.
+    #[arg(long, default_value_t = 5)]
+    pub eject_after: u32,
+    /// Seconds an ejected rank stays out.
+    #[arg(long, default_value_t = 30)]
+    pub eject_for: u64,
     /// MAGLEV `hash_balance_factor` in hash mode (bounded load; 150 = 1.5× the mean).
     #[arg(long)]
     pub hash_balance_factor: Option<u32>,
     /// Where the bootstrap is written.
     #[arg(long, default_value = "tether-envoy.yaml")]
     pub output: PathBuf,
-    /// Check the bootstrap with `envoy --mode validate`.
+    /// Skip the `envoy --mode validate` check of the bootstrap (on by default).
     #[arg(long)]
-    pub validate: bool,
+    pub no_validate: bool,
+    /// Envoy's `--base-id` when started: a second Envoy on one host needs its own.
+    #[arg(long)]
+    pub base_id: Option<u32>,
     /// Then run Envoy on it (this process becomes Envoy).
     #[arg(long)]
     pub start: bool,
@@ -115,6 +148,12 @@ pub fn run(a: Args) -> Result<()> {
     if a.dp_size == 0 {
         bail!("--dp-size: must be at least 1");
     }
+    if !(1..=1000).contains(&a.eject_after) {
+        bail!("--eject-after: must be between 1 and 1000");
+    }
+    if !(1..=3600).contains(&a.eject_for) {
+        bail!("--eject-for: must be between 1 and 3600 seconds");
+    }
     let plugin_config = match &a.plugin_config {
         Some(p) => read_plugin_config(p)?,
         None => Default::default(),
@@ -128,7 +167,7 @@ pub fn run(a: Args) -> Result<()> {
     let wasm = std::fs::canonicalize(&a.filter_wasm).unwrap_or_else(|_| a.filter_wasm.clone());
     let spec = GatewaySpec {
         mode: a.mode,
-        ranks: a.ranks.clone(),
+        ranks: a.ranks.iter().map(|(_, r)| *r).collect(),
         dp_size: a.dp_size,
         plugin_config,
         filter_wasm: wasm.display().to_string(),
@@ -136,6 +175,14 @@ pub fn run(a: Args) -> Result<()> {
         admin: a.admin,
         retries: a.retries,
         hash_balance_factor: a.hash_balance_factor,
+        rank_names: a.ranks.iter().map(|(n, _)| n.clone()).collect(),
+        timeouts: Timeouts {
+            request_s: a.request_timeout,
+            stream_idle_s: a.stream_idle_timeout,
+            attempt_s: a.attempt_timeout,
+        },
+        eject_after: a.eject_after,
+        eject_for_s: a.eject_for,
     };
     let yaml = render(&spec)?;
     std::fs::write(&a.output, yaml)
@@ -149,7 +196,7 @@ pub fn run(a: Args) -> Result<()> {
         a.admin
     );
     let envoy = envoy_bin(a.envoy.as_deref());
-    if a.validate || a.start {
+    if !a.no_validate || a.start {
         validate(&envoy, &a.output)?;
         println!("envoy --mode validate: OK");
     }
@@ -160,8 +207,11 @@ pub fn run(a: Args) -> Result<()> {
             a.listen
         );
         let mut cmd = Command::new(&envoy);
-        cmd.args(["--concurrency", &a.concurrency.to_string(), "-c"])
-            .arg(&a.output);
+        cmd.args(["--concurrency", &a.concurrency.to_string()]);
+        if let Some(id) = a.base_id {
+            cmd.args(["--base-id", &id.to_string()]);
+        }
+        cmd.arg("-c").arg(&a.output);
         #[cfg(unix)]
         {
             use std::os::unix::process::CommandExt;

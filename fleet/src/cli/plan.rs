@@ -3,7 +3,7 @@
 //! (`docs/cli.md`, method in `docs/planning.md`).
 
 use super::simulate::{FleetArgs, load_profile};
-use crate::import::{Format, ImportOptions, import};
+use crate::cli::input::TraceArgs;
 use crate::plan::size::Slo;
 use crate::plan::{ApiPrice, PlanConfig, Target, output, plan};
 use crate::report::Report;
@@ -18,14 +18,9 @@ use std::path::{Path, PathBuf};
 /// `tether plan`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// The trace.
-    pub trace: PathBuf,
-    /// Its format (a foreign trace is imported in memory with default options).
-    #[arg(long, default_value = "tether", value_parser = Format::parse)]
-    pub format: Format,
-    /// GPU profile: tether JSON, or a JSON naming Dynamo's NPZ files (docs/profile.md).
-    #[arg(long)]
-    pub profile: PathBuf,
+    /// The trace and its format.
+    #[command(flatten)]
+    pub input: TraceArgs,
     /// A replay of this trace (`tether replay --out DIR`): plan on the cache hits it observed.
     #[arg(long)]
     pub replay: Option<PathBuf>,
@@ -73,49 +68,51 @@ pub struct Args {
     pub yaml: Option<PathBuf>,
 }
 
-fn numbers(s: &str, n: &[usize]) -> Result<Vec<f64>, String> {
+/// `s` as comma-separated non-negative prices, as many as one of `n`.
+fn numbers(s: &str, n: &[usize]) -> Result<Vec<f64>> {
     let v: Vec<f64> = s
         .split(',')
         .map(|x| {
             x.trim()
                 .parse::<f64>()
-                .map_err(|_| format!("`{x}` is not a number"))
+                .with_context(|| format!("`{x}` is not a number"))
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_>>()?;
     if !n.contains(&v.len()) {
-        return Err(format!(
+        bail!(
             "`{s}`: expected {} comma-separated numbers",
             n.iter()
                 .map(|x| x.to_string())
                 .collect::<Vec<_>>()
                 .join(" or ")
-        ));
+        );
     }
     if v.iter().any(|x| !x.is_finite() || *x < 0.0) {
-        return Err(format!("`{s}`: prices must be non-negative"));
+        bail!("`{s}`: prices must be non-negative");
     }
     Ok(v)
 }
 
-fn parse_target(s: &str) -> Result<Target, String> {
-    let v = numbers(s, &[1, 2])?;
-    Ok(match v.as_slice() {
+fn parse_target(s: &str) -> Result<Target> {
+    Ok(match numbers(s, &[1, 2])?.as_slice() {
         [x] => Target::Blended(*x),
         [i, o] => Target::Split {
             input: *i,
             output: *o,
         },
-        _ => unreachable!("checked above"),
+        _ => bail!("`{s}`: expected 1 or 2 comma-separated numbers"),
     })
 }
 
-fn parse_api(s: &str) -> Result<ApiPrice, String> {
-    let v = numbers(s, &[3])?;
-    Ok(ApiPrice {
-        input: v[0],
-        cached_input: v[1],
-        output: v[2],
-    })
+fn parse_api(s: &str) -> Result<ApiPrice> {
+    match numbers(s, &[3])?.as_slice() {
+        &[input, cached_input, output] => Ok(ApiPrice {
+            input,
+            cached_input,
+            output,
+        }),
+        _ => bail!("`{s}`: expected 3 comma-separated numbers"),
+    }
 }
 
 /// The cache hits a replay observed, per trace request (`None`: not served).
@@ -149,8 +146,8 @@ fn observed_hits(dir: &Path, trace: &Trace) -> Result<Vec<Option<u32>>> {
 
 /// Runs it.
 pub fn run(a: Args) -> Result<()> {
-    let trace = import(a.format, &a.trace, &ImportOptions::default())?;
-    let profile = load_profile(&a.profile)?;
+    let trace = a.input.read()?;
+    let profile = load_profile(&a.fleet.profile)?;
     let itl = match (a.itl_p99_ms, a.min_interactivity) {
         (x, Some(i)) if i > 0.0 && i.is_finite() => {
             Some(x.map_or(1000.0 / i, |x| x.min(1000.0 / i)))
@@ -197,7 +194,7 @@ pub fn run(a: Args) -> Result<()> {
     let report = plan(&trace, &profile, &cfg)?;
     println!(
         "trace {} ({}): {} requests; profile {} ({} GPU/engine, ${}/GPU-hour)",
-        a.trace.display(),
+        a.input.path().display(),
         content_hash(&trace),
         trace.requests().len(),
         profile.name,

@@ -2,8 +2,7 @@
 //! (`report.json`, `report.md`, `requests.jsonl`, SVG plots) into `--out`.
 
 use super::trace::synth::SynthArgs;
-use crate::import::{Format, ImportOptions, import};
-use crate::replay::assemble::Source;
+use crate::cli::input::TraceArgs;
 use crate::replay::{self, Options, Route, Schedule, Target};
 use crate::report::{self, markdown, plot};
 use anyhow::{Context, Result, bail};
@@ -25,12 +24,9 @@ pub enum RouteArg {
 /// `tether replay`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// The trace.
-    #[arg(long)]
-    pub trace: PathBuf,
-    /// Its format (a foreign trace is imported in memory with default options).
-    #[arg(long, default_value = "tether", value_parser = Format::parse)]
-    pub format: Format,
+    /// The trace and its format.
+    #[command(flatten)]
+    pub input: TraceArgs,
     /// Where requests go: `http://host:port` (Envoy, a rank, any OpenAI-compatible
     /// server); repeat or separate with commas for several (see --route).
     #[arg(long, required = true, value_delimiter = ',')]
@@ -75,6 +71,51 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Exit non-zero (after writing the report) when more than this fraction of
+    /// the requests sent failed; without it, only a replay in which no request
+    /// succeeded fails.
+    #[arg(long, value_parser = fraction)]
+    pub max_error_rate: Option<f64>,
+}
+
+/// A number from 0 to 1.
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a fraction from 0 to 1")),
+    }
+}
+
+/// The replay's verdict on its own errors: `Err` (a non-zero exit) when no
+/// request succeeded, or when the error rate is over `max_error_rate`.
+pub fn check_errors(r: &report::model::Requests, max_error_rate: Option<f64>) -> Result<()> {
+    let sent = r.completed + r.errors;
+    if sent == 0 {
+        return Ok(());
+    }
+    let kinds = r
+        .errors_by_kind
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if r.completed == 0 {
+        bail!(
+            "no request succeeded: {} of {sent} failed ({kinds})",
+            r.errors
+        );
+    }
+    let rate = r.errors as f64 / sent as f64;
+    if let Some(max) = max_error_rate
+        && rate > max
+    {
+        bail!(
+            "{} of {sent} requests failed ({:.2} %, over --max-error-rate {max}): {kinds}",
+            r.errors,
+            rate * 100.0
+        );
+    }
+    Ok(())
 }
 
 /// `ip:port` or a URL → a URL (`http://` added when no scheme is given).
@@ -147,7 +188,7 @@ pub fn run(a: Args) -> Result<()> {
     let targets: Vec<Target> = a
         .target
         .iter()
-        .map(|t| Target::parse(&origin(t)).map_err(anyhow::Error::msg))
+        .map(|t| Target::parse(&origin(t)).map_err(anyhow::Error::from))
         .collect::<Result<_>>()
         .context("--target")?;
     if a.live == Some(0) {
@@ -164,7 +205,7 @@ pub fn run(a: Args) -> Result<()> {
     if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
         bail!("--timeout-s: must be a positive number");
     }
-    let trace = Arc::new(import(a.format, &a.trace, &ImportOptions::default())?);
+    let trace = Arc::new(a.input.read()?);
     let synth = a.synth.options();
     let schedule = match a.live {
         Some(n) => Schedule::Live(n),
@@ -205,16 +246,7 @@ pub fn run(a: Args) -> Result<()> {
     for w in &out.warnings {
         eprintln!("warning: {w}");
     }
-    let r = replay::assemble::report(
-        &trace,
-        &Source {
-            path: a.trace.display().to_string(),
-            format: a.format.name().to_owned(),
-        },
-        &opts,
-        &out,
-        &a.label,
-    );
+    let r = replay::assemble::report(&trace, &a.input.source(), &opts, &out, &a.label);
     let md = write_report(&r, &out.observations, &a.out)?;
     println!("{}", summary(&r));
     println!(
@@ -224,5 +256,8 @@ pub fn run(a: Args) -> Result<()> {
     if r.run.partial {
         std::process::exit(130);
     }
-    Ok(())
+    check_errors(&r.requests, a.max_error_rate)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,14 +1,18 @@
 //! `tether simulate`: routing policies and cache modes side by side on one
 //! trace, on a simulated fleet (`docs/cli.md`, method in `docs/planning.md`).
 
-use crate::import::{Format, ImportOptions, import};
+use super::input::TraceArgs;
+use super::replay::write_report;
+use crate::name::UnknownName;
+use crate::sim::assemble::{self, ProfileSource};
 use crate::sim::config::PrefixOptions;
 use crate::sim::identity::{Identities, IdentityModel};
 use crate::sim::plot::{self, Point};
 use crate::sim::report::{peak_rss_bytes, table};
 use crate::sim::run::describe;
 use crate::sim::{
-    CacheMode, FleetShape, PdOptions, Policy, RunReport, SimConfig, oracle_hits, simulate,
+    CacheMode, FleetShape, PdOptions, Policy, RunOutput, RunReport, SimConfig, oracle_hits,
+    simulate,
 };
 use crate::trace::{Trace, content_hash};
 use anyhow::{Context, Result, bail};
@@ -23,14 +27,9 @@ use tether_rank_engine::profile::Profile;
 /// `tether simulate`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// The trace.
-    pub trace: PathBuf,
-    /// Its format (a foreign trace is imported in memory with default options).
-    #[arg(long, default_value = "tether", value_parser = Format::parse)]
-    pub format: Format,
-    /// GPU profile: tether JSON (docs/profile.md) or Dynamo profiling NPZ.
-    #[arg(long)]
-    pub profile: PathBuf,
+    /// The trace and its format.
+    #[command(flatten)]
+    pub input: TraceArgs,
     /// Aggregated ranks (ignored with --pd).
     #[arg(long, default_value_t = 8)]
     pub ranks: usize,
@@ -55,6 +54,14 @@ pub struct Args {
     /// Write the throughput-per-GPU vs interactivity chart (SVG) here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Write each run's report here as `tether replay --out` does (`report.json`,
+    /// `report.md`, `requests.jsonl`, plots): into DIR for one run, into
+    /// `DIR/<policy>.<cache>/` for several.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Column name in `tether compare` (default: `simulate <policy> / <cache>`).
+    #[arg(long)]
+    pub label: Option<String>,
     /// No progress bars.
     #[arg(long)]
     pub quiet: bool,
@@ -64,6 +71,9 @@ pub struct Args {
 /// `tether simulate` and `tether plan`; `docs/cli.md`).
 #[derive(Debug, Clone, ClapArgs)]
 pub struct FleetArgs {
+    /// GPU profile: tether JSON, or a JSON naming Dynamo's NPZ files (docs/profile.md).
+    #[arg(long)]
+    pub profile: PathBuf,
     /// Device KV tokens per rank (default: the profile's max_kv_tokens).
     #[arg(long)]
     pub kv_tokens: Option<u64>,
@@ -168,16 +178,16 @@ impl FleetArgs {
     }
 }
 
-fn parse_pd(s: &str) -> Result<(usize, usize), String> {
+fn parse_pd(s: &str) -> Result<(usize, usize)> {
     let (p, d) = s
         .split_once(',')
-        .ok_or_else(|| format!("`{s}`: expected P,D (prefill and decode ranks)"))?;
+        .with_context(|| format!("`{s}`: expected P,D (prefill and decode ranks)"))?;
     let n = |x: &str| {
         x.trim()
             .parse::<usize>()
             .ok()
             .filter(|v| *v > 0)
-            .ok_or_else(|| format!("`{x}` is not a positive rank count"))
+            .with_context(|| format!("`{x}` is not a positive rank count"))
     };
     Ok((n(p)?, n(d)?))
 }
@@ -188,13 +198,17 @@ pub fn load_profile(path: &Path) -> Result<Profile> {
 }
 
 /// Parses a comma list with `parse`, `all` meaning `all`.
-fn list<T: Copy>(s: &str, all: &[T], parse: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>> {
+fn list<T: Copy>(
+    s: &str,
+    all: &[T],
+    parse: impl Fn(&str) -> Result<T, UnknownName>,
+) -> Result<Vec<T>> {
     if s.trim() == "all" {
         return Ok(all.to_vec());
     }
     let mut v = Vec::new();
     for x in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-        v.push(parse(x).map_err(anyhow::Error::msg)?);
+        v.push(parse(x)?);
     }
     if v.is_empty() {
         bail!("an empty list");
@@ -228,7 +242,8 @@ pub fn grid(policies: &[Policy], caches: &[CacheMode], base: &SimConfig) -> Vec<
     out
 }
 
-/// Runs `configs` on up to `threads` threads, with a progress bar each.
+/// Runs `configs` on up to `threads` threads, with a progress bar each;
+/// `records` keeps every run's observations (for `--out`).
 pub fn run_all(
     trace: &Trace,
     profile: &Profile,
@@ -236,7 +251,8 @@ pub fn run_all(
     oracle: &[u32],
     threads: usize,
     quiet: bool,
-) -> Result<Vec<RunReport>> {
+    records: bool,
+) -> Result<Vec<RunOutput>> {
     let multi = MultiProgress::new();
     if quiet {
         multi.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -247,7 +263,7 @@ pub fn run_all(
     .unwrap_or_else(|_| ProgressStyle::default_bar())
     .progress_chars("=> ");
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<RunReport>>>> =
+    let results: Mutex<Vec<Option<Result<RunOutput>>>> =
         Mutex::new(configs.iter().map(|_| None).collect());
     let n = trace.requests().len() as u64;
     std::thread::scope(|s| {
@@ -260,8 +276,7 @@ pub fn run_all(
                     bar.set_style(style.clone());
                     bar.set_prefix(format!("{} / {}", cfg.policy.name(), cfg.cache.name()));
                     let tick = |done: u64| bar.set_position(done);
-                    let r = simulate(trace, profile, cfg, oracle, false, Some(&tick))
-                        .map(|o| o.report)
+                    let r = simulate(trace, profile, cfg, oracle, records, Some(&tick))
                         .map_err(anyhow::Error::from);
                     bar.finish_and_clear();
                     if let Ok(mut v) = results.lock() {
@@ -282,8 +297,8 @@ pub fn run_all(
 /// Runs it.
 pub fn run(a: Args) -> Result<()> {
     let started = std::time::Instant::now();
-    let trace = import(a.format, &a.trace, &ImportOptions::default())?;
-    let profile = load_profile(&a.profile)?;
+    let trace = a.input.read()?;
+    let profile = load_profile(&a.fleet.profile)?;
     let policies = list(&a.policy, &Policy::ALL, Policy::parse).context("--policy")?;
     let caches = list(&a.cache, &CacheMode::ALL, CacheMode::parse).context("--cache")?;
     let fleet = match a.pd {
@@ -312,7 +327,7 @@ pub fn run(a: Args) -> Result<()> {
     let hash = content_hash(&trace);
     println!(
         "trace    {} ({hash}): {} requests, {} sessions, {} agents",
-        a.trace.display(),
+        a.input.path().display(),
         trace.requests().len(),
         trace.sessions().len(),
         trace.agents().len()
@@ -336,7 +351,47 @@ pub fn run(a: Args) -> Result<()> {
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let runs = run_all(&trace, &profile, &configs, &oracle, threads, a.quiet)?;
+    let started_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let outputs = run_all(
+        &trace,
+        &profile,
+        &configs,
+        &oracle,
+        threads,
+        a.quiet,
+        a.out.is_some(),
+    )?;
+    if let Some(dir) = &a.out {
+        let file = std::fs::read(&a.fleet.profile)
+            .with_context(|| format!("--profile {}", a.fleet.profile.display()))?;
+        let source = a.input.source();
+        let profile_src = ProfileSource::new(&profile, &file);
+        for (cfg, out) in configs.iter().zip(&outputs) {
+            let label = a
+                .label
+                .clone()
+                .unwrap_or_else(|| format!("simulate {}", out.report.label()));
+            let report = assemble::report(
+                &trace,
+                &source,
+                &profile_src,
+                cfg,
+                out,
+                &label,
+                started_unix_ms,
+            );
+            let at = if configs.len() == 1 {
+                dir.clone()
+            } else {
+                dir.join(format!("{}.{}", cfg.policy.name(), cfg.cache.name()))
+            };
+            let md = write_report(&report, &out.records, &at)?;
+            println!("report: {}", md.display());
+        }
+    }
+    let runs: Vec<RunReport> = outputs.into_iter().map(|o| o.report).collect();
     print!("{}", table(&runs));
     let rss = peak_rss_bytes();
     let wall = started.elapsed().as_secs_f64();
@@ -356,13 +411,13 @@ pub fn run(a: Args) -> Result<()> {
             .iter()
             .map(|r| Point {
                 label: r.label(),
-                x: r.interactivity_tok_s,
-                y: r.tokens_per_gpu_s,
+                x: r.sim.interactivity_tok_s,
+                y: r.sim.tokens_per_gpu_s,
             })
             .collect();
         let title = format!(
             "{} on {} ({})",
-            trace_name(&trace, &a.trace),
+            trace_name(&trace, a.input.path()),
             describe(&base.fleet),
             profile.name
         );
@@ -371,7 +426,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     if let Some(p) = &a.json {
         let v = serde_json::json!({
-            "trace": {"path": a.trace.display().to_string(), "content_hash": hash,
+            "trace": {"path": a.input.path().display().to_string(), "content_hash": hash,
                       "requests": trace.requests().len(), "sessions": trace.sessions().len()},
             "profile": profile.name,
             "fleet": base.fleet,

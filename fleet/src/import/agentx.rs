@@ -19,7 +19,7 @@
 
 use super::ImportOptions;
 use crate::trace::{
-    AgentSpec, EndReason, Header, RequestSpec, SessionSpec, Trace, TraceBuilder, TraceError,
+    AgentSpec, Api, EndReason, Header, RequestSpec, SessionSpec, Trace, TraceBuilder, TraceError,
     TraceErrorKind, TurnKind,
 };
 use serde::{Deserialize, Serialize};
@@ -143,6 +143,23 @@ pub struct AgentxReport {
     pub out_of_order: usize,
     /// Subagent ids repeated in a trace (renamed with a `#n` suffix).
     pub renamed_agents: usize,
+    /// Traces whose first request is at a negative `t` (their times shifted
+    /// so it is at 0, as every trace's are).
+    #[serde(default)]
+    pub negative_starts: usize,
+    /// Subagent entries whose `t` lies before their trace's first request
+    /// (e.g. far negative in older exports): ignored for the timeline, which
+    /// starts at the first request.
+    #[serde(default)]
+    pub early_subagent_markers: usize,
+    /// Traces per API the requests are sent with (`--api`, or implied by the
+    /// trace's models: Claude models speak Anthropic Messages, Codex models
+    /// OpenAI Responses, others Chat).
+    #[serde(default)]
+    pub apis: BTreeMap<String, usize>,
+    /// Files of an imported directory that are not traces (not `.json` / `.jsonl`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_files: Vec<String>,
 }
 
 /// Where a trace came from, for errors.
@@ -151,35 +168,66 @@ struct Origin {
     line: Option<usize>,
 }
 
+/// Traces read from a path: `(trace, file, line)`, and the files of a directory
+/// that were not read (not `.json` / `.jsonl`).
+pub type ReadTraces = (Vec<(WekaTrace, String, Option<usize>)>, Vec<String>);
+
 /// Reads every trace of `path`: a `.json` file (one trace object, or an array
-/// of them), a JSONL file (one trace per line) or a directory of `.json` files.
-pub fn read_path(path: &Path) -> Result<Vec<(WekaTrace, String, Option<usize>)>, TraceError> {
+/// of them), a JSONL file (one trace per line), or a directory, walked with
+/// its subdirectories in path order, whose `.json` and `.jsonl` files are read
+/// and whose other files are listed as skipped.
+pub fn read_path(path: &Path) -> Result<ReadTraces, TraceError> {
     let name = path.display().to_string();
-    if path.is_dir() {
-        let mut files: Vec<_> = std::fs::read_dir(path)
-            .map_err(|e| TraceError::at(&name, None, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.is_file()
-                    && p.extension()
-                        .is_some_and(|x| x.eq_ignore_ascii_case("json"))
-            })
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            return Err(TraceError::invalid(
-                &name,
-                None,
-                "the directory holds no .json trace files",
-            ));
-        }
-        let mut out = Vec::new();
-        for f in files {
-            out.extend(read_file(&f)?);
-        }
-        return Ok(out);
+    if !path.is_dir() {
+        return Ok((read_file(path)?, Vec::new()));
     }
-    read_file(path)
+    let mut files = Vec::new();
+    let mut skipped = Vec::new();
+    walk(path, &mut files, &mut skipped)?;
+    files.sort();
+    skipped.sort();
+    if files.is_empty() {
+        return Err(TraceError::invalid(
+            &name,
+            None,
+            format!(
+                "the directory and its subdirectories hold no .json or .jsonl trace files{}",
+                if skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({} other files skipped)", skipped.len())
+                }
+            ),
+        ));
+    }
+    let mut out = Vec::new();
+    for f in files {
+        out.extend(read_file(&f)?);
+    }
+    Ok((out, skipped))
+}
+
+/// Collects the trace files under `dir` (recursively) and the other files.
+fn walk(
+    dir: &Path,
+    files: &mut Vec<std::path::PathBuf>,
+    skipped: &mut Vec<String>,
+) -> Result<(), TraceError> {
+    let name = dir.display().to_string();
+    for e in std::fs::read_dir(dir).map_err(|e| TraceError::at(&name, None, e))? {
+        let p = e.map_err(|e| TraceError::at(&name, None, e))?.path();
+        if p.is_dir() {
+            walk(&p, files, skipped)?;
+        } else if p
+            .extension()
+            .is_some_and(|x| x.eq_ignore_ascii_case("json") || x.eq_ignore_ascii_case("jsonl"))
+        {
+            files.push(p);
+        } else {
+            skipped.push(p.display().to_string());
+        }
+    }
+    Ok(())
 }
 
 fn json_err(file: &str, e: serde_json::Error, line: Option<usize>) -> TraceError {
@@ -190,7 +238,7 @@ fn json_err(file: &str, e: serde_json::Error, line: Option<usize>) -> TraceError
 fn read_file(path: &Path) -> Result<Vec<(WekaTrace, String, Option<usize>)>, TraceError> {
     let name = path.display().to_string();
     let mut text = String::new();
-    super::open_lines(path)?
+    crate::trace::io::open_text(path)?
         .read_to_string(&mut text)
         .map_err(|e| TraceError::at(&name, None, e))?;
     let jsonl = path
@@ -231,12 +279,16 @@ fn read_file(path: &Path) -> Result<Vec<(WekaTrace, String, Option<usize>)>, Tra
 
 /// Imports every trace of `path` into one tether trace.
 pub fn import_path(path: &Path, opts: &ImportOptions) -> Result<Trace, TraceError> {
-    let traces = read_path(path)?;
+    let (traces, skipped) = read_path(path)?;
     let label = path
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    import_traces(traces, opts, &path.display().to_string(), &label)
+    let rep = AgentxReport {
+        skipped_files: skipped,
+        ..AgentxReport::default()
+    };
+    import_reporting(traces, opts, &path.display().to_string(), &label, rep)
 }
 
 /// An agent being collected before it is added to the builder.
@@ -277,6 +329,17 @@ pub fn import_traces(
     name: &str,
     label: &str,
 ) -> Result<Trace, TraceError> {
+    import_reporting(traces, opts, name, label, AgentxReport::default())
+}
+
+/// [`import_traces`], adding to `rep` (what reading found) what the import finds.
+fn import_reporting(
+    traces: Vec<(WekaTrace, String, Option<usize>)>,
+    opts: &ImportOptions,
+    name: &str,
+    label: &str,
+    mut rep: AgentxReport,
+) -> Result<Trace, TraceError> {
     if traces.is_empty() {
         return Err(TraceError::invalid(name, None, "no traces"));
     }
@@ -287,7 +350,6 @@ pub fn import_traces(
         source: None,
     })
     .map_err(|e| TraceError::at(name, None, e))?;
-    let mut rep = AgentxReport::default();
     let mut next_id = 0u64;
     let mut global: HashMap<u64, u64> = HashMap::new();
     for (k, (t, file, line)) in traces.into_iter().enumerate() {
@@ -319,6 +381,16 @@ pub fn import_traces(
             requests: Vec::new(),
         }];
         let t0 = min_t(&t.requests).unwrap_or(0.0);
+        if t0 < 0.0 {
+            rep.negative_starts += 1;
+        }
+        rep.early_subagent_markers += early_markers(&t.requests, t0);
+        let api = opts.api.unwrap_or_else(|| implied_api(&t));
+        *rep.apis.entry(api.name().to_owned()).or_default() += 1;
+        let opts = &ImportOptions {
+            api: Some(api),
+            ..opts.clone()
+        };
         let mut names: HashMap<String, usize> = HashMap::from([("main".to_owned(), 1)]);
         let mut local_map = Renumber {
             map: HashMap::new(),
@@ -404,15 +476,52 @@ pub fn import_traces(
     b.build().map_err(|e| TraceError::at(name, None, e))
 }
 
+/// The earliest request time of a trace, subagents' requests included. A
+/// subagent entry's own `t` is a marker, not a request: it does not move the
+/// timeline (older exports put some far in the past).
 fn min_t(items: &[WekaItem]) -> Option<f64> {
     items
         .iter()
-        .map(|i| match i {
-            WekaItem::Normal(r) | WekaItem::Streamed(r) => r.t,
-            WekaItem::Subagent(s) => min_t(&s.requests).map_or(s.t, |m| m.min(s.t)),
+        .filter_map(|i| match i {
+            WekaItem::Normal(r) | WekaItem::Streamed(r) => Some(r.t),
+            WekaItem::Subagent(s) => min_t(&s.requests),
         })
         .filter(|t| t.is_finite())
         .reduce(f64::min)
+}
+
+/// Subagent entries (at any depth) whose marker `t` is before `t0`.
+fn early_markers(items: &[WekaItem], t0: f64) -> usize {
+    items
+        .iter()
+        .map(|i| match i {
+            WekaItem::Subagent(s) => usize::from(s.t < t0) + early_markers(&s.requests, t0),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The API a trace's models speak: Claude models Anthropic Messages (Claude
+/// Code traffic), Codex models OpenAI Responses (the Codex CLI), else Chat.
+fn implied_api(t: &WekaTrace) -> Api {
+    fn models(items: &[WekaItem], out: &mut Vec<String>) {
+        for i in items {
+            match i {
+                WekaItem::Normal(r) | WekaItem::Streamed(r) => out.extend(r.model.clone()),
+                WekaItem::Subagent(s) => models(&s.requests, out),
+            }
+        }
+    }
+    let mut all = t.models.clone();
+    models(&t.requests, &mut all);
+    let has = |needle: &str| all.iter().any(|m| m.to_ascii_lowercase().contains(needle));
+    if has("claude") {
+        Api::Messages
+    } else if has("codex") {
+        Api::Responses
+    } else {
+        Api::Chat
+    }
 }
 
 fn ms(t: f64, t0: f64) -> u64 {
@@ -479,7 +588,7 @@ fn flatten(
                 let spec = RequestSpec {
                     gap_ms,
                     ended_by,
-                    api: opts.api,
+                    api: opts.api.unwrap_or(Api::Chat),
                     model: r.model.clone(),
                     ..RequestSpec::new(at_ms, r.input, r.out, opened_by)
                 };
@@ -555,7 +664,39 @@ impl std::fmt::Display for AgentxReport {
             self.empty_subagents_skipped,
             self.renamed_agents,
             self.out_of_order
-        )
+        )?;
+        let apis = self
+            .apis
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if !apis.is_empty() {
+            write!(f, "; sent as {apis} (--api, else implied by the models)")?;
+        }
+        if self.negative_starts > 0 {
+            write!(
+                f,
+                "; {} traces start at a negative t (shifted to 0)",
+                self.negative_starts
+            )?;
+        }
+        if self.early_subagent_markers > 0 {
+            write!(
+                f,
+                "; {} subagent markers before their trace's first request (ignored for the timeline)",
+                self.early_subagent_markers
+            )?;
+        }
+        if !self.skipped_files.is_empty() {
+            write!(
+                f,
+                "; {} files skipped (not .json/.jsonl): {}",
+                self.skipped_files.len(),
+                self.skipped_files.join(", ")
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -13,7 +13,9 @@
 //! output). The import report counts both.
 
 use super::ImportOptions;
-use crate::trace::{EndReason, Header, RequestSpec, Trace, TraceBuilder, TraceError, TurnKind};
+use crate::trace::{
+    Api, EndReason, Header, RequestSpec, Trace, TraceBuilder, TraceError, TurnKind,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
@@ -80,7 +82,7 @@ pub fn parse(reader: impl BufRead, name: &str) -> Result<Vec<(usize, BailianReco
 /// Imports a Bailian file.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Trace, TraceError> {
     let name = path.display().to_string();
-    let records = parse(super::open_lines(path)?, &name)?;
+    let records = parse(crate::trace::io::open_text(path)?, &name)?;
     let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
     import_records(records, opts, &name, file.as_deref())
 }
@@ -202,7 +204,7 @@ pub fn import_records(
             } else {
                 EndReason::EndTurn
             }),
-            api: opts.api,
+            api: opts.api.unwrap_or(Api::Chat),
             ..RequestSpec::new(
                 ms(r.timestamp) - ms(records[s].1.timestamp),
                 r.input_length,

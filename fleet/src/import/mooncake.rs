@@ -8,7 +8,9 @@
 
 use super::ImportOptions;
 use super::derive::{DerivationReport, Link, derive};
-use crate::trace::{EndReason, Header, RequestSpec, Trace, TraceBuilder, TraceError, TurnKind};
+use crate::trace::{
+    Api, EndReason, Header, RequestSpec, Trace, TraceBuilder, TraceError, TurnKind,
+};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -44,7 +46,7 @@ pub fn parse(reader: impl BufRead, name: &str) -> Result<Vec<(usize, MooncakeRec
 /// Imports a Mooncake file.
 pub fn import_file(path: &Path, opts: &ImportOptions) -> Result<Trace, TraceError> {
     let name = path.display().to_string();
-    let records = parse(super::open_lines(path)?, &name)?;
+    let records = parse(crate::trace::io::open_text(path)?, &name)?;
     let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
     import_records(records, opts, &name, file.as_deref())
 }
@@ -155,7 +157,7 @@ pub fn import_records(
         };
         let spec = RequestSpec {
             ended_by: Some(ended_by),
-            api: opts.api,
+            api: opts.api.unwrap_or(Api::Chat),
             ..RequestSpec::new(ts(i) - ts(c), r.input_length, r.output_length, kinds[i])
         };
         b.request_at(aid, spec, refs[i].0)

@@ -2,7 +2,7 @@
 //! remains after the cache hits of the chosen routing and retention, the
 //! decode work, and how bursty arrivals are.
 
-use crate::sim::RequestRecord;
+use crate::report::Observation;
 use serde::Serialize;
 
 /// One request as the planner sees it.
@@ -19,14 +19,18 @@ pub struct Work {
 }
 
 impl Work {
-    /// From a simulated (or replayed) request: its observed hits.
-    pub fn from_record(r: &RequestRecord) -> Self {
-        Self {
-            arrival_ms: r.arrival_ms,
-            prompt: r.prompt_tokens,
-            uncached: r.prompt_tokens - r.hit_tokens.min(r.prompt_tokens),
-            output: r.output_tokens,
-        }
+    /// From a simulated (or replayed) request: its observed hits; `None` when
+    /// it was not served.
+    pub fn from_observation(o: &Observation) -> Option<Self> {
+        let s = o.served()?;
+        let prompt = u32::try_from(s.prompt_tokens).unwrap_or(u32::MAX);
+        let hits = u32::try_from(s.cached_tokens).unwrap_or(u32::MAX);
+        Some(Self {
+            arrival_ms: o.sent_ms,
+            prompt,
+            uncached: prompt - hits.min(prompt),
+            output: u32::try_from(s.output_tokens).unwrap_or(u32::MAX),
+        })
     }
 
     /// The same request with cache reuse ignored (every prompt token computed):

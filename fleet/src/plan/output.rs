@@ -12,7 +12,7 @@ fn gpu_hours(v: &Variant) -> f64 {
 fn cost(v: &Variant) -> f64 {
     v.simulated
         .as_ref()
-        .map_or(v.predicted_usd_per_mtok, |s| s.usd_per_mtok)
+        .map_or(v.predicted_usd_per_mtok, |s| s.sim.usd_per_mtok)
 }
 
 /// The report for people.
@@ -69,11 +69,11 @@ pub fn text(r: &PlanReport) -> String {
             format!("{} GPU", v.peak_decode_gpus),
             gpu_hours(v),
             v.predicted_usd_per_mtok,
-            f(sim.map(|x| x.usd_per_mtok), 4),
+            f(sim.map(|x| x.sim.usd_per_mtok), 4),
             f(v.agreement, 3),
             f(sim.map(|x| x.ttft_ms.p90), 0),
             f(sim.map(|x| x.ttft_ms.p99), 0),
-            f(sim.map(|x| x.itl_ms.p99), 1),
+            f(sim.map(|x| x.sim.itl_ms.p99), 1),
             if v.simulated.is_none() {
                 "none"
             } else if v.slo_met {

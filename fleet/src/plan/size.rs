@@ -84,15 +84,9 @@ pub const ITL_HEADROOM: f64 = 1.15;
 /// Share of device KV a decode engine fills with running sequences.
 pub const KV_FILL: f64 = 0.9;
 
-/// `q`-quantile of `v` (sorted copy).
+/// Nearest-rank `q`-quantile of `v` (0 when empty).
 fn quantile(v: &[f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let i = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1;
-    s[i]
+    crate::quantile::of(v, q).unwrap_or(0.0)
 }
 
 /// Erlang C: the probability an arrival waits in an M/M/c queue with offered

@@ -49,7 +49,7 @@ fn every_plan_is_verified_by_simulation_within_ten_percent() {
             "{}: simulated / predicted = {a}",
             v.name
         );
-        assert!(sim.ttft_ms.p99 <= 1000.0 && sim.itl_ms.p99 <= 20.0);
+        assert!(sim.ttft_ms.p99 <= 1000.0 && sim.sim.itl_ms.p99 <= 20.0);
         assert_eq!(sim.finished, sim.requests);
         assert!(v.headroom.iter().all(|(_, x)| *x <= 1.0));
         assert!(!v.steps.is_empty() && v.steps.iter().all(|s| s.decode >= 1));

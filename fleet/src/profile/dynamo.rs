@@ -281,6 +281,7 @@ pub fn from_json(text: &str, dir: &Path) -> Result<Profile, ProfileError> {
         max_model_len: m.max_model_len,
         prefill_ttft_ms: prefill,
         decode_itl_ms: decode,
+        hybrid: None,
         sources,
     };
     p.validate()?;

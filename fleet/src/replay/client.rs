@@ -23,20 +23,58 @@ pub struct Target {
     pub prefix: String,
 }
 
+/// A `GET` of a configuration or metrics document that gave nothing usable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{url}: {why}")]
+pub struct FetchError {
+    /// What was fetched.
+    pub url: String,
+    /// Why it is unusable (I/O, status, timeout, parse).
+    pub why: String,
+}
+
+/// A target that is not a plain-HTTP URL.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadTarget {
+    /// Not a URL at all.
+    #[error("`{0}` is not a URL: {1}")]
+    NotUrl(String, String),
+    /// HTTPS or another scheme.
+    #[error("`{0}`: scheme {1} is not supported (plain http only)")]
+    Scheme(String, String),
+    /// No `http://`.
+    #[error("`{0}`: no scheme (write http://{0})")]
+    NoScheme(String),
+    /// No host.
+    #[error("`{0}`: no host")]
+    NoHost(String),
+    /// A port that is no number from 0 to 65535.
+    #[error("`{0}`: the port is not a number from 0 to 65535")]
+    Port(String),
+}
+
 impl Target {
     /// Parses `http://host:port[/prefix]`; only plain HTTP is spoken.
-    pub fn parse(s: &str) -> Result<Target, String> {
-        let uri: Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
+    pub fn parse(s: &str) -> Result<Target, BadTarget> {
+        let uri: Uri = s.parse().map_err(|e: hyper::http::uri::InvalidUri| {
+            BadTarget::NotUrl(s.to_owned(), e.to_string())
+        })?;
         match uri.scheme_str() {
             Some("http") => {}
-            Some(other) => {
-                return Err(format!(
-                    "`{s}`: scheme {other} is not supported (plain http only)"
-                ));
-            }
-            None => return Err(format!("`{s}`: no scheme (write http://{s})")),
+            Some(other) => return Err(BadTarget::Scheme(s.to_owned(), other.to_owned())),
+            None => return Err(BadTarget::NoScheme(s.to_owned())),
         }
-        let auth = uri.authority().ok_or_else(|| format!("`{s}`: no host"))?;
+        let auth = uri
+            .authority()
+            .ok_or_else(|| BadTarget::NoHost(s.to_owned()))?;
+        if auth.host().is_empty() {
+            return Err(BadTarget::NoHost(s.to_owned()));
+        }
+        // `host:port`, or `[v6]:port`: a `:` whose right side is no bracket.
+        let port = auth.as_str().rsplit_once(':').map(|(_, p)| p);
+        if port.is_some_and(|p| !p.contains(']')) && auth.port_u16().is_none() {
+            return Err(BadTarget::Port(s.to_owned()));
+        }
         let prefix = uri.path().trim_end_matches('/').to_owned();
         Ok(Target {
             origin: format!("http://{auth}"),
@@ -234,31 +272,38 @@ impl Client {
     }
 
     /// `GET url` → body text (status must be 2xx), for scraping ranks and Envoy's admin.
-    pub async fn get_text(&self, url: &str) -> Result<String, String> {
-        let uri: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+    pub async fn get_text(&self, url: &str) -> Result<String, FetchError> {
+        let err = |why: String| FetchError {
+            url: url.to_owned(),
+            why,
+        };
+        let uri: Uri = url.parse().map_err(|e| err(format!("{e}")))?;
         let req = hyper::Request::get(uri)
             .body(Full::new(Bytes::new()))
-            .map_err(|e| format!("{url}: {e}"))?;
+            .map_err(|e| err(e.to_string()))?;
         let fut = async {
             let resp = self
                 .inner
                 .request(req)
                 .await
-                .map_err(|e| format!("{url}: {e}"))?;
+                .map_err(|e| err(e.to_string()))?;
             let status = resp.status();
             let body = resp
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| format!("{url}: {e}"))?
+                .map_err(|e| err(e.to_string()))?
                 .to_bytes();
             if !status.is_success() {
-                return Err(format!("{url}: {status}"));
+                return Err(err(status.to_string()));
             }
             Ok(String::from_utf8_lossy(&body).into_owned())
         };
         tokio::time::timeout(Duration::from_secs(10), fut)
             .await
-            .map_err(|_| format!("{url}: no answer within 10 s"))?
+            .map_err(|_| err("no answer within 10 s".to_owned()))?
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -298,15 +298,15 @@ pub async fn replay(
     let mut warnings = Vec::new();
 
     // The serving side before the run.
-    let gateway = match &opts.gateway_admin {
+    let (gateway, gateway_endpoints) = match &opts.gateway_admin {
         Some(a) => match scrape::gateway_config(&client, a).await {
-            Ok(g) => Some(g),
+            Ok((g, eps)) => (Some(g), eps),
             Err(e) => {
                 warnings.push(format!("gateway configuration not read: {e}"));
-                None
+                (None, Vec::new())
             }
         },
-        None => None,
+        None => (None, Vec::new()),
     };
     let mut busy_before: BTreeMap<String, f64> = BTreeMap::new();
     let mut rank_names: BTreeMap<String, String> = BTreeMap::new();
@@ -360,6 +360,7 @@ pub async fn replay(
                     address: t.origin.trim_start_matches("http://").to_owned(),
                     weight: 1.0,
                     dp_size: 1,
+                    name: None,
                 })
                 .collect::<Vec<_>>(),
         )
@@ -487,6 +488,8 @@ pub async fn replay(
 
     // The serving side after the run.
     let mut busy_s = BTreeMap::new();
+    // Rank names seen in answers that must be matched by a scraped rank.
+    let mut unscraped: Vec<String> = Vec::new();
     let mut origins: Vec<(String, Option<String>)> = opts_ranks(&rank_names)
         .into_iter()
         .map(|(o, n)| (o, Some(n)))
@@ -498,17 +501,8 @@ pub async fn replay(
             .collect();
         seen.sort();
         seen.dedup();
-        origins = match (seen.as_slice(), sh_targets.as_slice()) {
-            // One rank behind one target that names itself otherwise: the target is the rank.
-            ([only], [t]) if only.parse::<std::net::SocketAddr>().is_err() => {
-                vec![(t.url(""), None)]
-            }
-            _ => seen
-                .into_iter()
-                .filter(|r| r.parse::<std::net::SocketAddr>().is_ok())
-                .map(|r| (format!("http://{r}"), None))
-                .collect(),
-        };
+        origins = discover_ranks(&seen, &sh_targets, &gateway_endpoints);
+        unscraped = seen;
     }
     for (origin, name) in origins {
         let name = match name {
@@ -535,6 +529,13 @@ pub async fn replay(
             Err(e) => warnings.push(format!("rank metrics not read: {e}")),
         }
     }
+    unscraped.retain(|r| !rank_infos.iter().any(|i| &i.rank == r));
+    if !unscraped.is_empty() {
+        warnings.push(format!(
+            "rank(s) {} answered but were not found to read their configuration and busy time (the report has no cost for them): name them with --ranks ip:port, or give --gateway-admin so the gateway's endpoints are asked",
+            unscraped.join(", ")
+        ));
+    }
 
     Ok(Outcomes {
         observations,
@@ -551,6 +552,35 @@ pub async fn replay(
     })
 }
 
+/// Where to read the ranks that answered, when `--ranks` named none: a rank
+/// that names itself by address is asked there; a rank with its own
+/// `--rank-id` is looked for among the gateway's endpoints (each asked for its
+/// `/tether/config`, which names it); one rank behind one target that names
+/// itself otherwise is the target.
+fn discover_ranks(
+    seen: &[String],
+    targets: &[Target],
+    gateway_endpoints: &[String],
+) -> Vec<(String, Option<String>)> {
+    let is_addr = |r: &String| r.parse::<std::net::SocketAddr>().is_ok();
+    if let ([only], [t]) = (seen, targets)
+        && !is_addr(only)
+        && gateway_endpoints.is_empty()
+    {
+        return vec![(t.url(""), None)];
+    }
+    let mut origins: Vec<String> = seen.iter().filter(|r| is_addr(r)).cloned().collect();
+    if seen.iter().any(|r| !is_addr(r)) {
+        origins.extend(gateway_endpoints.iter().cloned());
+    }
+    origins.sort();
+    origins.dedup();
+    origins
+        .into_iter()
+        .map(|r| (format!("http://{r}"), None))
+        .collect()
+}
+
 fn rank_speedup(r: &RankInfo) -> Option<f64> {
     r.config.get("serving")?.get("speedup")?.as_f64()
 }
@@ -558,3 +588,6 @@ fn rank_speedup(r: &RankInfo) -> Option<f64> {
 fn opts_ranks(names: &BTreeMap<String, String>) -> Vec<(String, String)> {
     names.iter().map(|(o, n)| (o.clone(), n.clone())).collect()
 }
+
+#[cfg(test)]
+mod tests;

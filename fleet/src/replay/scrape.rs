@@ -4,16 +4,18 @@
 //! Envoy's admin `/config_dump` (the tether filter's plugin configuration and
 //! the upstream cluster's load-balancing policy).
 
-use super::client::Client;
+use super::client::{Client, FetchError};
 use crate::report::config::{GatewayConfig, RankInfo};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// A rank's configuration; `origin` is `http://ip:port`.
-pub async fn rank_config(client: &Client, origin: &str) -> Result<RankInfo, String> {
+pub async fn rank_config(client: &Client, origin: &str) -> Result<RankInfo, FetchError> {
     let text = client.get_text(&format!("{origin}/tether/config")).await?;
-    let config: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{origin}/tether/config: {e}"))?;
+    let config: Value = serde_json::from_str(&text).map_err(|e| FetchError {
+        url: format!("{origin}/tether/config"),
+        why: e.to_string(),
+    })?;
     let rank = config
         .get("rank_id")
         .and_then(Value::as_str)
@@ -62,7 +64,7 @@ pub async fn rank_busy(
     client: &Client,
     origin: &str,
     rank: &str,
-) -> Result<BTreeMap<String, f64>, String> {
+) -> Result<BTreeMap<String, f64>, FetchError> {
     let text = client.get_text(&format!("{origin}/metrics")).await?;
     Ok(busy_seconds(rank, &text))
 }
@@ -144,12 +146,50 @@ pub fn gateway_from_config_dump(source: &str, dump: &Value) -> GatewayConfig {
     .hashed()
 }
 
-/// The gateway configuration from an Envoy admin interface (`http://ip:port`).
-pub async fn gateway_config(client: &Client, admin: &str) -> Result<GatewayConfig, String> {
+/// The `ip:port` of every endpoint of the clusters in an Envoy `/config_dump`
+/// (static `socket_address`es), sorted: where the ranks behind the gateway can
+/// be asked for their configuration, whatever their `--rank-id`.
+pub fn endpoint_addresses(dump: &Value) -> Vec<String> {
+    let mut eps = Vec::new();
+    find_all(dump, &|v| v.get("load_assignment").is_some(), &mut eps);
+    let mut sockets = Vec::new();
+    for c in eps {
+        find_all(c, &|v| v.get("socket_address").is_some(), &mut sockets);
+    }
+    let mut out: Vec<String> = sockets
+        .iter()
+        .filter_map(|v| {
+            let s = v.get("socket_address")?;
+            let ip = s.get("address")?.as_str()?;
+            let port = s.get("port_value")?.as_u64()?;
+            Some(if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The gateway configuration from an Envoy admin interface (`http://ip:port`),
+/// and the addresses of its upstream endpoints ([`endpoint_addresses`]).
+pub async fn gateway_config(
+    client: &Client,
+    admin: &str,
+) -> Result<(GatewayConfig, Vec<String>), FetchError> {
     let url = format!("{}/config_dump", admin.trim_end_matches('/'));
     let text = client.get_text(&url).await?;
-    let dump: Value = serde_json::from_str(&text).map_err(|e| format!("{url}: {e}"))?;
-    Ok(gateway_from_config_dump(&url, &dump))
+    let dump: Value = serde_json::from_str(&text).map_err(|e| FetchError {
+        url: url.clone(),
+        why: e.to_string(),
+    })?;
+    Ok((
+        gateway_from_config_dump(&url, &dump),
+        endpoint_addresses(&dump),
+    ))
 }
 
 #[cfg(test)]
@@ -176,7 +216,8 @@ mod tests {
                 {"name": "envoy.filters.http.router", "typed_config": {}}
             ]}}]}]}}]},
             {"static_clusters": [{"cluster": {"name": "ranks", "load_assignment": {"endpoints": [{"lb_endpoints": [
-                {"endpoint": {"address": {}}}, {"endpoint": {"address": {}}}
+                {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8002}}}},
+                {"endpoint": {"address": {"socket_address": {"address": "::1", "port_value": 8001}}}}
             ]}]},
             "load_balancing_policy": {"policies": [{"typed_extension_config": {
                 "name": "envoy.load_balancing_policies.maglev",
@@ -188,5 +229,9 @@ mod tests {
         assert_eq!(g.hash_balance_factor, Some(150));
         assert_eq!(g.endpoints, Some(2));
         assert_eq!(g.hash.len(), 16);
+        assert_eq!(endpoint_addresses(&dump), ["127.0.0.1:8002", "[::1]:8001"]);
+        let no_ports = json!({"cluster": {"load_assignment": {"endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": "10.0.0.1"}}}}]}]}}});
+        assert!(endpoint_addresses(&no_ports).is_empty());
     }
 }

@@ -84,6 +84,8 @@ pub struct Comparison {
     pub changed: Vec<(String, Vec<Option<String>>)>,
     /// Labels of partial reports.
     pub partial: Vec<String>,
+    /// What produced each report (`tether replay`, `tether simulate`).
+    pub tools: Vec<String>,
 }
 
 fn label(r: &Report, i: usize) -> String {
@@ -192,6 +194,7 @@ pub fn compare(reports: &[Report]) -> Result<Comparison, CompareError> {
             .filter(|(r, _)| r.run.partial)
             .map(|(_, l)| l.clone())
             .collect(),
+        tools: reports.iter().map(|r| r.run.tool.clone()).collect(),
         labels,
         rows,
         changed: changed_keys(&configs),
@@ -235,11 +238,20 @@ impl Comparison {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "Comparison of {} replays of trace `{}` (baseline: {}).\n",
+            "Comparison of {} runs of trace `{}` (baseline: {}).\n",
             self.labels.len(),
             self.trace_hash,
             self.labels[0]
         );
+        if self.tools.iter().any(|t| *t != self.tools[0]) {
+            let by: Vec<String> = self
+                .labels
+                .iter()
+                .zip(&self.tools)
+                .map(|(l, t)| format!("{l}: `{t}`"))
+                .collect();
+            let _ = writeln!(s, "Produced by: {}.\n", by.join(", "));
+        }
         if !self.partial.is_empty() {
             let _ = writeln!(
                 s,

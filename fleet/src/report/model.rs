@@ -6,53 +6,13 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub use crate::quantile::Dist;
+use crate::sim::Simulation;
+
 /// The `format` member of every report.
 pub const FORMAT: &str = "tether-report";
 /// The `version` this code writes and reads.
 pub const VERSION: u32 = 1;
-
-/// A distribution's summary (milliseconds or tokens/s). Empty sample → `count` 0, zeros.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Dist {
-    /// Values summarized.
-    pub count: u64,
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Mean.
-    pub mean: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Dist {
-    /// Of a sample (nearest-rank quantiles); NaNs are ignored.
-    pub fn of(mut v: Vec<f64>) -> Self {
-        v.retain(|x| x.is_finite());
-        if v.is_empty() {
-            return Self::default();
-        }
-        v.sort_by(f64::total_cmp);
-        Self {
-            count: v.len() as u64,
-            p50: quantile(&v, 0.5),
-            p90: quantile(&v, 0.9),
-            p99: quantile(&v, 0.99),
-            mean: v.iter().sum::<f64>() / v.len() as f64,
-            max: v[v.len() - 1],
-        }
-    }
-}
-
-/// Nearest-rank quantile of a sorted, non-empty sample.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let n = sorted.len();
-    let rank = (q * n as f64).ceil() as usize;
-    sorted[rank.clamp(1, n) - 1]
-}
 
 /// The trace replayed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -310,6 +270,10 @@ pub struct Report {
     pub cost: Cost,
     /// Plot series.
     pub series: Series,
+    /// What only a simulation measures (`tether simulate --out`): the one
+    /// extension point for simulator figures; absent from a replay's report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulation: Option<Simulation>,
 }
 
 /// A report file that cannot be used.

@@ -3,12 +3,13 @@
 //! scaled over time) and the engine settings every rank shares.
 
 use super::identity::IdentityModel;
-use serde::Serialize;
+use crate::name::{UnknownName, pick};
+use serde::{Deserialize, Serialize};
 use tether_rank_engine::engine::EngineSettings;
 
 /// Where the gateway sends a request (`docs/planning.md` states what identity
 /// each one sees).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
     /// Each request to the next rank in turn.
@@ -64,14 +65,8 @@ impl Policy {
     }
 
     /// Parses a name.
-    pub fn parse(s: &str) -> Result<Policy, String> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Self::ALL.iter().map(|p| p.name()).collect();
-                format!("unknown policy `{s}` (one of: {})", names.join(", "))
-            })
+    pub fn parse(s: &str) -> Result<Policy, UnknownName> {
+        pick(&Self::ALL, Policy::name, s, "policy")
     }
 
     /// Whether the policy reads requests in flight (the simulator then keeps
@@ -85,7 +80,7 @@ impl Policy {
 }
 
 /// How each rank caches (the `tether-rank --cache` modes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CacheMode {
     /// Plain prefix caching, LRU (markers ignored).
@@ -114,13 +109,8 @@ impl CacheMode {
     }
 
     /// Parses a name.
-    pub fn parse(s: &str) -> Result<CacheMode, String> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                format!("unknown cache mode `{s}` (one of: lru, retention, retention-host)")
-            })
+    pub fn parse(s: &str) -> Result<CacheMode, UnknownName> {
+        pick(&Self::ALL, CacheMode::name, s, "cache mode")
     }
 }
 
@@ -219,13 +209,14 @@ impl Default for PdOptions {
     }
 }
 
-/// Hybrid-model (linear-attention / SSM) state retention, per rank.
+/// Hybrid-model (linear-attention / SSM) state retention, per rank: overrides of the
+/// profile's `hybrid` member (`docs/profile.md`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct HybridOptions {
-    /// Bytes of one state snapshot (0 = attention-only model).
+    /// Bytes of one state snapshot (0 = the profile's; attention-only without one).
     pub state_bytes: u64,
-    /// Device slots for snapshots.
-    pub state_slots: usize,
+    /// Tokens between resumable boundaries (0 = the profile's, else every block).
+    pub align_tokens: usize,
     /// Extra snapshots every this many tokens inside a retained prompt (0 = prompt end only).
     pub checkpoint_tokens: usize,
 }

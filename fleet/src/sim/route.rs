@@ -22,6 +22,7 @@ pub fn endpoints(pool: &str, ranks: impl IntoIterator<Item = usize>) -> Vec<Endp
             address: format!("{pool}-{i}.fleet:8000"),
             weight: 1.0,
             dp_size: 1,
+            name: None,
         })
         .collect()
 }

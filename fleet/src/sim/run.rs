@@ -12,11 +12,10 @@
 use super::config::{CacheMode, FleetShape, Policy, SimConfig};
 use super::identity::{Identities, request_key};
 use super::prompt::{BlockSizeError, PromptBlocks};
-use super::report::{
-    Balance, PdSummary, Quantiles, RequestRecord, RetentionSummary, Returning, RunReport,
-    histogram, record_ms,
-};
+use super::report::{Balance, PdSummary, RetentionSummary, Returning, RunReport, Simulation};
 use super::route::{RouteInput, Router};
+use crate::quantile::{Dist, histogram, record_ms};
+use crate::report::observe::{Clock, Observation, Outcome as Observed, Served, Timing};
 use crate::trace::{BlockRef, RequestId, Trace};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
@@ -138,13 +137,26 @@ struct Totals {
     last_token: SimMs,
 }
 
-/// Result of [`simulate`]: the report and, when asked, one record per finished request.
+/// Result of [`simulate`]: the report and, when asked, one observation per
+/// finished request — the same record a replay keeps, on the simulated clock.
 #[derive(Debug)]
 pub struct RunOutput {
     /// The run's report.
     pub report: RunReport,
-    /// Per finished request (empty unless asked for).
-    pub records: Vec<RequestRecord>,
+    /// Per finished request, in finishing order (empty unless asked for):
+    /// sent at its arrival, served by its (decode) rank, timed by the simulation.
+    pub records: Vec<Observation>,
+    /// Simulated busy seconds per engine ([`engine_name`] `#0`), every pool.
+    pub busy_s: std::collections::BTreeMap<String, f64>,
+    /// The routed pool (decode or aggregated): its ranks' names and their
+    /// engine configuration.
+    pub routed: (Vec<String>, EngineConfig),
+}
+
+/// The name a simulated rank goes by in observations and reports: its pool
+/// (`rank` in an aggregated fleet, `decode`, `prefill`) and index, e.g. `decode-3`.
+pub fn engine_name(pool: &str, rank: usize) -> String {
+    format!("{pool}-{rank}")
 }
 
 /// Progress callback: requests placed so far.
@@ -443,9 +455,14 @@ fn engine_config(
     let h = cfg.hybrid;
     if h.state_bytes > 0 {
         e.policy.state_bytes = h.state_bytes;
-        e.policy.device_state_slots = h.state_slots;
-        e.policy.checkpoint_every_tokens = h.checkpoint_tokens;
     }
+    if h.align_tokens > 0 {
+        e.policy.state_align_tokens = h.align_tokens;
+    }
+    e.policy.checkpoint_every_tokens = h.checkpoint_tokens;
+    e.policy
+        .validate()
+        .map_err(|err| SimError::Setting(format!("hybrid state: {err}")))?;
     Ok(e)
 }
 
@@ -490,7 +507,7 @@ struct Sim<'a> {
     events: Vec<Event>,
     handoffs: Vec<Handoff>,
     tot: Totals,
-    records: Vec<RequestRecord>,
+    records: Vec<Observation>,
     oracle: bool,
     oracle_hits: &'a [u32],
 }
@@ -577,7 +594,7 @@ impl Sim<'_> {
                             hits: outcome.cached_tokens,
                         });
                     } else {
-                        self.done(q, outcome);
+                        self.done(q, r, outcome);
                     }
                 }
                 Event::Failed { id, .. } => {
@@ -795,7 +812,7 @@ impl Sim<'_> {
         self.reqs[q].reusable = reusable as u32;
     }
 
-    fn done(&mut self, q: u32, o: &Outcome) {
+    fn done(&mut self, q: u32, rank: usize, o: &Outcome) {
         let req = self.reqs[q as usize];
         let t = &mut self.tot;
         let hits = if req.prefill != u32::MAX {
@@ -837,16 +854,28 @@ impl Sim<'_> {
         record_ms(&mut t.e2e, o.finished - req.arrival);
         t.last_token = t.last_token.max(o.finished);
         if self.records.capacity() > 0 {
-            self.records.push(RequestRecord {
-                arrival_ms: req.arrival,
-                first_token_ms: o.first_token,
-                finished_ms: o.finished,
-                prompt_tokens: o.prompt_tokens as u32,
-                hit_tokens: hits as u32,
-                computed_tokens: computed as u32,
-                output_tokens: o.output_tokens as u32,
-                remote_prefill: req.prefill != u32::MAX,
-                returning: req.returning,
+            let local = req.prefill == u32::MAX && !self.oracle;
+            self.records.push(Observation {
+                request: q,
+                sent_ms: req.arrival,
+                lag_ms: 0.0,
+                outcome: Observed::Served(Served {
+                    prompt_tokens: o.prompt_tokens as u64,
+                    cached_tokens: hits as u64,
+                    output_tokens: o.output_tokens as u64,
+                    device_cached_tokens: local.then_some(o.device_cached_tokens as u64),
+                    restored_tokens: local.then_some(o.restored_tokens as u64),
+                    rank: Some(engine_name(self.pools[DECODE].name, rank)),
+                    dp_rank: Some(0),
+                    attempts: 1,
+                    timing: Timing {
+                        clock: Clock::Simulated,
+                        ttft_ms: ttft,
+                        itl_ms: (o.output_tokens > 1).then(|| o.itl_ms()),
+                        e2e_ms: o.finished - req.arrival,
+                        queue_ms: Some(o.queue_ms()),
+                    },
+                }),
             });
         }
     }
@@ -909,7 +938,7 @@ impl Sim<'_> {
                 ret.host_peak_bytes = ret.host_peak_bytes.max(e.cache().host().used());
             }
         }
-        let tpot = Quantiles::of_us(&t.tpot);
+        let tpot = Dist::of_us(&t.tpot);
         let tokens = (t.prompt + t.output) as f64;
         let gpu_s = gpu_ms / 1000.0;
         let tokens_per_gpu_s = if gpu_s > 0.0 { tokens / gpu_s } else { 0.0 };
@@ -934,53 +963,76 @@ impl Sim<'_> {
         returning.hit_ratio = ratio(returning.hit_tokens, returning.prompt_tokens);
         let tracked = self.cfg.track_reusable;
         let report = RunReport {
-            policy: self.cfg.policy,
-            cache: self.cfg.cache,
-            prefill_ranks: self.cfg.fleet.prefill,
-            decode_ranks: self.cfg.fleet.decode,
-            gpus: ((self.cfg.fleet.prefill + self.cfg.fleet.decode) as u64)
-                * u64::from(profile.gpus_per_engine),
+            sim: Simulation {
+                policy: self.cfg.policy,
+                cache: self.cfg.cache,
+                prefill_ranks: self.cfg.fleet.prefill,
+                decode_ranks: self.cfg.fleet.decode,
+                gpus: ((self.cfg.fleet.prefill + self.cfg.fleet.decode) as u64)
+                    * u64::from(profile.gpus_per_engine),
+                refused: t.refused,
+                failed: t.failed,
+                oracle_hit_tokens,
+                oracle_share: ratio(t.hits, oracle_hit_tokens),
+                reusable_tokens: tracked.then_some(t.reusable),
+                avoidable_tokens: tracked.then_some(t.avoidable),
+                avoidable_returning_tokens: tracked.then_some(t.avoidable_returning),
+                balance: Balance {
+                    busy_max_over_mean: max_over_mean(&dec_busy),
+                    requests_max_over_mean: max_over_mean(&reqs),
+                    utilization,
+                },
+                itl_ms: Dist::of_us(&itl),
+                interactivity_tok_s: if tpot.p50 > 0.0 {
+                    1000.0 / tpot.p50
+                } else {
+                    0.0
+                },
+                gpu_seconds: gpu_s,
+                tokens_per_gpu_s,
+                usd_per_mtok,
+                pd,
+                retention: ret,
+                steps,
+            },
             requests: self.reqs.len() as u64,
             finished: t.finished,
-            refused: t.refused,
-            failed: t.failed,
             prompt_tokens: t.prompt,
             output_tokens: t.output,
             hit_tokens: t.hits,
             computed_tokens: t.computed,
             hit_ratio: ratio(t.hits, t.prompt),
             returning,
-            oracle_hit_tokens,
-            oracle_share: ratio(t.hits, oracle_hit_tokens),
-            reusable_tokens: tracked.then_some(t.reusable),
-            avoidable_tokens: tracked.then_some(t.avoidable),
-            avoidable_returning_tokens: tracked.then_some(t.avoidable_returning),
-            balance: Balance {
-                busy_max_over_mean: max_over_mean(&dec_busy),
-                requests_max_over_mean: max_over_mean(&reqs),
-                utilization,
-            },
-            ttft_ms: Quantiles::of_us(&t.ttft),
-            itl_ms: Quantiles::of_us(&itl),
+            ttft_ms: Dist::of_us(&t.ttft),
             tpot_ms: tpot,
-            e2e_ms: Quantiles::of_us(&t.e2e),
-            interactivity_tok_s: if tpot.p50 > 0.0 {
-                1000.0 / tpot.p50
-            } else {
-                0.0
-            },
+            e2e_ms: Dist::of_us(&t.e2e),
             span_s: span_ms / 1000.0,
-            gpu_seconds: gpu_s,
-            tokens_per_gpu_s,
-            usd_per_mtok,
-            pd,
-            retention: ret,
-            steps,
             wall_s: started.elapsed().as_secs_f64(),
         };
+        let busy_s = self
+            .pools
+            .iter()
+            .flat_map(|p| {
+                p.engines.iter().enumerate().map(|(r, e)| {
+                    (
+                        format!("{}#0", engine_name(p.name, r)),
+                        e.metrics().busy_ms / 1000.0,
+                    )
+                })
+            })
+            .collect();
+        let dec = &self.pools[DECODE];
+        let routed = (
+            (0..dec.engines.len())
+                .map(|r| engine_name(dec.name, r))
+                .collect(),
+            dec.cfg.clone(),
+        );
         RunOutput {
             report,
             records: self.records,
+            busy_s,
+            routed,
         }
     }
 }

@@ -345,6 +345,26 @@ fn identity_is_sent_as_each_harness_sends_it() {
     .unwrap()
     .1;
     assert_ne!(salted.header("x-claude-code-session-id"), Some(sid));
+    // ... and other prompt text, so a cache warmed by another replay has
+    // nothing for it, while one salt gives one text (its own turns still share).
+    let with_salt = |salt: &str| {
+        let r = synthesize_all(
+            &t,
+            &SynthOptions {
+                identity: Identity::ClaudeCode,
+                salt: salt.into(),
+                ..SynthOptions::default()
+            },
+        )
+        .find(|(r, _)| *r == sub_req)
+        .unwrap()
+        .1;
+        let b = body(&r);
+        assert!(b["messages"].is_array(), "{b}");
+        b["messages"].clone()
+    };
+    assert_ne!(with_salt("run-2"), with_salt(""));
+    assert_eq!(with_salt("run-2"), with_salt("run-2"));
 }
 
 #[test]

@@ -23,15 +23,31 @@ pub fn word(id: u64, offset: u64) -> [u8; 2] {
     ]
 }
 
-/// Appends the words of positions `from..to` of a prompt whose block ids are
-/// `ids` (`block_size` tokens each) to `out`, each followed by a space.
-/// Positions past the ids get words unique to `salt` (the request).
-pub fn push_words(out: &mut String, ids: &[u64], block_size: u64, salt: u64, from: u64, to: u64) {
+/// What a prompt's words are drawn from: its block ids (`block_size` tokens
+/// each), a `salt` for positions past the ids (unique to the request), and a
+/// `content` seed mixed into every word (0: the trace's own text; a replay's
+/// `--salt` gives every word of every prompt other text, so no cache warmed
+/// by another replay matches, while requests of one replay still share theirs).
+#[derive(Clone, Copy, Debug)]
+pub struct Source<'a> {
+    /// The prompt's block ids.
+    pub ids: &'a [u64],
+    /// Tokens per block id.
+    pub block_size: u64,
+    /// Seed of the words past the ids.
+    pub salt: u64,
+    /// Seed mixed into every word.
+    pub content: u64,
+}
+
+/// Appends the words of positions `from..to` of the prompt `src` describes to
+/// `out`, each followed by a space.
+pub fn push_words(out: &mut String, src: Source<'_>, from: u64, to: u64) {
     out.reserve(((to.saturating_sub(from)) * 3) as usize);
     for p in from..to {
-        let w = match ids.get((p / block_size) as usize) {
-            Some(&id) => word(id, p % block_size),
-            None => word(UNCOVERED ^ salt.rotate_left(20), p),
+        let w = match src.ids.get((p / src.block_size) as usize) {
+            Some(&id) => word(id ^ src.content, p % src.block_size),
+            None => word(UNCOVERED ^ src.salt.rotate_left(20) ^ src.content, p),
         };
         out.push(w[0] as char);
         out.push(w[1] as char);
@@ -40,9 +56,9 @@ pub fn push_words(out: &mut String, ids: &[u64], block_size: u64, salt: u64, fro
 }
 
 /// The words of positions `from..to`, space-separated (no trailing space).
-pub fn words(ids: &[u64], block_size: u64, salt: u64, from: u64, to: u64) -> String {
+pub fn words(src: Source<'_>, from: u64, to: u64) -> String {
     let mut s = String::new();
-    push_words(&mut s, ids, block_size, salt, from, to);
+    push_words(&mut s, src, from, to);
     s.pop();
     s
 }

@@ -138,8 +138,35 @@ fn required<T>(v: Option<T>, field: &str, kind: &str) -> Result<T, String> {
 /// Reads a trace file.
 pub fn read_trace(path: &Path) -> Result<Trace, TraceError> {
     let name = path.display().to_string();
+    read_trace_from(open_text(path)?, &name)
+}
+
+/// Opens a trace file for reading, refusing by name what is no text file a
+/// line-based reader can report on: a directory (which would read as an I/O
+/// error "at line 1"), and a UTF-8 byte-order mark, which JSON forbids and
+/// which would read as a parse error at line 1 column 1.
+pub fn open_text(path: &Path) -> Result<BufReader<File>, TraceError> {
+    let name = path.display().to_string();
+    if path.is_dir() {
+        return Err(TraceError::invalid(
+            &name,
+            None,
+            "is a directory, not a trace file (only AgentX imports read directories)",
+        ));
+    }
     let file = File::open(path).map_err(|e| TraceError::at(&name, None, e))?;
-    read_trace_from(BufReader::new(file), &name)
+    let mut reader = BufReader::new(file);
+    let head = reader
+        .fill_buf()
+        .map_err(|e| TraceError::at(&name, None, e))?;
+    if head.starts_with(b"\xEF\xBB\xBF") {
+        return Err(TraceError::invalid(
+            &name,
+            Some(1),
+            "starts with a UTF-8 byte-order mark (BOM), which JSON does not allow: save the file without it",
+        ));
+    }
+    Ok(reader)
 }
 
 /// Reads a trace from a stream, one line at a time; `name` names it in errors.

@@ -2,11 +2,12 @@
 //! ideal prefix-cache hit ratio with an infinite cache.
 
 use super::model::{Api, EndReason, RequestId, SessionId, Trace};
+use crate::quantile::nearest_rank;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use tether_wire::TurnKind;
 
-/// Quantiles of a sample.
+/// Quantiles of a sample (nearest rank, [`crate::quantile`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Quantiles {
     /// Smallest.
@@ -28,12 +29,12 @@ impl Quantiles {
             return Self::default();
         }
         v.sort_unstable();
-        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        let at = |q: f64| nearest_rank(&v, q).unwrap_or(0);
         Self {
-            min: v[0],
+            min: at(0.0),
             p50: at(0.5),
             p90: at(0.9),
-            max: v[v.len() - 1],
+            max: at(1.0),
             mean: v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64,
         }
     }

@@ -74,7 +74,21 @@ fn generate(dir: &TempDir, name: &str, seed: &str, sessions: &str) -> String {
     out
 }
 
+/// The report in `dir`, after checking every file a report writes is there.
 fn report(dir: &str) -> serde_json::Value {
+    for f in [
+        "report.json",
+        "report.md",
+        "requests.jsonl",
+        "ttft_cdf.svg",
+        "hit_over_time.svg",
+        "load.svg",
+    ] {
+        assert!(
+            std::path::Path::new(&format!("{dir}/{f}")).is_file(),
+            "{dir}/{f} missing"
+        );
+    }
     serde_json::from_str(
         &std::fs::read_to_string(format!("{dir}/report.json")).expect("report.json"),
     )
@@ -99,19 +113,6 @@ fn a_replay_writes_its_report_and_compare_refuses_other_traces() {
         ]);
         assert!(o.status.success(), "{}", text(&o));
         assert!(text(&o).contains("hit ratio"), "{}", text(&o));
-        for f in [
-            "report.json",
-            "report.md",
-            "requests.jsonl",
-            "ttft_cdf.svg",
-            "hit_over_time.svg",
-            "load.svg",
-        ] {
-            assert!(
-                std::path::Path::new(&format!("{out}/{f}")).is_file(),
-                "{f} missing"
-            );
-        }
         let r = report(&out);
         assert_eq!(r["format"], "tether-report");
         assert_eq!(r["run"]["partial"], false);
@@ -154,6 +155,96 @@ fn a_replay_writes_its_report_and_compare_refuses_other_traces() {
 }
 
 #[test]
+fn a_simulation_and_a_replay_of_the_same_trace_compare_side_by_side() {
+    let dir = TempDir::new("sim-vs-replay");
+    let addr = rank("1000");
+    let trace = generate(&dir, "t.jsonl", "7", "4");
+    let profile = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/profiles/llama-3.1-8b-fp8-h200-tp1.json")
+        .display()
+        .to_string();
+    let (replayed, simulated) = (dir.path("replay"), dir.path("sim"));
+    // The trace as the positional argument, as every other subcommand takes it.
+    let o = tether(&[
+        "replay", &trace, "--target", &addr, "--out", &replayed, "--label", "served", "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The rank's own settings: one rank, `--cache retention`, blocks of 16 tokens.
+    let o = tether(&[
+        "simulate",
+        &trace,
+        "--profile",
+        &profile,
+        "--ranks",
+        "1",
+        "--policy",
+        "tether",
+        "--cache",
+        "retention",
+        "--block-size",
+        "16",
+        "--out",
+        &simulated,
+        "--label",
+        "simulated",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (r, s) = (report(&replayed), report(&simulated));
+    assert_eq!(s["format"], "tether-report");
+    assert_eq!(s["run"]["tool"], "tether simulate");
+    assert_eq!(s["run"]["clock"], "simulated");
+    assert_eq!(s["trace"]["content_hash"], r["trace"]["content_hash"]);
+    assert_eq!(s["requests"]["completed"], s["requests"]["in_trace"]);
+    assert_eq!(r["requests"]["completed"], r["requests"]["in_trace"]);
+    // The same requests reached both: the same prompt and output tokens.
+    assert_eq!(s["tokens"]["prompt"], r["tokens"]["prompt"]);
+    assert_eq!(s["tokens"]["output"], r["tokens"]["output"]);
+    // The simulated rank is described as the served one: the keys line up.
+    for k in [
+        "rank.cache",
+        "rank.block_size",
+        "rank.max_num_seqs",
+        "profile.hash",
+    ] {
+        assert_eq!(s["config"]["keys"][k], r["config"]["keys"][k], "{k}");
+    }
+    // The simulator's own figures are the report's extension, not in a replay's.
+    assert!(
+        s["simulation"]["oracle_share"]
+            .as_f64()
+            .is_some_and(|x| x > 0.0)
+    );
+    assert!(s["simulation"]["steps"].as_u64().is_some_and(|x| x > 0));
+    assert!(r.get("simulation").is_none());
+    let cmp = dir.path("cmp");
+    let o = tether(&["compare", &simulated, &replayed, "--out", &cmp]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(t.contains("| metric | simulated | served |"), "{t}");
+    assert!(
+        t.contains("Produced by: simulated: `tether simulate`, served: `tether replay`"),
+        "{t}"
+    );
+    assert!(t.contains("| `sim.policy` | tether | (absent) |"), "{t}");
+    assert!(std::path::Path::new(&format!("{cmp}/compare.md")).is_file());
+    // The planner takes a simulation where it takes a replay.
+    let o = tether(&[
+        "plan",
+        &trace,
+        "--profile",
+        &profile,
+        "--replay",
+        &simulated,
+        "--ttft-p90-ms",
+        "2000",
+        "--rounds",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
 fn bad_traces_and_flags_are_refused_by_name() {
     let dir = TempDir::new("bad");
     let good = generate(&dir, "g.jsonl", "6", "2");
@@ -192,6 +283,24 @@ fn bad_traces_and_flags_are_refused_by_name() {
     );
     let o = tether(&["replay", "--trace", &good, "--target", "https://x:1"]);
     assert!(text(&o).contains("plain http only"), "{}", text(&o));
+    let o = tether(&["replay", "--trace", &good, "--target", "not-a-host:abc"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("the port is not a number"),
+        "{}",
+        text(&o)
+    );
+    let o = tether(&[
+        "replay",
+        "--trace",
+        &good,
+        "--target",
+        "127.0.0.1:1",
+        "--max-error-rate",
+        "1.5",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--max-error-rate"), "{}", text(&o));
     let o = tether(&[
         "replay",
         "--trace",
@@ -216,7 +325,12 @@ fn bad_traces_and_flags_are_refused_by_name() {
         "--out",
         &out,
     ]);
-    assert!(o.status.success(), "{}", text(&o));
+    assert!(!o.status.success(), "nothing succeeded: {}", text(&o));
+    assert!(
+        text(&o).contains("error: no request succeeded"),
+        "{}",
+        text(&o)
+    );
     let r = report(&out);
     assert_eq!(r["requests"]["errors"], r["requests"]["sent"]);
     assert_eq!(

@@ -12,6 +12,7 @@ fn eps(n: usize) -> Vec<Endpoint> {
             address: format!("10.1.0.{}:8000", i + 1),
             weight: 1.0,
             dp_size: 1,
+            name: None,
         })
         .collect()
 }

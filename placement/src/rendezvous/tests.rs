@@ -6,6 +6,7 @@ fn eps(n: usize) -> Vec<Endpoint> {
             address: format!("10.0.0.{}:8000", i + 1),
             weight: 1.0,
             dp_size: 4,
+            name: None,
         })
         .collect()
 }
@@ -132,6 +133,7 @@ fn dp_rank_follows_the_chosen_endpoints_size() {
             address: format!("10.0.1.{}:8000", i + 1),
             weight: 1.0,
             dp_size,
+            name: None,
         })
         .collect();
     let p = Placement::new(&e);
@@ -169,4 +171,48 @@ fn unit_stays_inside_the_open_interval() {
     // The top hashes get the largest f64 below 1.
     assert_eq!(hi.to_bits(), 1.0f64.to_bits() - 1, "{hi}");
     assert!(unit(1 << 11) > lo);
+}
+
+#[test]
+fn a_named_endpoint_keeps_its_keys_on_a_new_address() {
+    let named = |addrs: &[&str]| {
+        let eps: Vec<Endpoint> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Endpoint {
+                address: (*a).to_owned(),
+                weight: 1.0,
+                dp_size: 1,
+                name: Some(format!("rank-{i}")),
+            })
+            .collect();
+        Placement::new(&eps)
+    };
+    let before = named(&["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]);
+    let after = named(&["10.0.0.1:8000", "10.0.9.9:9999", "10.0.0.3:8000"]);
+    let mut on_moved = 0;
+    for key in 0..2000u64 {
+        let (b, a) = (before.pick(key, 2).unwrap(), after.pick(key, 2).unwrap());
+        assert_eq!(b, a, "key {key}");
+        on_moved += usize::from(b.order[0] == 1);
+    }
+    assert!(on_moved > 400, "the renamed endpoint had keys: {on_moved}");
+    // Without names the same move reshuffles that endpoint's keys.
+    let plain = |addrs: &[&str]| {
+        let eps: Vec<Endpoint> = addrs
+            .iter()
+            .map(|a| Endpoint {
+                address: (*a).to_owned(),
+                weight: 1.0,
+                dp_size: 1,
+                name: None,
+            })
+            .collect();
+        Placement::new(&eps)
+    };
+    let (b, a) = (
+        plain(&["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]),
+        plain(&["10.0.0.1:8000", "10.0.9.9:9999", "10.0.0.3:8000"]),
+    );
+    assert!((0..2000u64).any(|k| b.pick(k, 0) != a.pick(k, 0)));
 }

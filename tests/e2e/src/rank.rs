@@ -79,6 +79,35 @@ impl EchoRank {
     pub fn port(&self) -> u16 {
         self.addr.port()
     }
+
+    /// Makes the rank answer normally, with 503, or never
+    /// ([`crate::echo::FAULT_PATH`], sent to it directly).
+    pub fn set_fault(&self, fault: crate::echo::Fault) -> Result<(), HarnessError> {
+        use std::io::{Read, Write};
+        let what = format!("setting fault {} on {}", fault.word(), self.name);
+        let mut s = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_secs(2))
+            .map_err(io(what.clone()))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(io(what.clone()))?;
+        let body = fault.word();
+        write!(
+            s,
+            "POST {} HTTP/1.1\r\nhost: rank\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            crate::echo::FAULT_PATH,
+            body.len()
+        )
+        .map_err(io(what.clone()))?;
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).map_err(io(what.clone()))?;
+        if reply.starts_with("HTTP/1.1 200") {
+            Ok(())
+        } else {
+            Err(HarnessError::Protocol {
+                what,
+                why: reply.lines().next().unwrap_or_default().to_owned(),
+            })
+        }
+    }
 }
 
 /// Waits for a child's first stdout line, `READY <ip:port>` (how the echo

@@ -51,6 +51,8 @@ pub struct StackSpec {
     pub concurrency: u32,
     /// MAGLEV bounded load (hash mode), else the template's.
     pub hash_balance_factor: Option<u32>,
+    /// Name rank `i` `<prefix><i>` with `--rank-id` (else ranks name themselves by address).
+    pub rank_id_prefix: Option<String>,
 }
 
 impl StackSpec {
@@ -64,6 +66,7 @@ impl StackSpec {
             retries: 2,
             concurrency: 1,
             hash_balance_factor: None,
+            rank_id_prefix: None,
         }
     }
 }
@@ -81,7 +84,13 @@ impl Stack {
     /// Starts the ranks, renders the bootstrap for them and starts Envoy.
     pub fn start(spec: &StackSpec) -> Result<Stack, HarnessError> {
         let ranks = (0..spec.ranks)
-            .map(|_| SimRank::start(&spec.rank_args))
+            .map(|i| {
+                let mut args = spec.rank_args.clone();
+                if let Some(p) = &spec.rank_id_prefix {
+                    args.extend(["--rank-id".to_owned(), format!("{p}{i}")]);
+                }
+                SimRank::start(&args)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let gw = GatewaySpec {
             mode: spec.mode,
@@ -93,6 +102,10 @@ impl Stack {
             admin: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
             retries: spec.retries,
             hash_balance_factor: spec.hash_balance_factor,
+            rank_names: Vec::new(),
+            timeouts: tether_envoy::Timeouts::default(),
+            eject_after: 5,
+            eject_for_s: 30,
         };
         let yaml = render(&gw).map_err(|e| HarnessError::Protocol {
             what: "tether_envoy::render".into(),

@@ -128,20 +128,7 @@ pub const HEADER_TARGET: f64 = 0.97;
 /// Body path target: tether's p50 added over no filter ≤ this × what the body floor adds.
 pub const BODY_TARGET: f64 = 1.25;
 
-/// The median (mean of the middle two for an even count); None when empty.
-pub fn median(values: &[f64]) -> Option<f64> {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    })
-}
+pub use tether_fleet::quantile::median;
 
 impl Results {
     pub fn record(&mut self, variant: Variant, size: usize, sample: Sample) {

@@ -492,16 +492,16 @@ fn host_tier_refuses_what_was_used_less_recently_than_it_holds() {
 
 #[test]
 fn hybrid_prefix_is_usable_only_at_a_snapshot_boundary() {
-    let mut conf = cfg(32, 64);
+    let mut conf = cfg(12, 64);
     conf.state_bytes = BB as u64;
-    conf.device_state_slots = 2;
     conf.checkpoint_every_tokens = 4 * conf.block_size;
     let mut c = RetentionCache::try_new(conf).expect("cfg");
-    let mut m = VecMover::new(32, 2);
+    let mut m = VecMover::new(12, 12);
     let s1 = chain(1, 10);
     turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
-    // Snapshots at 10, 8 and 4 blocks were wanted; with 2 slots the prompt end and the
-    // latest checkpoint are kept.
+    // Snapshots at 10, 8 and 4 blocks were wanted; each takes a block slot from the same
+    // 12-slot budget as the 10 KV blocks, so the prompt end and the latest checkpoint
+    // are kept.
     let rec = c.device_record(&key(1)).expect("retained");
     let kept: Vec<BlockHash> = rec.states.iter().map(|(h, _)| *h).collect();
     assert_eq!(kept, vec![s1[9], s1[7]]);
@@ -516,19 +516,21 @@ fn hybrid_prefix_is_usable_only_at_a_snapshot_boundary() {
     let s = a.state.expect("checkpoint state");
     assert_eq!(m.states[s.0 as usize], VecMover::state_content(s1[7]));
     // The full prompt resumes exactly at its end.
+    // (Its two new blocks pushed the record to the host tier: the prompt end comes back
+    // from there, blocks and state.)
     let a = turn(&mut c, &mut m, 3, &s1, None, 2);
     assert_eq!(a.cached_blocks, 10);
     let s = a.state.expect("prompt-end state");
     assert_eq!(m.states[s.0 as usize], VecMover::state_content(s1[9]));
+    c.check().expect("invariants");
 }
 
 #[test]
 fn hybrid_state_offloads_and_restores_with_its_blocks() {
     let mut conf = cfg(12, 64);
     conf.state_bytes = BB as u64;
-    conf.device_state_slots = 1;
     let mut c = RetentionCache::try_new(conf).expect("cfg");
-    let mut m = VecMover::new(12, 1);
+    let mut m = VecMover::new(12, 12);
     let s1 = chain(1, 6);
     turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
     // Session 2 needs the only state slot: session 1's record moves to the host.
@@ -555,9 +557,8 @@ fn hybrid_state_offloads_and_restores_with_its_blocks() {
 fn a_corrupt_host_state_is_a_miss_and_never_served() {
     let mut conf = cfg(12, 64);
     conf.state_bytes = BB as u64;
-    conf.device_state_slots = 1;
     let mut c = RetentionCache::try_new(conf).expect("cfg");
-    let mut m = VecMover::new(12, 1);
+    let mut m = VecMover::new(12, 12);
     let s1 = chain(1, 6);
     turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
     turn(
@@ -665,11 +666,12 @@ proptest! {
         let mut conf = cfg(device, host);
         if hybrid {
             conf.state_bytes = BB as u64;
-            conf.device_state_slots = 3;
             conf.checkpoint_every_tokens = 3 * conf.block_size;
+            // Odd-sized devices also align snapshots to 2 blocks.
+            conf.state_align_tokens = conf.block_size * (1 + device % 2);
         }
         let mut c = RetentionCache::try_new(conf).expect("cfg");
-        let mut m = VecMover::new(device, 3);
+        let mut m = VecMover::new(device, device);
         let mut lens = [1usize; 6];
         let mut running: std::collections::VecDeque<(u64, Vec<BlockHash>, u8, u8)> = Default::default();
         let (mut now, mut next) = (0u64, 0u64);
@@ -745,7 +747,6 @@ fn snapshot_boundaries_put_the_prompt_end_first_then_latest_checkpoints() {
         "attention-only models take no snapshots"
     );
     conf.state_bytes = 1;
-    conf.device_state_slots = 1;
     assert_eq!(snapshot_boundaries(&conf, 10), vec![10]);
     conf.checkpoint_every_tokens = 4 * conf.block_size;
     assert_eq!(snapshot_boundaries(&conf, 10), vec![10, 8, 4]);
@@ -754,13 +755,12 @@ fn snapshot_boundaries_put_the_prompt_end_first_then_latest_checkpoints() {
 }
 
 #[test]
-fn hybrid_without_retention_caches_snapshots_unpinned_and_evicts_them_before_retentions() {
-    let mut conf = cfg(32, 0);
+fn hybrid_without_retention_caches_snapshots_unpinned_and_evicts_by_recency() {
+    let mut conf = cfg(10, 0);
     conf.state_bytes = BB as u64;
-    conf.device_state_slots = 2;
     conf.retention = false;
     let mut c = RetentionCache::try_new(conf.clone()).expect("cfg");
-    let mut m = VecMover::new(32, 2);
+    let mut m = VecMover::new(32, 32);
     turn(&mut c, &mut m, 1, &chain(1, 4), None, 0);
     assert_eq!(c.states().unpinned(), 1);
     let a = turn(&mut c, &mut m, 2, &chain(1, 4), None, 1);
@@ -768,33 +768,36 @@ fn hybrid_without_retention_caches_snapshots_unpinned_and_evicts_them_before_ret
         a.cached_blocks, 4,
         "plain prefix caching reuses the cached snapshot"
     );
-    // With retention: session 1 retained, session 2's snapshot cached unpinned; a third
-    // prompt end takes the unpinned slot, not the retained one.
+    // With retention: session 2 cached unpinned, then session 1 retained (5 + 5 of 10
+    // slots, a snapshot taking one); a third prompt end takes session 2's blocks and
+    // snapshot, not the retained ones, which are more recent.
     conf.retention = true;
-    let mut c = RetentionCache::try_new(conf).expect("cfg");
-    turn(
-        &mut c,
-        &mut m,
-        1,
-        &chain(1, 4),
-        Some(marker(1, TurnKind::User)),
-        0,
-    );
-    turn(&mut c, &mut m, 2, &chain(2, 4), None, 1);
-    turn(
-        &mut c,
-        &mut m,
-        3,
-        &chain(3, 4),
-        Some(marker(3, TurnKind::User)),
-        2,
-    );
+    let mut c = RetentionCache::try_new(conf.clone()).expect("cfg");
+    turn(&mut c, &mut m, 2, &chain(2, 4), None, 0);
+    let s1 = Some(marker(1, TurnKind::User));
+    turn(&mut c, &mut m, 1, &chain(1, 4), s1, 1);
+    let s3 = Some(marker(3, TurnKind::User));
+    turn(&mut c, &mut m, 3, &chain(3, 4), s3, 2);
     assert_eq!(c.stats().offloaded + c.stats().dropped, 0);
     assert!(c.states().get(chain(2, 4)[3]).is_none());
     assert_eq!(
         turn(&mut c, &mut m, 4, &chain(1, 4), None, 3).cached_blocks,
         4
     );
+    // Hybrid models rank a retention against unpinned blocks by recency: retained
+    // before session 2 ran, session 1 is the colder one and yields (no host tier here:
+    // dropped), while session 2's more recent blocks stay cached.
+    let mut c = RetentionCache::try_new(conf).expect("cfg");
+    turn(&mut c, &mut m, 1, &chain(1, 4), s1, 0);
+    turn(&mut c, &mut m, 2, &chain(2, 4), None, 1);
+    turn(&mut c, &mut m, 3, &chain(3, 4), s3, 2);
+    assert_eq!(c.stats().dropped, 1);
+    assert!(c.device_record(&key(1)).is_none());
+    assert_eq!(
+        turn(&mut c, &mut m, 4, &chain(2, 4), None, 3).cached_blocks,
+        4
+    );
+    c.check().expect("invariants");
 }
 
 #[test]
@@ -940,14 +943,14 @@ fn a_prompt_without_a_full_block_is_not_retained() {
 #[test]
 fn a_refused_offload_releases_the_shared_prefix_it_pinned() {
     for hybrid in [false, true] {
-        let mut conf = cfg(6, if hybrid { 7 } else { 5 });
+        // A hybrid model's snapshots take device slots too: 2 more for each prompt.
+        let mut conf = cfg(if hybrid { 8 } else { 6 }, if hybrid { 7 } else { 5 });
         if hybrid {
             conf.state_bytes = BB as u64;
-            conf.device_state_slots = 4;
             conf.checkpoint_every_tokens = 3 * conf.block_size;
         }
         let mut c = RetentionCache::try_new(conf).expect("cfg");
-        let mut m = VecMover::new(6, 4);
+        let mut m = VecMover::new(8, 8);
         let shared = chain(9, 3);
         let a: Vec<BlockHash> = shared.iter().copied().chain(chain(1, 2)).collect();
         let b: Vec<BlockHash> = shared.iter().copied().chain(chain(2, 2)).collect();
@@ -1029,4 +1032,129 @@ fn the_host_tier_evicts_its_least_recently_used_record_for_a_newer_one() {
     assert!(c.host().record(&key(2)).is_some());
     assert_eq!(c.host().evicted_records(), 1);
     assert_eq!(c.stats().offloaded, 2);
+}
+
+/// Snapshots are paid from the KV block budget: a snapshot of 2.5 blocks' bytes takes 3
+/// block slots, which come back when it goes.
+#[test]
+fn a_snapshot_takes_block_slots_from_the_device_budget() {
+    let mut conf = cfg(12, 0);
+    conf.state_bytes = 5 * BB as u64 / 2;
+    assert_eq!(conf.state_blocks(), 3);
+    let mut c = RetentionCache::try_new(conf).expect("cfg");
+    assert_eq!(c.states().capacity(), 4);
+    let mut m = VecMover::new(12, 4);
+    turn(&mut c, &mut m, 1, &chain(1, 4), None, 0);
+    assert_eq!(c.pool().cached(), 4);
+    assert_eq!(c.states().used(), 1);
+    assert_eq!(c.pool().empty_slots(), 12 - 4 - 3);
+    // A second prompt of 6 blocks needs 9 slots: 5 are free, the first prompt's blocks
+    // go, and its snapshot goes with its boundary block, giving its 3 slots back.
+    turn(&mut c, &mut m, 2, &chain(2, 6), None, 1);
+    assert!(c.states().get(chain(1, 4)[3]).is_none());
+    assert!(c.states().get(chain(2, 6)[5]).is_some());
+    assert_eq!(c.pool().cached() + 3 + c.pool().empty_slots(), 12);
+    c.check().expect("invariants");
+}
+
+#[test]
+fn a_snapshot_larger_than_the_device_is_refused_naming_the_fields() {
+    let mut conf = cfg(4, 0);
+    conf.state_bytes = 5 * BB as u64;
+    let e = RetentionCache::try_new(conf.clone()).expect_err("too large");
+    assert!(e.to_string().contains("state_bytes"), "{e}");
+    assert!(e.to_string().contains("device_blocks"), "{e}");
+    conf.block_bytes = 0;
+    let e = RetentionCache::try_new(conf).expect_err("no block bytes");
+    assert!(e.to_string().contains("block_bytes"), "{e}");
+}
+
+/// The previous prompt end stays pinned while the new prompt end's snapshot is saved:
+/// the new snapshot takes its room from other retentions first (offloaded), not from the
+/// session's old turn.
+#[test]
+fn the_previous_snapshot_is_kept_until_the_new_one_is_saved() {
+    let mut conf = cfg(10, 64);
+    conf.state_bytes = BB as u64;
+    let mut c = RetentionCache::try_new(conf).expect("cfg");
+    let mut m = VecMover::new(10, 10);
+    let s1 = chain(1, 3);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 1),
+        Some(marker(2, TurnKind::Tool)),
+        1,
+    );
+    // 4 + 2 slots used. Session 1's next turn rewrote its last block (2 blocks shared,
+    // 2 new; with no snapshot on its chain all 4 are computed into fresh slots) and
+    // needs a snapshot: the old turn's tail and snapshot would be the cheapest room,
+    // but they stay until the new snapshot is saved.
+    let mut next = s1[..2].to_vec();
+    next.extend(chain(5, 2));
+    turn(&mut c, &mut m, 3, &next, Some(marker(1, TurnKind::Tool)), 2);
+    assert_eq!(c.stats().offloaded, 1, "session 2 yielded to the host tier");
+    assert!(c.host().record(&key(2)).is_some());
+    let rec = c.device_record(&key(1)).expect("new prompt end retained");
+    assert_eq!(rec.states.first().map(|s| s.0), Some(next[3]));
+    assert_eq!(c.stats().superseded, 1);
+    assert!(
+        c.states().get(s1[2]).is_some(),
+        "the old snapshot is still cached (unpinned) after the new one was saved"
+    );
+    c.check().expect("invariants");
+}
+
+/// vLLM `--mamba-cache-mode align`: snapshots only at multiples of the hybrid block
+/// (here 4 blocks). A prompt ending mid-block is retained up to its last aligned
+/// boundary, and the next turn resumes there and recomputes only the rest.
+#[test]
+fn hybrid_snapshots_align_to_the_engine_block_and_a_mid_block_return_resumes_there() {
+    let mut conf = cfg(32, 0);
+    conf.state_bytes = BB as u64;
+    conf.state_align_tokens = 4 * conf.block_size;
+    assert_eq!(snapshot_boundaries(&conf, 10), vec![8]);
+    assert!(snapshot_boundaries(&conf, 3).is_empty());
+    conf.checkpoint_every_tokens = 3 * conf.block_size;
+    assert_eq!(snapshot_boundaries(&conf, 13), vec![12, 8, 4]);
+    conf.checkpoint_every_tokens = 0;
+    let mut c = RetentionCache::try_new(conf.clone()).expect("cfg");
+    let mut m = VecMover::new(32, 32);
+    let s1 = chain(1, 10);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
+    let rec = c.device_record(&key(1)).expect("retained");
+    assert_eq!(rec.hashes.len(), 8, "retained up to the aligned prompt end");
+    assert_eq!(
+        rec.states.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![s1[7]]
+    );
+    // The next turn resends the 10 blocks and adds 3: it resumes at block 8.
+    let mut s2 = s1.clone();
+    s2.extend(chain(2, 3));
+    let a = turn(&mut c, &mut m, 2, &s2, Some(marker(1, TurnKind::Tool)), 1);
+    assert_eq!(a.cached_blocks, 8);
+    let st = a.state.expect("aligned snapshot");
+    assert_eq!(m.states[st.0 as usize], VecMover::state_content(s1[7]));
+    assert_eq!(
+        c.device_record(&key(1)).map(|r| r.hashes.len()),
+        Some(12),
+        "superseded by the new aligned prompt end"
+    );
+    // A prompt shorter than one hybrid block has nothing to resume from: not retained.
+    turn(
+        &mut c,
+        &mut m,
+        3,
+        &chain(3, 3),
+        Some(marker(3, TurnKind::Tool)),
+        2,
+    );
+    assert!(c.device_record(&key(3)).is_none());
+    let mut bad = conf;
+    bad.state_align_tokens = bad.block_size + 1;
+    let e = RetentionCache::try_new(bad).expect_err("unaligned");
+    assert!(e.to_string().contains("state_align_tokens"), "{e}");
+    c.check().expect("invariants");
 }

@@ -278,29 +278,32 @@ fn retention_keeps_a_session_through_a_flood_that_lru_loses() {
     assert_eq!(hits(true), 1600 / BS * BS);
 }
 
+/// Session 1 retains a `tokens`-token prompt, three other sessions push it to the host
+/// tier, and it returns with 64 more tokens: that request's outcome.
+fn return_after_three_others(e: &mut Engine, tokens: usize) -> Outcome {
+    let a = toks(11, tokens);
+    e.submit(req(1, &a, 1, marker(1)), 0.0).unwrap();
+    run(e);
+    for s in 2..5u64 {
+        let at = e.clock() + 10.0;
+        let t = toks(20 + s as u32, tokens);
+        e.submit(req(s, &t, 1, marker(u128::from(s))), at).unwrap();
+        run(e);
+    }
+    assert!(e.cache().stats().offloaded >= 1, "{:?}", e.cache().stats());
+    let mut a2 = a;
+    a2.extend(toks(12, 64));
+    let at = e.clock() + 10.0;
+    e.submit(req(9, &a2, 1, marker(1)), at).unwrap();
+    done(&run(e), 9)
+}
+
 #[test]
 fn a_host_tier_restore_is_counted_and_costs_link_time() {
     // Device of 160 blocks (2560 tokens); every session retains 1280 tokens, so the
     // third retention pushes the oldest to the host tier.
     let mut e = engine_with(160, 64 << 20, true, 64, 8192);
-    let a = toks(11, 1280);
-    e.submit(req(1, &a, 1, marker(1)), 0.0).unwrap();
-    run(&mut e);
-    for s in 2..5u64 {
-        let at = e.clock() + 10.0;
-        e.submit(
-            req(s, &toks(20 + s as u32, 1280), 1, marker(u128::from(s))),
-            at,
-        )
-        .unwrap();
-        run(&mut e);
-    }
-    assert!(e.cache().stats().offloaded >= 1, "{:?}", e.cache().stats());
-    let mut a2 = a.clone();
-    a2.extend(toks(12, 64));
-    let at = e.clock() + 10.0;
-    e.submit(req(9, &a2, 1, marker(1)), at).unwrap();
-    let o = done(&run(&mut e), 9);
+    let o = return_after_three_others(&mut e, 1280);
     assert_eq!(o.restored_tokens, 1280);
     assert_eq!(o.cached_tokens, 1280);
     // 80 blocks × 16 KiB at 1 GB/s.
@@ -556,4 +559,60 @@ fn the_finish_hint_never_passes_a_finish() {
         }
     }
     assert_eq!(finished, 30);
+}
+
+/// Hybrid models: a prompt ending mid-way through an aligned block resumes at the last
+/// aligned boundary, and a restore from the host tier brings the snapshot's bytes over
+/// the link with the blocks.
+#[test]
+fn a_hybrid_restore_resumes_at_the_aligned_snapshot_and_pays_for_its_bytes() {
+    let block_bytes = (BS as u64) << 10;
+    let policy = PolicyConfig {
+        block_size: BS,
+        device_blocks: 200,
+        block_bytes,
+        host_bytes: 64 << 20,
+        state_bytes: 10 * block_bytes,
+        state_align_tokens: 4 * BS,
+        ..PolicyConfig::default()
+    };
+    let cfg = EngineConfig {
+        policy,
+        max_num_seqs: 64,
+        max_num_batched_tokens: 8192,
+        kv_link_gbps: 1.0,
+    };
+    let mut e = Engine::try_new(cfg, LatencyModel::new(profile())).unwrap();
+    // 1,300 tokens: 81 full blocks, the last aligned boundary at 80 (1,280 tokens).
+    let o = return_after_three_others(&mut e, 1300);
+    assert_eq!(o.cached_tokens, 1280, "resumed at the aligned snapshot");
+    assert_eq!(o.restored_tokens, 1280);
+    // 80 blocks and a 10-block snapshot, 16 KiB per block, at 1 GB/s.
+    let bytes = 90.0 * 16.0 * 1024.0;
+    assert!((o.restore_ms - bytes / 1e6).abs() < 1e-9, "{o:?}");
+    e.cache().check().unwrap();
+}
+
+#[test]
+fn a_hybrid_profile_gives_the_engine_its_state_rounded_to_whole_blocks() {
+    let mut p = profile();
+    p.hybrid = Some(crate::profile::HybridState {
+        state_bytes: 39_518_208,
+        align_tokens: 544,
+    });
+    let s = EngineSettings {
+        block_size: 64,
+        ..EngineSettings::default()
+    };
+    let c = EngineConfig::for_profile(&p, &s);
+    assert_eq!(c.policy.state_bytes, 39_518_208);
+    assert_eq!(
+        c.policy.state_align_tokens, 576,
+        "544 rounded up to 64-token blocks"
+    );
+    assert!(c.policy.validate().is_ok());
+    assert_eq!(
+        EngineConfig::for_profile(&profile(), &s).policy.state_bytes,
+        0
+    );
 }

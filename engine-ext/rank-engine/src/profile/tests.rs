@@ -16,6 +16,15 @@ fn shipped_profiles_parse_and_hit_their_published_points() {
         assert!((qwen.decode_itl_ms.itl_ms(b, 4250.0) - itl).abs() < 1e-9);
     }
     assert_eq!(qwen.engine_hour_usd(), 14.0);
+    let next = Profile::from_file(&examples().join("qwen3-coder-next-fp8-h200-tp1.json")).unwrap();
+    assert_eq!(next.prefill_ttft_ms.at(1024.0), 379.0);
+    assert!((next.decode_itl_ms.itl_ms(1.0, 262_144.0) - 6.545).abs() < 1e-9);
+    // 36 Gated DeltaNet layers x (3 x 8,192 conv + 32 x 128 x 128 recurrent) x 2 bytes.
+    let h = next.hybrid.expect("a hybrid profile");
+    assert_eq!(h.state_bytes, 36 * (3 * 8192 + 32 * 128 * 128) * 2);
+    assert_eq!(h.align_tokens, 544);
+    assert_eq!(next.kv_bytes_per_token, 12 * 2 * 2 * 256 * 2);
+    assert!(llama.hybrid.is_none());
 }
 
 fn base() -> serde_json::Value {
@@ -59,6 +68,15 @@ fn a_bad_profile_is_refused_naming_the_field() {
     let e = err(|v| v["decode"]["points"][1]["batch"] = serde_json::json!(1));
     assert!(e.contains("decode.points"), "{e}");
     assert!(Profile::from_json("not json").is_err());
+    let hybrid = |h: serde_json::Value| err(move |v| v["hybrid"] = h);
+    let e = hybrid(serde_json::json!({"state_bytes": 0, "align_tokens": 16}));
+    assert!(e.contains("hybrid.state_bytes"), "{e}");
+    let e = hybrid(serde_json::json!({"state_bytes": 8, "align_tokens": 0}));
+    assert!(e.contains("hybrid.align_tokens"), "{e}");
+    let e = hybrid(serde_json::json!({"state_bytes": 8, "align_tokens": 16, "dtype": "bf16"}));
+    assert!(e.contains("dtype"), "{e}");
+    let e = hybrid(serde_json::json!({"align_tokens": 16}));
+    assert!(e.contains("state_bytes"), "{e}");
 }
 
 #[test]

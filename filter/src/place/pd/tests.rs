@@ -6,6 +6,7 @@ fn ep(a: &str) -> Endpoint {
         address: a.to_owned(),
         weight: 1.0,
         dp_size: 2,
+        name: None,
     }
 }
 

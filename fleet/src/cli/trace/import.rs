@@ -1,6 +1,7 @@
 //! `tether trace import`: a trace in a format users have, written as a tether trace.
 
 use crate::import::{Format, ImportOptions, import, report_text};
+use crate::name::{UnknownName, pick};
 use crate::trace::{Api, IdForm, content_hash, write_trace_file};
 use anyhow::Result;
 use clap::Args as ClapArgs;
@@ -18,9 +19,10 @@ pub struct Args {
     /// Where to write the tether trace (JSONL).
     #[arg(long)]
     pub output: PathBuf,
-    /// API the requests are sent with: chat, responses, messages, completions.
-    #[arg(long, default_value = "chat", value_parser = parse_api)]
-    pub api: Api,
+    /// API the requests are sent with: chat, responses, messages, completions
+    /// (default: chat; AgentX: the API the trace's models imply).
+    #[arg(long, value_parser = parse_api)]
+    pub api: Option<Api>,
     /// Mooncake: tokens per hash id.
     #[arg(long, default_value_t = ImportOptions::default().mooncake_block_size)]
     pub block_size: u32,
@@ -41,13 +43,8 @@ pub struct Args {
 }
 
 /// Parses an `--api` value.
-pub fn parse_api(s: &str) -> Result<Api, String> {
-    Api::parse(s).ok_or_else(|| {
-        format!(
-            "unknown API `{s}` (known: {})",
-            Api::ALL.map(Api::name).join(", ")
-        )
-    })
+pub fn parse_api(s: &str) -> Result<Api, UnknownName> {
+    pick(&Api::ALL, Api::name, s, "API")
 }
 
 /// Runs it.

@@ -1,20 +1,18 @@
 //! `tether trace stats`: what a trace holds and what an infinite cache would hit.
 
-use crate::import::{Format, ImportOptions, import, report_text};
+use crate::cli::input::TraceArgs;
+use crate::import::report_text;
 use crate::trace::content_hash;
 use crate::trace::stats::stats;
 use anyhow::Result;
 use clap::Args as ClapArgs;
-use std::path::PathBuf;
 
 /// `tether trace stats`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// The trace.
-    pub trace: PathBuf,
-    /// Its format (a foreign trace is imported in memory with default options).
-    #[arg(long, default_value = "tether", value_parser = Format::parse)]
-    pub format: Format,
+    /// The trace and its format.
+    #[command(flatten)]
+    pub input: TraceArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -22,7 +20,7 @@ pub struct Args {
 
 /// Runs it.
 pub fn run(a: Args) -> Result<()> {
-    let trace = import(a.format, &a.trace, &ImportOptions::default())?;
+    let trace = a.input.read()?;
     let s = stats(&trace);
     let report = report_text(&trace);
     let hash = content_hash(&trace);
@@ -33,7 +31,7 @@ pub fn run(a: Args) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("trace        {} ({hash})", a.trace.display());
+    println!("trace        {} ({hash})", a.input.path().display());
     print!("{s}");
     if let Some(r) = report {
         println!("{r}");

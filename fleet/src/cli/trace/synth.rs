@@ -1,7 +1,7 @@
 //! `tether trace synth`: the HTTP requests a replay would send for a trace, for inspection.
 
 use super::import::parse_api;
-use crate::import::{Format, ImportOptions, import};
+use crate::cli::input::TraceArgs;
 use crate::synth::{Identity, SessionSynth, SynthOptions};
 use crate::trace::{Api, SessionId};
 use anyhow::{Result, bail};
@@ -9,7 +9,6 @@ use clap::Args as ClapArgs;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use std::io::Write;
-use std::path::PathBuf;
 
 /// The synthesis flags `tether trace synth` and `tether replay` share.
 #[derive(Debug, Clone, ClapArgs)]
@@ -55,11 +54,9 @@ impl SynthArgs {
 /// `tether trace synth`.
 #[derive(Debug, ClapArgs)]
 pub struct Args {
-    /// The trace.
-    pub trace: PathBuf,
-    /// Its format (a foreign trace is imported in memory with default options).
-    #[arg(long, default_value = "tether", value_parser = Format::parse)]
-    pub format: Format,
+    /// The trace and its format.
+    #[command(flatten)]
+    pub input: TraceArgs,
     /// Only this session (its id in the trace).
     #[arg(long)]
     pub session: Option<String>,
@@ -90,12 +87,12 @@ struct Line<'a> {
 /// Runs it: one JSON line per request (`session`, `agent`, `turn`,
 /// `opened_by`, `method`, `path`, `headers`, `body`).
 pub fn run(a: Args) -> Result<()> {
-    let trace = import(a.format, &a.trace, &ImportOptions::default())?;
+    let trace = a.input.read()?;
     let opts = a.synth.options();
     let sessions: Vec<SessionId> = match &a.session {
         Some(id) => match trace.sessions().iter().position(|s| &s.id == id) {
             Some(i) => vec![SessionId(i as u32)],
-            None => bail!("no session `{id}` in {}", a.trace.display()),
+            None => bail!("no session `{id}` in {}", a.input.path().display()),
         },
         None => (0..trace.sessions().len() as u32).map(SessionId).collect(),
     };

@@ -178,15 +178,96 @@ fn a_directory_of_traces_and_a_stagger() {
     std::fs::write(dir.join("b.json"), RUN.replace("run-1", "run-2")).unwrap();
     std::fs::write(dir.join("a.json"), RUN).unwrap();
     std::fs::write(dir.join("notes.txt"), "ignored").unwrap();
+    // Published drops nest traces in subdirectories: they are read too.
+    std::fs::create_dir_all(dir.join("v2/deep")).unwrap();
+    std::fs::write(dir.join("v2/deep/c.json"), RUN.replace("run-1", "run-3")).unwrap();
+    std::fs::write(
+        dir.join("v2/d.jsonl"),
+        RUN.replace("run-1", "run-4").replace('\n', " "),
+    )
+    .unwrap();
+    std::fs::write(dir.join("v2/README.md"), "# notes").unwrap();
     let opts = ImportOptions {
         agentx_stagger_ms: Some(60_000),
         ..ImportOptions::default()
     };
     let t = import_path(&dir, &opts).unwrap();
     std::fs::remove_dir_all(&dir).ok();
-    assert_eq!(t.sessions().len(), 2);
+    assert_eq!(t.sessions().len(), 4);
     assert_eq!(t.session(SessionId(1)).start_ms, Some(60_000));
-    assert_eq!(t.session(SessionId(0)).id, "run-1");
+    let ids: Vec<&str> = t.sessions().iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["run-1", "run-2", "run-4", "run-3"], "path order");
+    let rep = report_of(&t).unwrap();
+    assert_eq!(rep.skipped_files.len(), 2, "{:?}", rep.skipped_files);
+    assert!(
+        rep.skipped_files
+            .iter()
+            .any(|f| f.ends_with("v2/README.md"))
+    );
+    assert!(rep.to_string().contains("2 files skipped"), "{rep}");
+}
+
+#[test]
+fn a_far_early_subagent_marker_does_not_move_the_timeline() {
+    // An older export's marker at t = -279,058 s: requests keep their own times.
+    let t = import_json(
+        &RUN.replace(
+            "\"t\": 110.0, \"type\": \"subagent\"",
+            "\"t\": -279058.0, \"type\": \"subagent\"",
+        ),
+        "json",
+    )
+    .unwrap();
+    let at: Vec<u64> = t.requests().iter().map(|r| r.at_ms).collect();
+    assert_eq!(at.iter().min(), Some(&0), "the first request is the origin");
+    assert!(at.iter().all(|&a| a <= 40_500), "{at:?}");
+    let rep = report_of(&t).unwrap();
+    assert_eq!(rep.early_subagent_markers, 1);
+    assert_eq!(rep.negative_starts, 0);
+    assert!(
+        rep.to_string().contains("1 subagent markers before"),
+        "{rep}"
+    );
+    // A trace whose requests start at a negative t is shifted like any other.
+    let t = import_json(&RUN.replace("\"t\": 100.0,", "\"t\": -5.0,"), "json").unwrap();
+    assert_eq!(t.requests().iter().map(|r| r.at_ms).min(), Some(0));
+    assert_eq!(t.requests().iter().map(|r| r.at_ms).max(), Some(145_500));
+    assert_eq!(report_of(&t).unwrap().negative_starts, 1);
+}
+
+#[test]
+fn the_api_follows_the_models_unless_given() {
+    let api_of = |t: &Trace| t.requests()[0].api;
+    let t = import_json(RUN, "json").unwrap();
+    assert_eq!(
+        api_of(&t),
+        Api::Messages,
+        "Claude models speak Anthropic Messages"
+    );
+    assert!(t.requests().iter().all(|r| r.api == Api::Messages));
+    assert!(
+        report_of(&t)
+            .unwrap()
+            .to_string()
+            .contains("sent as 1 messages")
+    );
+    let codex = RUN.replace("claude", "gpt-5-codex");
+    assert_eq!(
+        api_of(&import_json(&codex, "json").unwrap()),
+        Api::Responses
+    );
+    let other = RUN.replace("claude", "qwen3-coder");
+    assert_eq!(api_of(&import_json(&other, "json").unwrap()), Api::Chat);
+    let dir = std::env::temp_dir().join(format!("tether-agentx-api-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("t.json"), RUN).unwrap();
+    let opts = ImportOptions {
+        api: Some(Api::Chat),
+        ..ImportOptions::default()
+    };
+    let t = import_path(&dir.join("t.json"), &opts).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(api_of(&t), Api::Chat, "--api wins");
 }
 
 #[test]

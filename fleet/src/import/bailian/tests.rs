@@ -87,7 +87,7 @@ fn edge_records_and_the_report_text() {
 {"chat_id": 3, "parent_chat_id": 3, "timestamp": 200, "input_length": 10, "output_length": 1, "type": "text", "turn": 1, "hash_ids": [20]}"#;
     let recs = parse(Cursor::new(text.as_bytes()), "b.jsonl").unwrap();
     let opts = ImportOptions {
-        api: crate::trace::Api::Messages,
+        api: Some(crate::trace::Api::Messages),
         ..ImportOptions::default()
     };
     let t = import_records(recs, &opts, "b.jsonl", None).unwrap();

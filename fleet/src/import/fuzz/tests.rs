@@ -1,4 +1,4 @@
-use crate::import::{ImportOptions, agentx, bailian, mooncake};
+use crate::import::{ImportOptions, agentx, bailian, mooncake, tracelab};
 use crate::trace::{Trace, TraceError, read_trace_from};
 use proptest::prelude::*;
 use std::io::Cursor;
@@ -83,5 +83,14 @@ proptest! {
             });
             prop_assert!(r.is_ok(), "{r:?}");
         }
+    }
+
+    #[test]
+    fn the_tracelab_importer_never_panics(edits in prop::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 0..8)) {
+        let text = lossy(&mutate(&tracelab::tests::fixture(), &edits));
+        let r = parse_then_import("l.jsonl", tracelab::parse(Cursor::new(text.into_bytes()), "l.jsonl"), |rounds| {
+            tracelab::import_rounds(rounds, &ImportOptions::default(), "l.jsonl", None)
+        });
+        prop_assert!(r.is_ok(), "{r:?}");
     }
 }

@@ -76,7 +76,7 @@ fn tool_gap_and_block_size_are_options() {
     let opts = ImportOptions {
         tool_gap_ms: 0,
         mooncake_block_size: 16,
-        api: crate::trace::Api::Messages,
+        api: Some(crate::trace::Api::Messages),
         ..ImportOptions::default()
     };
     let t = import_text(CHATS, &opts).unwrap();

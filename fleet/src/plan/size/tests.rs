@@ -25,6 +25,7 @@ fn model() -> LatencyModel {
             )],
         )
         .unwrap(),
+        hybrid: None,
         sources: vec![],
     })
 }

@@ -1,7 +1,7 @@
 use super::*;
 use crate::report::config::RankInfo;
 use crate::report::model::RunInfo;
-use crate::report::observe::{ErrorKind, Served, Timing};
+use crate::report::observe::{Clock, ErrorKind, Observation, Outcome, Served, Timing};
 use crate::trace::{AgentSpec, RequestSpec, SessionSpec, TraceBuilder, TurnKind};
 use serde_json::json;
 

@@ -40,25 +40,33 @@ fn requests_are_conserved_and_hits_never_exceed_prompts_or_the_oracle() {
             let out = run(&t, &cfg(policy, cache, 4));
             let r = &out.report;
             assert_eq!(
-                r.finished + r.refused + r.failed,
+                r.finished + r.sim.refused + r.sim.failed,
                 r.requests,
                 "{}",
                 r.label()
             );
             assert_eq!(r.requests, t.requests().len() as u64);
-            assert_eq!(r.refused + r.failed, 0, "{}", r.label());
+            assert_eq!(r.sim.refused + r.sim.failed, 0, "{}", r.label());
             assert_eq!(out.records.len() as u64, r.finished);
-            assert!(out.records.iter().all(|q| q.hit_tokens <= q.prompt_tokens));
-            assert!(out.records.iter().all(|q| q.ttft_ms() > 0.0));
+            let served: Vec<_> = out.records.iter().filter_map(|o| o.served()).collect();
+            assert_eq!(served.len(), out.records.len());
+            assert!(served.iter().all(|s| s.cached_tokens <= s.prompt_tokens));
+            assert!(served.iter().all(|s| s.timing.ttft_ms > 0.0));
+            let hits: u64 = served.iter().map(|s| s.cached_tokens).sum();
+            assert_eq!(hits, r.hit_tokens, "{}", r.label());
             assert_eq!(r.hit_tokens + r.computed_tokens, r.prompt_tokens);
             assert!(
-                r.hit_tokens <= r.oracle_hit_tokens,
+                r.hit_tokens <= r.sim.oracle_hit_tokens,
                 "{}: {} hits > oracle {}",
                 r.label(),
                 r.hit_tokens,
-                r.oracle_hit_tokens
+                r.sim.oracle_hit_tokens
             );
-            assert!(r.gpu_seconds > 0.0 && r.usd_per_mtok.is_finite() && r.tokens_per_gpu_s > 0.0);
+            assert!(
+                r.sim.gpu_seconds > 0.0
+                    && r.sim.usd_per_mtok.is_finite()
+                    && r.sim.tokens_per_gpu_s > 0.0
+            );
         }
     }
 }
@@ -68,8 +76,8 @@ fn the_oracle_serves_every_block_seen_before() {
     let t = agent_trace(20, 5, 400, 100, 64);
     let r = run(&t, &cfg(Policy::Oracle, CacheMode::Lru, 4)).report;
     // Its hits are exactly the infinite cache's (every request's KV fits).
-    assert_eq!(r.hit_tokens, r.oracle_hit_tokens);
-    assert!((r.oracle_share - 1.0).abs() < 1e-12);
+    assert_eq!(r.hit_tokens, r.sim.oracle_hit_tokens);
+    assert!((r.sim.oracle_share - 1.0).abs() < 1e-12);
     assert!(r.returning.hit_ratio > 0.5);
 }
 
@@ -101,7 +109,7 @@ fn session_affinity_keeps_returning_turns_cached_and_round_robin_does_not() {
     assert!(tether.returning.hit_ratio > 0.6, "{:?}", tether.returning);
     // Round robin still hits the shared system prompt (4 of every prompt's blocks).
     assert!(tether.returning.hit_ratio > rr.returning.hit_ratio + 0.1);
-    assert!(tether.oracle_share > rr.oracle_share);
+    assert!(tether.sim.oracle_share > rr.sim.oracle_share);
     assert!(tether.ttft_ms.mean < rr.ttft_ms.mean);
 }
 
@@ -115,20 +123,20 @@ fn disaggregated_serving_prefills_remotely_above_the_threshold_and_moves_the_kv(
         kv_link_gbps: 10.0,
     };
     let r = run(&t, &c).report;
-    let pd = r.pd.unwrap();
+    let pd = r.sim.pd.unwrap();
     assert_eq!(r.finished, r.requests);
     assert_eq!(pd.remote_prefills, r.requests);
     assert!(pd.transferred_tokens > 0 && pd.transfer_ms_mean > 0.0);
     // With a high threshold returning turns (mostly cached on their decode rank) prefill in place.
     c.pd.threshold_tokens = 200;
     let r2 = run(&t, &c).report;
-    let pd2 = r2.pd.unwrap();
+    let pd2 = r2.sim.pd.unwrap();
     assert_eq!(r2.finished, r2.requests);
     assert!(pd2.local_prefills > 0 && pd2.remote_prefills > 0, "{pd2:?}");
     assert!(pd2.remote_prefills < pd.remote_prefills);
     // The decode rank holds what was transferred to it: returning turns hit there.
     assert!(r2.returning.hit_ratio > 0.5, "{:?}", r2.returning);
-    assert_eq!(r2.gpus, 5);
+    assert_eq!(r2.sim.gpus, 5);
 }
 
 #[test]
@@ -150,12 +158,12 @@ fn scaling_steps_charge_only_active_ranks() {
     ];
     let scaled = run(&t, &c).report;
     assert_eq!(scaled.finished, scaled.requests);
-    assert!(scaled.gpu_seconds < full.gpu_seconds);
+    assert!(scaled.sim.gpu_seconds < full.sim.gpu_seconds);
     let expect = 2.0 * 2.0 + 4.0 * (scaled.span_s - 2.0);
     assert!(
-        (scaled.gpu_seconds - expect).abs() < 1e-6,
+        (scaled.sim.gpu_seconds - expect).abs() < 1e-6,
         "{} vs {expect}",
-        scaled.gpu_seconds
+        scaled.sim.gpu_seconds
     );
 }
 

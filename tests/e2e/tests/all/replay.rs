@@ -196,6 +196,44 @@ fn check_adds_up(r: &Report, trace: &Trace) {
     );
 }
 
+/// Ranks started with their own `--rank-id` answer with that name, not an
+/// address: the replay finds them among the gateway's endpoints (read from
+/// Envoy's admin) and still reads their configuration and busy time, so the
+/// report is costed; without the admin it says which ranks it could not read.
+#[test]
+fn ranks_with_their_own_ids_are_found_through_the_gateway() {
+    need_envoy_and_filter();
+    need_rank();
+    let trace = Arc::new(agent_trace(4, 3));
+    let mut spec = StackSpec::new(2, Mode::Pick, &[]);
+    spec.rank_args = rank_args(SPEEDUP, "lru", 1 << 20, 0.0);
+    spec.rank_id_prefix = Some("gpu-".into());
+    let stack = Stack::start(&spec).unwrap_or_else(|e| panic!("starting the stack: {e}"));
+    let src = Source {
+        path: "test".into(),
+        format: "tether".into(),
+    };
+    let mut opts = stack.options(options(Identity::None));
+    opts.ranks.clear();
+    let (r, out) = replay_blocking(&trace, &src, &opts, "ids").unwrap();
+    let mut names: Vec<&str> = r.config.ranks.iter().map(|i| i.rank.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["gpu-0", "gpu-1"], "warnings: {:?}", out.warnings);
+    assert!(r.cost.usd_per_mtok.is_some_and(|c| c > 0.0), "{:?}", r.cost);
+    assert_eq!(r.cost.basis.as_deref(), Some("busy"));
+
+    opts.gateway_admin = None;
+    let (r, out) = replay_blocking(&trace, &src, &opts, "ids-blind").unwrap();
+    assert!(r.config.ranks.is_empty());
+    assert!(
+        out.warnings
+            .iter()
+            .any(|w| w.contains("gpu-0") && w.contains("--gateway-admin")),
+        "{:?}",
+        out.warnings
+    );
+}
+
 #[test]
 fn tether_routing_beats_round_robin_on_returning_turns() {
     need_envoy_and_filter();
@@ -320,6 +358,10 @@ fn rendered_bootstraps_pass_envoy_validate() {
                 admin: "127.0.0.1:0".parse().unwrap(),
                 retries: 2,
                 hash_balance_factor: Some(125),
+                rank_names: Vec::new(),
+                timeouts: tether_envoy::Timeouts::default(),
+                eject_after: 5,
+                eject_for_s: 30,
             };
             let yaml = render(&spec).unwrap();
             tether_e2e::Envoy::validate(&yaml)

@@ -201,3 +201,53 @@ pub fn body_turn(conv: &Conversation, identity: &[(&str, Value)]) -> Request {
 pub fn counter(m: &Metrics, needle: &str) -> f64 {
     m.sum(needle)
 }
+
+/// Envoy on the bootstrap `tether gateway` renders for these echo ranks
+/// (`names`: each rank's name as its stable identity); `tune` adjusts the
+/// spec (timeouts, ejection) before rendering.
+pub fn gateway(
+    mode: tether_envoy::Mode,
+    ranks: &[EchoRank],
+    names: bool,
+    tune: impl FnOnce(&mut tether_envoy::GatewaySpec),
+) -> Envoy {
+    need_envoy_and_filter();
+    let mut spec = tether_envoy::GatewaySpec {
+        mode,
+        ranks: ranks.iter().map(EchoRank::addr).collect(),
+        dp_size: 1,
+        plugin_config: serde_json::Map::new(),
+        filter_wasm: need(paths::require_filter_wasm()).display().to_string(),
+        listen: "127.0.0.1:0".parse().expect("literal"),
+        admin: "127.0.0.1:0".parse().expect("literal"),
+        retries: 2,
+        hash_balance_factor: None,
+        rank_names: if names {
+            ranks.iter().map(|r| Some(r.name().to_owned())).collect()
+        } else {
+            Vec::new()
+        },
+        timeouts: tether_envoy::Timeouts::default(),
+        eject_after: 5,
+        eject_for_s: 30,
+    };
+    tune(&mut spec);
+    let yaml = tether_envoy::render(&spec).unwrap_or_else(|e| panic!("rendering: {e}"));
+    Envoy::builder()
+        .log_level("warning")
+        .start(&yaml)
+        .unwrap_or_else(|e| {
+            panic!(
+                "envoy starts on the rendered {} bootstrap: {e}",
+                mode.name()
+            )
+        })
+}
+
+/// Scrapes `/stats/prometheus` after the filter's once-a-second counter flush.
+pub fn metrics_of(envoy: &Envoy) -> Metrics {
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    envoy
+        .prometheus()
+        .unwrap_or_else(|e| panic!("scraping /stats/prometheus: {e}"))
+}

@@ -4,6 +4,7 @@ mod abi;
 mod cli;
 mod common;
 mod floor;
+mod harness_identity;
 mod load;
 mod scan;
 mod tether;

@@ -726,7 +726,8 @@ mod configuration {
             "fallbacks": 2,
             "session_sources": [
                 "header:x-session-id", "header:x-claude-code-session-id", "header:session-id",
-                "header:x-session-affinity", "header:x-dynamo-session-id", "body:session_id",
+                "header:session_id", "header:x-session-affinity", "header:x-opencode-session",
+                "header:x-dynamo-session-id", "body:session_id",
                 "body:vllm_xargs.agentic_context.session_id", "body:nvext.agent_context.session_id",
                 "body:prompt_cache_key", "body:metadata.session_id", "body:metadata.user_id",
                 "body:user+head"
