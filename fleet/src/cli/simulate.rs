@@ -258,7 +258,7 @@ pub fn run_all(
         multi.set_draw_target(indicatif::ProgressDrawTarget::hidden());
     }
     let style = ProgressStyle::with_template(
-        "{prefix:>32} [{bar:30}] {pos}/{len} requests {per_sec} eta {eta}",
+        "{prefix:>32} [{bar:30}] {pos}/{len} requests {per_sec} eta {eta} ({elapsed})",
     )
     .unwrap_or_else(|_| ProgressStyle::default_bar())
     .progress_chars("=> ");
@@ -278,7 +278,8 @@ pub fn run_all(
                     let tick = |done: u64| bar.set_position(done);
                     let r = simulate(trace, profile, cfg, oracle, records, Some(&tick))
                         .map_err(anyhow::Error::from);
-                    bar.finish_and_clear();
+                    // Each run's last line stays, with its wall time.
+                    bar.finish();
                     if let Ok(mut v) = results.lock() {
                         v[i] = Some(r);
                     }

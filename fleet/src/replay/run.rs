@@ -443,7 +443,9 @@ pub async fn replay(
     let bar = if progress {
         let b = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         b.set_style(
-            ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} requests {msg}")
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} requests, eta {eta} {msg}",
+            )
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> "),
         );
@@ -473,7 +475,8 @@ pub async fn replay(
         observations.push(o);
     }
     let _ = starter.await;
-    bar.finish_and_clear();
+    // The last state stays on screen: what the run did is worth a line.
+    bar.finish();
     let wall_s = clock.start.elapsed().as_secs_f64();
     let partial = if *cancel.borrow() {
         Some(format!(

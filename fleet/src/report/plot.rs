@@ -131,6 +131,31 @@ fn ttft_cdf(reports: &[&Report], path: &Path) -> Result<(), String> {
     root.present().map_err(|e| e.to_string())
 }
 
+/// Buckets in the hit-over-time window: a single bucket swings with the few
+/// long prompts that land in it; five read as a trend.
+const WINDOW: usize = 5;
+
+/// Hit ratio over a centred window of `w` buckets, token-weighted (Σ cached ÷
+/// Σ prompt), at each bucket that holds prompts.
+fn windowed_hits(buckets: &[super::model::Bucket], bucket_s: f64, w: usize) -> Vec<(f64, f64)> {
+    let half = w / 2;
+    buckets
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.prompt_tokens > 0)
+        .map(|(i, b)| {
+            let lo = i.saturating_sub(half);
+            let hi = (i + half + 1).min(buckets.len());
+            let (c, p) = buckets
+                .get(lo..hi)
+                .unwrap_or_default()
+                .iter()
+                .fold((0u64, 0u64), |(c, p), b| (c + b.cached_tokens, p + b.prompt_tokens));
+            (b.t_s + bucket_s / 2.0, 100.0 * c as f64 / p.max(1) as f64)
+        })
+        .collect()
+}
+
 fn hit_over_time(reports: &[&Report], path: &Path) -> Result<(), String> {
     let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
@@ -144,7 +169,10 @@ fn hit_over_time(reports: &[&Report], path: &Path) -> Result<(), String> {
         })
         .fold(1.0f64, f64::max);
     let mut chart = ChartBuilder::on(&root)
-        .caption("Prefix-cache hit ratio over time", ("sans-serif", 18))
+        .caption(
+            format!("Prefix-cache hit ratio over time ({WINDOW}-bucket window)"),
+            ("sans-serif", 18),
+        )
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(48)
@@ -158,18 +186,7 @@ fn hit_over_time(reports: &[&Report], path: &Path) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     for (i, r) in reports.iter().enumerate() {
         let c = color(i);
-        let pts: Vec<(f64, f64)> = r
-            .series
-            .hit_over_time
-            .iter()
-            .filter(|b| b.prompt_tokens > 0)
-            .map(|b| {
-                (
-                    b.t_s + r.series.bucket_s / 2.0,
-                    100.0 * b.cached_tokens as f64 / b.prompt_tokens as f64,
-                )
-            })
-            .collect();
+        let pts = windowed_hits(&r.series.hit_over_time, r.series.bucket_s, WINDOW);
         line(&mut chart, pts, c, 2, label(r))?;
     }
     if let Some(r) = reports.first() {
@@ -197,50 +214,77 @@ fn hit_over_time(reports: &[&Report], path: &Path) -> Result<(), String> {
 fn load(reports: &[&Report], path: &Path) -> Result<(), String> {
     let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let engines = reports
+    // Engines by name across the reports (a run may miss one the other used).
+    let mut names: Vec<String> = reports
         .iter()
-        .map(|r| r.load.engines.len())
-        .max()
-        .unwrap_or(0)
-        .max(1);
+        .flat_map(|r| r.load.engines.iter().map(|e| e.engine.clone()))
+        .collect();
+    names.sort();
+    names.dedup();
+    let engines = names.len().max(1);
     let shares: Vec<Vec<f64>> = reports
         .iter()
         .map(|r| {
             let total: u64 = r.load.engines.iter().map(|e| e.prompt_tokens).sum();
-            r.load
-                .engines
+            names
                 .iter()
-                .map(|e| 100.0 * e.prompt_tokens as f64 / total.max(1) as f64)
+                .map(|n| {
+                    let t = r.load.engines.iter().find(|e| &e.engine == n);
+                    100.0 * t.map_or(0, |e| e.prompt_tokens) as f64 / total.max(1) as f64
+                })
                 .collect()
         })
         .collect();
-    let max = shares.iter().flatten().fold(1.0f64, |a, &b| a.max(b)) * 1.15;
+    // One segment per bar and a spacer per engine; headroom above the tallest
+    // bar for the legend (one line per report plus the even share).
+    let per = reports.len().max(1) + 1;
+    let legend_lines = reports.len() + 1;
+    let tallest = shares.iter().flatten().fold(1.0f64, |a, &b| a.max(b));
+    let max = tallest * (1.1 + 0.09 * legend_lines as f64);
+    let segments = (engines * per) as i32;
+    let label_of = |v: &SegmentValue<i32>| -> String {
+        match v {
+            SegmentValue::CenterOf(x) | SegmentValue::Exact(x) => {
+                let x = *x as usize;
+                // Under the middle bar of each engine's group.
+                if x % per == (per - 1) / 2 {
+                    short_engine(names.get(x / per).map_or("", String::as_str))
+                } else {
+                    String::new()
+                }
+            }
+            SegmentValue::Last => String::new(),
+        }
+    };
     let mut chart = ChartBuilder::on(&root)
         .caption(
             "Prompt tokens per engine (share of the run)",
             ("sans-serif", 18),
         )
         .margin(12)
-        .x_label_area_size(36)
+        .x_label_area_size(40)
         .y_label_area_size(48)
-        .build_cartesian_2d(0f64..engines as f64, 0f64..max)
+        .build_cartesian_2d((0..segments).into_segmented(), 0f64..max)
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_desc("engine (sorted by name)")
+        .x_labels(segments as usize)
+        .x_desc("engine")
         .y_desc("% of prompt tokens")
-        .x_label_formatter(&|x| format!("{}", x.floor() as i64))
+        .x_label_formatter(&label_of)
+        .x_label_style(("sans-serif", 11))
         .draw()
         .map_err(|e| e.to_string())?;
-    let n = reports.len().max(1) as f64;
     for (i, (r, s)) in reports.iter().zip(&shares).enumerate() {
         let c = color(i);
-        let w = 0.8 / n;
         chart
             .draw_series(s.iter().enumerate().map(|(e, &v)| {
-                let x0 = e as f64 + 0.1 + w * i as f64;
-                Rectangle::new([(x0, 0.0), (x0 + w, v)], c.filled())
+                let x = (e * per + i) as i32;
+                Rectangle::new(
+                    [(SegmentValue::Exact(x), 0.0), (SegmentValue::Exact(x + 1), v)],
+                    c.filled(),
+                )
             }))
             .map_err(|e| e.to_string())?
             .label(format!(
@@ -253,13 +297,32 @@ fn load(reports: &[&Report], path: &Path) -> Result<(), String> {
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
     }
     let even = 100.0 / engines as f64;
-    line(
-        &mut chart,
-        vec![(0.0, even), (engines as f64, even)],
-        BLACK,
-        1,
-        "even share".to_owned(),
-    )?;
-    draw_labels(&mut chart, SeriesLabelPosition::UpperRight)?;
+    chart
+        .draw_series(LineSeries::new(
+            [
+                (SegmentValue::Exact(0), even),
+                (SegmentValue::Exact(segments), even),
+            ],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| e.to_string())?
+        .label("even share".to_owned())
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 14, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
+}
+
+/// An engine's name as an axis label: `127.x.x.x:port#dp` loses the loopback
+/// IP, which every test and demo rank shares (the port and DP rank tell them apart).
+fn short_engine(name: &str) -> String {
+    match name.rsplit_once(':') {
+        Some((host, rest)) if host.starts_with("127.") || host == "localhost" => format!(":{rest}"),
+        _ => name.to_owned(),
+    }
 }
