@@ -3,7 +3,8 @@
 //! - [`scope`]: the requests in scope and the trace's ideal hit ratios;
 //! - [`tally`]: the observations counted — requests, tokens, latency samples,
 //!   each engine's work, the clock;
-//! - [`placement`]: avoidable re-prefill at the placement the run saw;
+//! - [`placement`]: avoidable re-prefill, fleet-wide and at the placement the run saw;
+//! - [`sessions`]: per-session and per-subagent figures;
 //! - [`fleet`]: per-engine load and cost;
 //! - [`series`]: the plot series.
 
@@ -11,6 +12,7 @@ mod fleet;
 mod placement;
 mod scope;
 mod series;
+mod sessions;
 mod tally;
 
 pub use scope::infinite_cache_hits;
@@ -65,7 +67,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
     let mut tally = tally::Tally::of(observations, &scope.first, scope.requests.len() as u64);
     run.lag_ms = Dist::of(observations.iter().map(|o| o.lag_ms).collect());
     run.clock = tally.clock().to_owned();
-    let series = series::series(&tally.ttft, observations);
+    let mut series = series::series(&tally.ttft, observations);
     let latency = tally.latency();
     let tokens = std::mem::take(&mut tally.tokens);
     let (load, n_engines) = fleet::load(
@@ -81,6 +83,9 @@ pub fn build(input: BuildInput<'_>) -> Report {
         run.trace_s,
         tokens.prompt + tokens.output,
     );
+    let (sessions, session_hit_ratios) =
+        sessions::sessions(trace, observations, &scope.first, run.speedup);
+    series.session_hit_ratios = session_hit_ratios;
     let hit_ratio = ideal.hit_ratio(
         ratio(tokens.cached, tokens.prompt),
         ratio(tally.returning_cached, tally.returning_prompt),
@@ -95,6 +100,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
         tokens,
         hit_ratio,
         reprefill: placement::reprefill(trace, observations),
+        sessions,
         latency,
         load,
         cost,

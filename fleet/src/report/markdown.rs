@@ -201,6 +201,8 @@ pub fn render(r: &Report, plots: &[String]) -> String {
         let _ = writeln!(s, "| {k} | {v} |");
     }
 
+    sessions_section(&mut s, &r.sessions);
+
     if !r.load.engines.is_empty() {
         let _ = writeln!(
             s,
@@ -234,6 +236,69 @@ pub fn render(r: &Report, plots: &[String]) -> String {
         }
     }
     s
+}
+
+/// The per-session section (`sessions` in report.json).
+fn sessions_section(s: &mut String, x: &super::model::Sessions) {
+    if x.count == 0 {
+        return;
+    }
+    let l = &x.lost;
+    let rows = [
+        (
+            "hit ratio per session p10 / p50 / p90",
+            format!(
+                "{} / {} / {} over {} sessions",
+                pct(x.hit_ratio_p10),
+                pct(x.hit_ratio.p50),
+                pct(x.hit_ratio.p90),
+                x.count
+            ),
+        ),
+        (
+            "share of each session's own ceiling p50 / p90",
+            format!("{} / {}", pct(x.of_ceiling.p50), pct(x.of_ceiling.p90)),
+        ),
+        (
+            "session time ÷ the trace's p50 / p90 / max",
+            format!(
+                "{:.2} / {:.2} / {:.2}",
+                x.completion_vs_trace.p50, x.completion_vs_trace.p90, x.completion_vs_trace.max
+            ),
+        ),
+        (
+            "TTFT first turn p50 / p90 / p99",
+            dist(&x.ttft_first_ms, "ms"),
+        ),
+        (
+            "TTFT returning turns p50 / p90 / p99",
+            dist(&x.ttft_returning_ms, "ms"),
+        ),
+        (
+            "hit ratio main agents / subagents",
+            format!(
+                "{} / {}",
+                pct(x.main_hit_ratio),
+                x.subagent_hit_ratio.map_or("-".to_owned(), pct)
+            ),
+        ),
+        (
+            "returning turns that lost their cache",
+            format!(
+                "{} of {}: moved {}, evicted or expired {}, unknown {} ({} tokens recomputed)",
+                l.moved + l.evicted + l.unknown,
+                l.returning,
+                l.moved,
+                l.evicted,
+                l.unknown,
+                count(l.tokens)
+            ),
+        ),
+    ];
+    let _ = writeln!(s, "\n## Sessions\n\n| metric | value |\n|---|---|");
+    for (k, v) in rows {
+        let _ = writeln!(s, "| {k} | {v} |");
+    }
 }
 
 fn opt(v: Option<f64>) -> String {

@@ -175,6 +175,49 @@ pub struct Reprefill {
     pub placement_basis: String,
 }
 
+/// Per-session and per-subagent figures (docs/report.md, `sessions`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sessions {
+    /// Sessions with at least one served request.
+    pub count: u64,
+    /// Hit ratio per session (its cached ÷ prompt tokens), over sessions.
+    pub hit_ratio: Dist,
+    /// Its 10th percentile: the sessions the configuration served worst.
+    pub hit_ratio_p10: f64,
+    /// Per session, hits ÷ its session-affinity ceiling (sessions with one).
+    pub of_ceiling: Dist,
+    /// Per session of two or more requests: (last answer's end − first send)
+    /// ÷ (last arrival − first arrival in the trace), trace time.
+    pub completion_vs_trace: Dist,
+    /// TTFT of each session's first request, ms.
+    pub ttft_first_ms: Dist,
+    /// TTFT of returning requests, ms.
+    pub ttft_returning_ms: Dist,
+    /// Hit ratio of main agents' requests.
+    pub main_hit_ratio: f64,
+    /// Hit ratio of subagents' requests (none in the trace: absent).
+    pub subagent_hit_ratio: Option<f64>,
+    /// Returning turns that lost their cache, and why.
+    pub lost: LostTurns,
+}
+
+/// Returning requests that found more than a block less than their session's
+/// own infinite cache held (`docs/report.md`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LostTurns {
+    /// Returning requests served.
+    pub returning: u64,
+    /// Served by another engine than their agent's previous request: moved.
+    pub moved: u64,
+    /// Served by the same engine, which no longer held the prefix: evicted (or
+    /// its retention expired; the answer does not tell the two apart).
+    pub evicted: u64,
+    /// No engine reported: the reason is unknown.
+    pub unknown: u64,
+    /// Prompt tokens those turns recomputed beyond their session's ceiling.
+    pub tokens: u64,
+}
+
 /// Latency and throughput distributions.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
@@ -259,6 +302,9 @@ pub struct Series {
     pub hit_over_time: Vec<Bucket>,
     /// Bucket width, trace seconds.
     pub bucket_s: f64,
+    /// Each session's hit ratio, sorted (the per-session CDF).
+    #[serde(default)]
+    pub session_hit_ratios: Vec<f64>,
 }
 
 /// A replay report.
@@ -282,6 +328,9 @@ pub struct Report {
     pub hit_ratio: HitRatio,
     /// Avoidable re-prefill.
     pub reprefill: Reprefill,
+    /// Per-session and per-subagent figures.
+    #[serde(default)]
+    pub sessions: Sessions,
     /// Latencies.
     pub latency: Latency,
     /// Per-engine load.

@@ -1,5 +1,6 @@
 //! SVG plots of one or more reports (plotters, SVG backend): TTFT CDF, hit
-//! ratio over time (each beside its trace's ideal), per-engine load. Several
+//! ratio over time (beside the trace's ceilings), per-engine load, the hit
+//! ratio per session. Several
 //! reports of one trace draw as one series each, so a comparison reads at a glance.
 
 use super::model::Report;
@@ -38,17 +39,54 @@ fn err(path: &Path) -> impl Fn(String) -> PlotError + '_ {
     }
 }
 
-/// Writes `ttft_cdf.svg`, `hit_over_time.svg` and `load.svg` into `dir`; returns their paths.
+/// Writes `ttft_cdf.svg`, `hit_over_time.svg`, `load.svg` and
+/// `session_hits.svg` into `dir`; returns their paths.
 pub fn write_all(reports: &[&Report], dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
     let files = [
         dir.join("ttft_cdf.svg"),
         dir.join("hit_over_time.svg"),
         dir.join("load.svg"),
+        dir.join("session_hits.svg"),
     ];
     ttft_cdf(reports, &files[0]).map_err(err(&files[0]))?;
     hit_over_time(reports, &files[1]).map_err(err(&files[1]))?;
     load(reports, &files[2]).map_err(err(&files[2]))?;
+    session_hits(reports, &files[3]).map_err(err(&files[3]))?;
     Ok(files.to_vec())
+}
+
+/// The CDF of the per-session hit ratio: how many sessions kept their cache
+/// (a fleet's average hides the sessions it served badly).
+fn session_hits(reports: &[&Report], path: &Path) -> Result<(), String> {
+    let root = SVGBackend::new(path, (W, H)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Hit ratio per session (CDF over sessions)", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(48)
+        .build_cartesian_2d(0f64..100f64, 0f64..1f64)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("session's cached / prompt tokens, %")
+        .y_desc("fraction of sessions")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, r) in reports.iter().enumerate() {
+        let v = &r.series.session_hit_ratios;
+        let n = v.len().max(1) as f64;
+        // A step per session: at its ratio the fraction rises by 1 / n.
+        let mut pts = vec![(0.0, 0.0)];
+        for (k, &h) in v.iter().enumerate() {
+            pts.push((100.0 * h, k as f64 / n));
+            pts.push((100.0 * h, (k + 1) as f64 / n));
+        }
+        pts.push((100.0, if v.is_empty() { 0.0 } else { 1.0 }));
+        line(&mut chart, pts, color(i), 2, label(r))?;
+    }
+    draw_labels(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(|e| e.to_string())
 }
 
 fn label(r: &Report) -> String {

@@ -41,5 +41,6 @@ pub(super) fn series(ttft: &[f64], observations: &[Observation]) -> Series {
         ttft_cdf,
         hit_over_time: buckets,
         bucket_s,
+        session_hit_ratios: Vec::new(),
     }
 }

@@ -257,3 +257,37 @@ fn series_hold_a_cdf_and_buckets_that_add_up() {
     let back: Report = serde_json::from_str(&json).unwrap();
     assert_eq!(back, r);
 }
+
+#[test]
+fn sessions_show_their_spread_and_why_turns_lost_their_cache() {
+    let t = trace();
+    // s0 stays on a and keeps everything; s1 moves to b (its turn 1 finds
+    // nothing there), then b loses most of it (turn 2 finds 10 of 30).
+    let r = build_with(
+        &t,
+        &obs(&t, ["a", "a", "a", "a", "b", "b"], [0, 20, 30, 0, 0, 10]),
+        BTreeMap::new(),
+    );
+    let s = &r.sessions;
+    assert_eq!(s.count, 2);
+    let l = &s.lost;
+    assert_eq!((l.returning, l.moved, l.evicted, l.unknown), (4, 1, 1, 0));
+    assert_eq!(l.tokens, 20 + 20);
+    assert!((s.hit_ratio.max - 50.0 / 90.0).abs() < 1e-9);
+    assert!((s.hit_ratio_p10 - 10.0 / 90.0).abs() < 1e-9);
+    assert_eq!(r.series.session_hit_ratios.len(), 2);
+    assert!((s.of_ceiling.max - 1.0).abs() < 1e-9, "s0 got its whole ceiling");
+    assert!((s.of_ceiling.p50 - 10.0 / 50.0).abs() < 1e-9);
+    assert_eq!(s.ttft_first_ms.count, 2);
+    assert_eq!(s.ttft_returning_ms.count, 4);
+    assert_eq!(s.ttft_first_ms.max, 13.0);
+    // Last answer ends 8 ms after its TTFT; the trace spans 2,000 ms per session.
+    assert!((s.completion_vs_trace.max - 2023.0 / 2000.0).abs() < 1e-9);
+    assert!((s.main_hit_ratio - 60.0 / 180.0).abs() < 1e-9);
+    assert_eq!(s.subagent_hit_ratio, None);
+    let md = crate::report::markdown::render(&r, &[]);
+    assert!(
+        md.contains("| returning turns that lost their cache | 2 of 4: moved 1, evicted or expired 1, unknown 0"),
+        "{md}"
+    );
+}
