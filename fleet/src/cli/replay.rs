@@ -37,6 +37,12 @@ pub struct Args {
     /// Replay N live session trees at a time (AgentX-style) instead of the trace's timestamps.
     #[arg(long)]
     pub live: Option<usize>,
+    /// The AgentX harness's rules with N live session trees: `--live N`,
+    /// streamed answers of exactly the trace's output tokens (`ignore_eos` +
+    /// `min_tokens`), gaps capped at 10 s, and every prompt cache-busted for this
+    /// run (a fresh `--salt` unless one is given); docs/cli.md lists what differs.
+    #[arg(long, value_name = "N", conflicts_with = "live")]
+    pub agentx: Option<usize>,
     /// Most requests in flight at once.
     #[arg(long, default_value_t = 64)]
     pub max_inflight: usize,
@@ -76,6 +82,16 @@ pub struct Args {
     /// succeeded fails.
     #[arg(long, value_parser = fraction)]
     pub max_error_rate: Option<f64>,
+}
+
+/// The AgentX harness's idle cap (trace ms).
+const AGENTX_IDLE_CAP_MS: u64 = 10_000;
+
+/// A value unique to this run (its start time in ns), for the AgentX cache-bust.
+fn run_nonce() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 /// A number from 0 to 1.
@@ -206,9 +222,21 @@ pub fn run(a: Args) -> Result<()> {
     if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
         bail!("--timeout-s: must be a positive number");
     }
+    if a.agentx == Some(0) {
+        bail!("--agentx: must be at least 1");
+    }
     let trace = Arc::new(a.input.read()?);
-    let synth = a.synth.options();
-    let schedule = match a.live {
+    let mut synth = a.synth.options();
+    let mut max_gap_ms = a.max_gap_ms;
+    if a.agentx.is_some() {
+        synth.stream = true;
+        synth.exact_output = true;
+        max_gap_ms = max_gap_ms.min(AGENTX_IDLE_CAP_MS);
+        if synth.salt.is_empty() {
+            synth.salt = format!("agentx-{}", run_nonce());
+        }
+    }
+    let schedule = match a.live.or(a.agentx) {
         Some(n) => Schedule::Live(n),
         None => Schedule::Fixed,
     };
@@ -221,7 +249,7 @@ pub fn run(a: Args) -> Result<()> {
         schedule,
         max_inflight: a.max_inflight,
         speedup: a.speedup,
-        max_gap_ms: a.max_gap_ms,
+        max_gap_ms,
         synth,
         timeout: Duration::from_secs_f64(a.timeout_s),
         sessions: a.sessions,
