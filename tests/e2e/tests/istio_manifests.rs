@@ -2,11 +2,13 @@
 //! (Istio's CRD openAPIV3 schemas, unknown fields rejected) and agree with each
 //! other and with the filter contract in `docs/gateway.md`.
 
+#[path = "istio_manifests/objects.rs"]
+mod objects;
 #[path = "istio_manifests/structural.rs"]
 mod structural;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use serde::Deserialize;
+use objects::{parse_yaml, render};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use structural::Violation;
@@ -22,24 +24,14 @@ fn schemas() -> Result<Value> {
     Ok(serde_json::from_str(&text)?)
 }
 
-/// Every document of a (possibly multi-document) YAML text, as JSON values.
-fn parse_yaml(text: &str) -> Result<Vec<Value>> {
-    let mut docs = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(text) {
-        let value = Value::deserialize(doc)?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
-}
-
 /// Every manifest shipped in `envoy/istio/*.yaml`, with its file name.
 fn shipped() -> Result<Vec<(String, Value)>> {
     let mut out = Vec::new();
     let mut paths: Vec<PathBuf> = std::fs::read_dir(istio_dir())?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        // The Kustomize base of envoy/kustomize/, not a Kubernetes object.
+        .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     paths.sort();
     for path in paths {
@@ -64,31 +56,10 @@ fn group_of(kind: &str) -> Option<&'static str> {
     }
 }
 
-/// The part of `ObjectMeta` a manifest may set (server-filled fields excluded).
-fn object_meta_schema() -> Value {
-    let string_map = json!({"type": "object", "additionalProperties": {"type": "string"}});
-    json!({
-        "type": "object",
-        "required": ["name"],
-        "properties": {
-            "name": {"type": "string", "maxLength": 253,
-                     "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"},
-            "namespace": {"type": "string", "maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-            "labels": string_map,
-            "annotations": string_map,
-        }
-    })
-}
-
 /// Validates one Kubernetes object: envelope (`apiVersion`, `kind`, `metadata`)
 /// and the rest against the CRD schema of its kind and version.
 fn validate_manifest(doc: &Value, schemas: &Value) -> Vec<Violation> {
-    let bad = |path: &str, message: String| {
-        vec![Violation {
-            path: path.to_owned(),
-            message,
-        }]
-    };
+    let bad = objects::violation;
     let Some(obj) = doc.as_object() else {
         return bad("<root>", "a manifest must be an object".into());
     };
@@ -112,40 +83,13 @@ fn validate_manifest(doc: &Value, schemas: &Value) -> Vec<Violation> {
     let Some(schema) = schemas.get(kind).and_then(|k| k.get(version)) else {
         return bad(".apiVersion", format!("{kind} has no version {version:?}"));
     };
-    let mut violations = Vec::new();
-    match obj.get("metadata") {
-        Some(meta) => {
-            for mut v in structural::validate(meta, &object_meta_schema()) {
-                v.path = format!(".metadata{}", v.path.trim_start_matches("<root>"));
-                violations.push(v);
-            }
-        }
-        None => violations.push(Violation {
-            path: ".metadata".into(),
-            message: "missing".into(),
-        }),
-    }
-    let body: serde_json::Map<String, Value> = obj
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata"))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    violations.extend(structural::validate(&Value::Object(body), schema));
-    violations
+    objects::validate_object(doc, schema)
 }
 
 fn assert_valid(doc: &Value, schemas: &Value) -> Result<()> {
     let violations = validate_manifest(doc, schemas);
     ensure!(violations.is_empty(), "violations: {}", render(&violations));
     Ok(())
-}
-
-fn render(violations: &[Violation]) -> String {
-    violations
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 /// Asserts that `doc` is rejected with a violation at `path` whose message contains `needle`.
