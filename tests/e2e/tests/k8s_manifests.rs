@@ -272,6 +272,7 @@ fn every_manifest_is_valid_against_its_crd_schema() -> Result<()> {
     let sets = [
         ("kustomize/istio-hash", overlay("istio-hash")?),
         ("kustomize/istio-vllm", overlay("istio-vllm")?),
+        ("kustomize/istio-pick", overlay("istio-pick")?),
         ("envoy-gateway", folder("envoy-gateway")?),
         ("llm-d", folder("llm-d")?),
     ];
@@ -292,6 +293,8 @@ fn every_manifest_is_valid_against_its_crd_schema() -> Result<()> {
         "kustomize/istio-hash/DestinationRule",
         "kustomize/istio-hash/EnvoyFilter",
         "kustomize/istio-vllm/WasmPlugin",
+        "kustomize/istio-pick/WasmPlugin",
+        "kustomize/istio-pick/EnvoyFilter",
         "envoy-gateway/EnvoyExtensionPolicy",
         "envoy-gateway/HTTPRoute",
         "envoy-gateway/BackendTrafficPolicy",
@@ -373,7 +376,7 @@ fn the_vendored_schemas_reject_what_the_api_server_rejects() -> Result<()> {
 /// around the filter read what its outputs set.
 #[test]
 fn the_filter_accepts_each_configuration_and_its_outputs_are_read() -> Result<()> {
-    // Istio overlays: DestinationRule hashes x-tether-key, header_mutation
+    // Istio hash overlays: DestinationRule hashes x-tether-key, header_mutation
     // copies exactly the body-path headers.
     for name in ["istio-hash", "istio-vllm"] {
         let docs = overlay(name)?;
@@ -390,6 +393,34 @@ fn the_filter_accepts_each_configuration_and_its_outputs_are_read() -> Result<()
         );
         body_path_agrees(wp, find(&docs, "EnvoyFilter")?).context(name)?;
     }
+    // Pick mode: the filter's ranks come from the parameters, the ranks'
+    // cluster follows the header the filter sets, nothing hashes.
+    let pick = overlay("istio-pick")?;
+    let wp = find(&pick, "WasmPlugin")?;
+    let want = accepted(plugin_config(wp)?)?;
+    body_path_agrees(wp, find(&pick, "EnvoyFilter")?)?;
+    ensure!(plugin_config(wp)?["endpoints"][1]["name"] == "rank-1");
+    let cluster = find(&pick, "EnvoyFilter")?["spec"]["configPatches"]
+        .as_array()
+        .context("configPatches")?
+        .iter()
+        .find(|p| p["applyTo"] == "CLUSTER")
+        .context("no cluster patch")?;
+    let source = cluster
+        .pointer("/patch/value/load_balancing_policy/policies/0/typed_extension_config/typed_config/override_host_sources/0/header")
+        .and_then(Value::as_str)
+        .context("override_host source")?;
+    ensure!(
+        want.headers.contains(&source),
+        "override_host reads {source}, which the outputs do not set"
+    );
+    ensure!(
+        find(&pick, "DestinationRule")?
+            .pointer("/spec/trafficPolicy/loadBalancer")
+            .is_none(),
+        "pick mode: no consistent hash in the DestinationRule"
+    );
+
     // In front of vLLM: x-session-id and the kv_transfer_params rewrite.
     let vllm = overlay("istio-vllm")?;
     let config = tether_filter::config::Config::parse(&serde_json::to_vec(plugin_config(find(
@@ -498,7 +529,7 @@ fn the_overlay_parameters_reach_every_place() -> Result<()> {
     for sub in ["istio", "kustomize"] {
         copy_dir(&envoy_dir().join(sub), &tmp.path().join(sub))?;
     }
-    for name in ["istio-hash", "istio-vllm"] {
+    for name in ["istio-hash", "istio-vllm", "istio-pick"] {
         let params = tmp.path().join("kustomize").join(name).join("params.yaml");
         let text = std::fs::read_to_string(&params)?;
         let edited = text
