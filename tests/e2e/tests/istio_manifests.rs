@@ -2,6 +2,8 @@
 //! (Istio's CRD openAPIV3 schemas, unknown fields rejected) and agree with each
 //! other and with the filter contract in `docs/gateway.md`.
 
+#[path = "istio_manifests/header_mutation.rs"]
+mod header_mutation;
 #[path = "istio_manifests/objects.rs"]
 mod objects;
 #[path = "istio_manifests/structural.rs"]
@@ -94,15 +96,7 @@ fn assert_valid(doc: &Value, schemas: &Value) -> Result<()> {
 
 /// Asserts that `doc` is rejected with a violation at `path` whose message contains `needle`.
 fn assert_rejected(doc: &Value, schemas: &Value, path: &str, needle: &str) -> Result<()> {
-    let violations = validate_manifest(doc, schemas);
-    ensure!(
-        violations
-            .iter()
-            .any(|v| v.path == path && v.message.contains(needle)),
-        "expected a violation at {path} containing {needle:?}, got: [{}]",
-        render(&violations)
-    );
-    Ok(())
+    objects::expect_violation(&validate_manifest(doc, schemas), path, needle)
 }
 
 fn manifest(kind: &str) -> Result<Value> {
@@ -411,43 +405,20 @@ fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
             && mutation["patch"]["operation"] == "INSERT_AFTER",
         "header_mutation must follow the buffer filter"
     );
-    let copies = mutation
-        .pointer("/patch/value/typed_config/mutations/request_mutations")
-        .and_then(Value::as_array)
-        .context("request_mutations")?;
-    let mut copied = Vec::new();
-    for m in copies {
-        let key = m
-            .pointer("/append/header/key")
-            .and_then(Value::as_str)
-            .context("header key")?;
-        let value = m
-            .pointer("/append/header/value")
-            .and_then(Value::as_str)
-            .context("header value")?;
-        ensure!(
-            value == format!("%FILTER_STATE(wasm.tether.{key}:PLAIN)%"),
-            "{key} must be copied from filter state wasm.tether.{key}, not {value}"
-        );
-        ensure!(
-            m["append"]["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD",
-            "{key} must overwrite client values"
-        );
-        copied.push(key);
-    }
+    let copied = header_mutation::copied(mutation)?;
     // Exactly what the plugin configuration's outputs set on the body path:
     // an entry for a header never set, or a set header nobody copies, is an error.
     let want = tether_envoy::outputs::Expect::from_plugin_config(&config.to_string())
         .map_err(|e| anyhow!("{e}"))?;
     for h in &copied {
         ensure!(
-            want.copied.contains(h),
+            want.copied.contains(&h.as_str()),
             "header_mutation copies {h}, which the filter's outputs never set"
         );
     }
     for h in &want.copied {
         ensure!(
-            copied.contains(h),
+            copied.iter().any(|c| c == h),
             "the filter sets {h} on the body path but no header_mutation entry copies it"
         );
     }

@@ -6,6 +6,8 @@
 //! configuration passes the filter's own parser; and what the filter's outputs
 //! set is what the objects around it read.
 
+#[path = "istio_manifests/header_mutation.rs"]
+mod header_mutation;
 #[path = "istio_manifests/objects.rs"]
 mod objects;
 #[path = "istio_manifests/structural.rs"]
@@ -97,15 +99,7 @@ fn assert_valid(schemas: &Schemas, doc: &Value) -> Result<()> {
 }
 
 fn assert_rejected(schemas: &Schemas, doc: &Value, path: &str, needle: &str) -> Result<()> {
-    let violations = schemas.validate(doc);
-    ensure!(
-        violations
-            .iter()
-            .any(|v| v.path == path && v.message.contains(needle)),
-        "expected a violation at {path} containing {needle:?}, got: [{}]",
-        render(&violations)
-    );
-    Ok(())
+    objects::expect_violation(&schemas.validate(doc), path, needle)
 }
 
 /// The objects of every `*.yaml` in `envoy/<folder>`.
@@ -184,37 +178,17 @@ fn accepted(config: &Value) -> Result<Expect> {
     Expect::from_plugin_config(&config.to_string()).map_err(|e| anyhow!("{e}"))
 }
 
-/// The headers an EnvoyFilter's `header_mutation` copies from filter state,
-/// each checked to read `wasm.tether.<header>` and to overwrite client values.
+/// The headers an EnvoyFilter's `header_mutation` patch copies from filter state.
 fn copied_headers(envoy_filter: &Value) -> Result<Vec<String>> {
-    let patches = envoy_filter["spec"]["configPatches"]
+    let patch = envoy_filter["spec"]["configPatches"]
         .as_array()
-        .context("configPatches")?;
-    let mutation = patches
+        .context("configPatches")?
         .iter()
         .find(|p| {
             p.pointer("/patch/value/name") == Some(&json!("envoy.filters.http.header_mutation"))
         })
         .context("no header_mutation patch")?;
-    let entries = mutation
-        .pointer("/patch/value/typed_config/mutations/request_mutations")
-        .and_then(Value::as_array)
-        .context("request_mutations")?;
-    let mut out = Vec::new();
-    for m in entries {
-        let key = m
-            .pointer("/append/header/key")
-            .and_then(Value::as_str)
-            .context("header key")?;
-        ensure!(
-            m.pointer("/append/header/value")
-                == Some(&json!(format!("%FILTER_STATE(wasm.tether.{key}:PLAIN)%"))),
-            "{key} must be copied from filter state wasm.tether.{key}"
-        );
-        ensure!(m["append"]["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD");
-        out.push(key.to_owned());
-    }
-    Ok(out)
+    header_mutation::copied(patch)
 }
 
 /// The body-path chain matches the outputs: header_mutation copies exactly the

@@ -80,3 +80,15 @@ pub fn render(violations: &[Violation]) -> String {
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// Fails unless one of `violations` is at `path` and its message contains `needle`.
+pub fn expect_violation(violations: &[Violation], path: &str, needle: &str) -> Result<()> {
+    anyhow::ensure!(
+        violations
+            .iter()
+            .any(|v| v.path == path && v.message.contains(needle)),
+        "expected a violation at {path} containing {needle:?}, got: [{}]",
+        render(violations)
+    );
+    Ok(())
+}
