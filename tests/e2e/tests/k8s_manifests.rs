@@ -564,3 +564,87 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// The Envoy configuration inside each `EnvoyFilter` (filters, cluster,
+/// listener and route values) is valid for Envoy itself: schema validation
+/// sees only `patch.value` as open, so the patches are put into a bootstrap
+/// (filters in order before the router, cluster and listener values merged
+/// into a static cluster and listener) that `envoy --mode validate` must pass;
+/// a misspelt field in a patch must fail it.
+#[test]
+fn the_envoy_filter_patches_are_valid_envoy_configuration() -> Result<()> {
+    let mut filters = Vec::new();
+    for docs in [
+        overlay("istio-hash")?,
+        overlay("istio-pick")?,
+        overlay("istio-vllm")?,
+        folder("llm-d")?,
+    ] {
+        filters.push(find(&docs, "EnvoyFilter")?.clone());
+    }
+    for ef in &filters {
+        let name = ef["metadata"]["name"].as_str().unwrap_or_default();
+        tether_e2e::envoy::Envoy::validate(&patched_bootstrap(ef)?.to_string())
+            .map_err(|e| anyhow!("{name}: {e}"))?;
+    }
+    let mut bad = filters[1].clone();
+    let lb = bad
+        .pointer_mut("/spec/configPatches/3/patch/value/load_balancing_policy/policies/0/typed_extension_config/typed_config")
+        .and_then(Value::as_object_mut)
+        .context("override_host typed_config")?;
+    let sources = lb.remove("override_host_sources").context("sources")?;
+    lb.insert("override_host_source".into(), sources);
+    ensure!(
+        tether_e2e::envoy::Envoy::validate(&patched_bootstrap(&bad)?.to_string()).is_err(),
+        "a misspelt field in a cluster patch must fail Envoy's validation"
+    );
+    Ok(())
+}
+
+/// A bootstrap holding every patch value of `envoy_filter`.
+fn patched_bootstrap(envoy_filter: &Value) -> Result<Value> {
+    let mut http_filters = Vec::new();
+    let mut cluster = json!({
+        "name": "ranks", "type": "STATIC", "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": "ranks", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 8000}}}}
+        ]}]}
+    });
+    let mut listener = json!({"name": "gateway"});
+    let mut route = json!({"match": {"prefix": "/"}, "route": {"cluster": "ranks"}});
+    for patch in envoy_filter["spec"]["configPatches"]
+        .as_array()
+        .context("configPatches")?
+    {
+        let value = &patch["patch"]["value"];
+        let merge = |into: &mut Value| -> Result<()> {
+            let into = into.as_object_mut().context("object")?;
+            for (k, v) in value.as_object().context("patch value")? {
+                into.insert(k.clone(), v.clone());
+            }
+            Ok(())
+        };
+        match patch["applyTo"].as_str() {
+            Some("HTTP_FILTER") => http_filters.push(value.clone()),
+            Some("CLUSTER") => merge(&mut cluster)?,
+            Some("LISTENER") => merge(&mut listener)?,
+            Some("HTTP_ROUTE") => merge(&mut route)?,
+            other => bail!("no bootstrap place for applyTo {other:?}"),
+        }
+    }
+    http_filters.push(json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+    }));
+    listener["address"] = json!({"socket_address": {"address": "127.0.0.1", "port_value": 0}});
+    listener["filter_chains"] = json!([{"filters": [{
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "gateway",
+            "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [route]}]},
+            "http_filters": http_filters
+        }
+    }]}]);
+    Ok(json!({"static_resources": {"listeners": [listener], "clusters": [cluster]}}))
+}
