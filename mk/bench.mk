@@ -11,9 +11,11 @@ bench-gateway: wasm envoy-install
 	$(CARGO) build --quiet --release -p tether-bench --bin gateway-bench
 	$(CARGO) run --quiet --release -p tether-bench --bin gateway-bench -- $(BENCH_ARGS)
 
-# envoy/istio/*.yaml against Istio's CRD schemas (strict, as the API server) and each other.
+# envoy/istio/*.yaml against Istio's CRD schemas (strict, as the API server) and each other;
+# the Kustomize overlays (rendered by `kubectl kustomize`), Envoy Gateway and llm-d
+# manifests against their vendored CRD schemas (envoy/k8s-schema/).
 test-istio:
-	$(CARGO) test --quiet -p tether-e2e --test istio_manifests
+	$(CARGO) test --quiet -p tether-e2e --test istio_manifests --test k8s_manifests
 
 # The benchmark's body generator and statistics (no Envoy needed).
 test-bench:

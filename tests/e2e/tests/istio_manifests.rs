@@ -2,11 +2,15 @@
 //! (Istio's CRD openAPIV3 schemas, unknown fields rejected) and agree with each
 //! other and with the filter contract in `docs/gateway.md`.
 
+#[path = "istio_manifests/header_mutation.rs"]
+mod header_mutation;
+#[path = "istio_manifests/objects.rs"]
+mod objects;
 #[path = "istio_manifests/structural.rs"]
 mod structural;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use serde::Deserialize;
+use objects::{parse_yaml, render};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use structural::Violation;
@@ -22,24 +26,14 @@ fn schemas() -> Result<Value> {
     Ok(serde_json::from_str(&text)?)
 }
 
-/// Every document of a (possibly multi-document) YAML text, as JSON values.
-fn parse_yaml(text: &str) -> Result<Vec<Value>> {
-    let mut docs = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(text) {
-        let value = Value::deserialize(doc)?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
-}
-
 /// Every manifest shipped in `envoy/istio/*.yaml`, with its file name.
 fn shipped() -> Result<Vec<(String, Value)>> {
     let mut out = Vec::new();
     let mut paths: Vec<PathBuf> = std::fs::read_dir(istio_dir())?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        // The Kustomize base of envoy/kustomize/, not a Kubernetes object.
+        .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     paths.sort();
     for path in paths {
@@ -64,31 +58,10 @@ fn group_of(kind: &str) -> Option<&'static str> {
     }
 }
 
-/// The part of `ObjectMeta` a manifest may set (server-filled fields excluded).
-fn object_meta_schema() -> Value {
-    let string_map = json!({"type": "object", "additionalProperties": {"type": "string"}});
-    json!({
-        "type": "object",
-        "required": ["name"],
-        "properties": {
-            "name": {"type": "string", "maxLength": 253,
-                     "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"},
-            "namespace": {"type": "string", "maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-            "labels": string_map,
-            "annotations": string_map,
-        }
-    })
-}
-
 /// Validates one Kubernetes object: envelope (`apiVersion`, `kind`, `metadata`)
 /// and the rest against the CRD schema of its kind and version.
 fn validate_manifest(doc: &Value, schemas: &Value) -> Vec<Violation> {
-    let bad = |path: &str, message: String| {
-        vec![Violation {
-            path: path.to_owned(),
-            message,
-        }]
-    };
+    let bad = objects::violation;
     let Some(obj) = doc.as_object() else {
         return bad("<root>", "a manifest must be an object".into());
     };
@@ -112,26 +85,7 @@ fn validate_manifest(doc: &Value, schemas: &Value) -> Vec<Violation> {
     let Some(schema) = schemas.get(kind).and_then(|k| k.get(version)) else {
         return bad(".apiVersion", format!("{kind} has no version {version:?}"));
     };
-    let mut violations = Vec::new();
-    match obj.get("metadata") {
-        Some(meta) => {
-            for mut v in structural::validate(meta, &object_meta_schema()) {
-                v.path = format!(".metadata{}", v.path.trim_start_matches("<root>"));
-                violations.push(v);
-            }
-        }
-        None => violations.push(Violation {
-            path: ".metadata".into(),
-            message: "missing".into(),
-        }),
-    }
-    let body: serde_json::Map<String, Value> = obj
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata"))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    violations.extend(structural::validate(&Value::Object(body), schema));
-    violations
+    objects::validate_object(doc, schema)
 }
 
 fn assert_valid(doc: &Value, schemas: &Value) -> Result<()> {
@@ -140,25 +94,9 @@ fn assert_valid(doc: &Value, schemas: &Value) -> Result<()> {
     Ok(())
 }
 
-fn render(violations: &[Violation]) -> String {
-    violations
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 /// Asserts that `doc` is rejected with a violation at `path` whose message contains `needle`.
 fn assert_rejected(doc: &Value, schemas: &Value, path: &str, needle: &str) -> Result<()> {
-    let violations = validate_manifest(doc, schemas);
-    ensure!(
-        violations
-            .iter()
-            .any(|v| v.path == path && v.message.contains(needle)),
-        "expected a violation at {path} containing {needle:?}, got: [{}]",
-        render(&violations)
-    );
-    Ok(())
+    objects::expect_violation(&validate_manifest(doc, schemas), path, needle)
 }
 
 fn manifest(kind: &str) -> Result<Value> {
@@ -467,43 +405,20 @@ fn the_manifests_agree_with_each_other_and_the_filter_contract() -> Result<()> {
             && mutation["patch"]["operation"] == "INSERT_AFTER",
         "header_mutation must follow the buffer filter"
     );
-    let copies = mutation
-        .pointer("/patch/value/typed_config/mutations/request_mutations")
-        .and_then(Value::as_array)
-        .context("request_mutations")?;
-    let mut copied = Vec::new();
-    for m in copies {
-        let key = m
-            .pointer("/append/header/key")
-            .and_then(Value::as_str)
-            .context("header key")?;
-        let value = m
-            .pointer("/append/header/value")
-            .and_then(Value::as_str)
-            .context("header value")?;
-        ensure!(
-            value == format!("%FILTER_STATE(wasm.tether.{key}:PLAIN)%"),
-            "{key} must be copied from filter state wasm.tether.{key}, not {value}"
-        );
-        ensure!(
-            m["append"]["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD",
-            "{key} must overwrite client values"
-        );
-        copied.push(key);
-    }
+    let copied = header_mutation::copied(mutation)?;
     // Exactly what the plugin configuration's outputs set on the body path:
     // an entry for a header never set, or a set header nobody copies, is an error.
     let want = tether_envoy::outputs::Expect::from_plugin_config(&config.to_string())
         .map_err(|e| anyhow!("{e}"))?;
     for h in &copied {
         ensure!(
-            want.copied.contains(h),
+            want.copied.contains(&h.as_str()),
             "header_mutation copies {h}, which the filter's outputs never set"
         );
     }
     for h in &want.copied {
         ensure!(
-            copied.contains(h),
+            copied.iter().any(|c| c == h),
             "the filter sets {h} on the body path but no header_mutation entry copies it"
         );
     }
