@@ -103,8 +103,8 @@ def test_free_is_delayed_until_the_save_ran():
 class _FreesEarly(TetherConnector):
     """The bug the delay prevents: let vLLM free a request's blocks before the save."""
 
-    def request_finished(self, request, block_ids):
-        delay, params = super().request_finished(request, block_ids)
+    def request_finished_all_groups(self, request, block_ids):
+        delay, params = super().request_finished_all_groups(request, block_ids)
         if delay:
             self._saving.discard(request.request_id)
         return False, params

@@ -13,6 +13,12 @@ Worker side (one per worker): gathers and scatters vLLM's KV pages for every lay
 through tether's KV-copy engine (CPU reference backend, CUDA backend for GPU caches),
 with the GIL released; only block ids and hashes cross into Rust.
 
+Hybrid models (attention + Mamba / linear-attention groups, vLLM's hybrid allocator,
+``--mamba-cache-mode align``; ``SupportsHMA``): a prompt end retains, per group, the
+blocks up to the last block boundary whose linear state vLLM snapshotted — the
+attention KV and the state block at that boundary — so the next turn resumes there and
+never past a snapshot. Device tier only (see docs/vllm.md, "Hybrid models").
+
 Every public behaviour is documented in docs/vllm.md.
 """
 
@@ -22,7 +28,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,7 +38,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 from tether_vllm._native import (
     MARKER_KEY,
@@ -152,7 +160,77 @@ class _Pending:
     hashes: list[bytes]
 
 
-class TetherConnector(KVConnectorBase_V1):
+@dataclass(frozen=True)
+class _Groups:
+    """Which KV cache groups hold attention KV and which hold linear state."""
+
+    attention: tuple[int, ...]
+    state: tuple[int, ...]
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.state)
+
+
+def _classify_groups(kv_cache_config: KVCacheConfig | None, block_size: int) -> _Groups:
+    """The groups of a model the connector can retain, or a ValueError naming why not.
+
+    One group: attention KV (any spec vLLM gives one group). Several (vLLM's hybrid
+    allocator): full-attention groups and Mamba / linear-attention groups in
+    ``align`` mode, all with the scheduler's block size — the layout whose state
+    snapshots fall on block boundaries. Anything else is refused at start.
+    """
+    groups = kv_cache_config.kv_cache_groups if kv_cache_config else []
+    if not groups:
+        raise ValueError("TetherConnector: the model has no KV cache groups")
+    if len(groups) == 1:
+        if isinstance(groups[0].kv_cache_spec, MambaSpec):
+            raise ValueError(
+                "TetherConnector: a model with only linear-state layers (no attention "
+                "KV) is not supported"
+            )
+        return _Groups(attention=(0,), state=())
+    attention, state = [], []
+    for i, g in enumerate(groups):
+        spec = g.kv_cache_spec
+        name = f"TetherConnector: KV cache group {i} ({type(spec).__name__}, layers {g.layer_names[:2]}...)"
+        if isinstance(spec, MambaSpec):
+            if spec.mamba_cache_mode != "align":
+                raise ValueError(
+                    f"{name}: mamba_cache_mode is {spec.mamba_cache_mode!r}; the connector "
+                    "needs 'align' (--mamba-cache-mode align, prefix caching on), where "
+                    "state snapshots fall on block boundaries"
+                )
+            if spec.num_speculative_blocks:
+                raise ValueError(f"{name}: speculative state blocks are not supported")
+            state.append(i)
+        elif type(spec) is FullAttentionSpec and spec.sliding_window is None:
+            attention.append(i)
+        else:
+            raise ValueError(
+                f"{name}: unknown state layout for the connector (it knows full "
+                "attention and Mamba/linear attention in align mode); for sliding-window "
+                "models start vLLM with --disable-hybrid-kv-cache-manager"
+            )
+        if spec.block_size != block_size:
+            raise ValueError(
+                f"{name}: block size {spec.block_size} differs from the scheduler's "
+                f"{block_size}"
+            )
+    if not attention:
+        raise ValueError("TetherConnector: a hybrid model without attention groups")
+    return _Groups(attention=tuple(attention), state=tuple(state))
+
+
+def _group_hash(group: int, block_hash: bytes) -> bytes:
+    """A block's identity in the ledger: vLLM's hash for the first group, a derived
+    one for the others (every group's block at a position has the same vLLM hash)."""
+    if group == 0:
+        return block_hash
+    return hashlib.sha256(b"tether-group" + bytes([group]) + block_hash).digest()[:16]
+
+
+class TetherConnector(KVConnectorBase_V1, SupportsHMA):
     """tether's KV connector for vLLM 0.33 (see the module docs and docs/vllm.md)."""
 
     def __init__(
@@ -162,18 +240,21 @@ class TetherConnector(KVConnectorBase_V1):
         kv_cache_config: KVCacheConfig | None = None,
     ):
         super().__init__(vllm_config, role, kv_cache_config)
-        self.config = TetherConfig.parse(
-            vllm_config.kv_transfer_config.kv_connector_extra_config
-        )
-        groups = kv_cache_config.kv_cache_groups if kv_cache_config else []
-        if len(groups) != 1:
-            # Hybrid models (several KV cache groups) need SupportsHMA and per-group
-            # state snapshots; see docs/vllm.md, "Hybrid models".
-            raise ValueError(
-                f"TetherConnector supports one KV cache group, the model has {len(groups)}"
-            )
-        spec = groups[0].kv_cache_spec
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.config = TetherConfig.parse(extra)
         self.block_size: int = vllm_config.cache_config.block_size
+        self.groups = _classify_groups(kv_cache_config, self.block_size)
+        if self.groups.hybrid:
+            # The host tier moves attention pages only; a linear state restored
+            # without its snapshot boundary would be wrong state (docs/vllm.md).
+            if (extra or {}).get("host_bytes", 0):
+                raise ValueError(
+                    "kv_connector_extra_config.host_bytes: the host tier does not hold "
+                    "linear state yet; set it to 0 for a hybrid model (device retention)"
+                )
+            self.config = replace(self.config, host_bytes=0)
+        groups = kv_cache_config.kv_cache_groups
+        spec = groups[0].kv_cache_spec
         self.num_blocks: int = kv_cache_config.num_blocks
         # One block across every layer of this worker: what a host payload holds.
         self.block_bytes: int = spec.page_size_bytes * len(groups[0].layer_names)
@@ -182,6 +263,7 @@ class TetherConnector(KVConnectorBase_V1):
             "load_failed_blocks": 0,
             "saved_blocks": 0,
             "bad_markers": 0,
+            "no_snapshot": 0,
             "scheduler_us": 0,
         }
         self._now_ms = lambda: int(time.monotonic() * 1000)
@@ -333,12 +415,16 @@ class TetherConnector(KVConnectorBase_V1):
         if over > 0:
             self._release(self.ledger.yield_blocks(over, now, None))
 
-    def request_finished(
-        self, request: Request, block_ids: list[int]
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
+        """``SupportsHMA``: vLLM calls this (not ``request_finished``) once per request
+        with every group's block ids, before freeing them."""
         t0 = time.thread_time_ns()
         try:
-            return self._finished(request, block_ids), None
+            if self.groups.hybrid:
+                return self._finished_hybrid(request, block_ids), None
+            return self._finished(request, block_ids[0]), None
         finally:
             self._tick(t0)
 
@@ -372,6 +458,61 @@ class TetherConnector(KVConnectorBase_V1):
         # in finished_sending vLLM must not free (and reuse) them.
         self._saving.add(request.request_id)
         return True
+
+    def _finished_hybrid(self, request: Request, block_ids: tuple[list[int], ...]) -> bool:
+        """A hybrid prompt end: retain every attention group's blocks up to the last
+        boundary with a state snapshot, and each state group's block at it."""
+        marker = self._marker(request)
+        self._markers.pop(request.request_id, None)
+        self._pending.pop(request.request_id, None)
+        if marker is None or not marker.prompt_end or self.pool is None:
+            return False
+        n = min(
+            len(request.block_hashes),
+            request.num_computed_tokens // self.block_size,
+            *(len(block_ids[g]) for g in self.groups.attention),
+        )
+        k, states = self._snapshot_boundary(request, n)
+        if k == 0:
+            self.stats["no_snapshot"] += 1
+            return False
+        chain = request.block_hashes
+        hashes: list[bytes] = []
+        ids: list[int] = []
+        for g in self.groups.attention:
+            hashes += [_group_hash(g, h) for h in chain[:k]]
+            ids += block_ids[g][:k]
+        for g, block in zip(self.groups.state, states):
+            hashes.append(_group_hash(g, chain[k - 1]))
+            ids.append(block.block_id)
+        hold, release, _store, _on_host = self.ledger.retain(
+            marker, hashes, ids, self._now_ms()
+        )
+        self.pool.touch([self.pool.blocks[i] for i in hold])
+        self._release(release)
+        # No host tier for hybrid models: nothing to save, vLLM may free at once.
+        return False
+
+    def _snapshot_boundary(self, request: Request, n: int) -> tuple[int, list]:
+        """The largest k <= n at which vLLM's prefix cache holds every state group's
+        snapshot of this request's first k blocks, with those blocks (0 if none).
+
+        In align mode a finished request's table has nulls where earlier states
+        were retired, so the snapshot is looked up by hash, as vLLM's own prefix hit
+        does; a retained turn never offers KV past the last state it can resume from.
+        """
+        pool = self.pool
+        if pool is None:
+            return 0, []
+        for k in range(n, 0, -1):
+            blocks = pool.get_cached_block(
+                request.block_hashes[k - 1], list(self.groups.state)
+            )
+            if blocks is not None and all(
+                b.block_hash_num_tokens in (None, k * self.block_size) for b in blocks
+            ):
+                return k, blocks
+        return 0, []
 
     def _release(self, block_ids: Iterable[int]) -> None:
         ids = list(block_ids)
@@ -408,6 +549,11 @@ class TetherConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Describes every layer's view (address, strides) to the copy engine once."""
+        if self.groups.hybrid:
+            # Device retention only (no host tier, no copies): check that each state
+            # layer is laid out as its spec says, so nothing reads state by guesswork.
+            self._check_state_views(kv_caches)
+            return
         views = list(kv_caches.values())
         if not views:
             raise ValueError("TetherConnector: no KV cache tensors to register")
@@ -442,6 +588,20 @@ class TetherConnector(KVConnectorBase_V1):
         )
         self._kv_caches = dict(kv_caches)  # keeps the tensors (and their addresses) alive
         self._device = device
+
+    def _check_state_views(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        groups = self._kv_cache_config.kv_cache_groups
+        for g in self.groups.state:
+            spec = groups[g].kv_cache_spec
+            for name in groups[g].layer_names:
+                view = kv_caches.get(name)
+                want = spec.state_content_size_bytes
+                if view is None or view.dim() != 4 or view.shape[1:] != (1, 1, want):
+                    shape = None if view is None else tuple(view.shape)
+                    raise ValueError(
+                        f"TetherConnector: state layer {name}: expected a [num_blocks, 1, "
+                        f"1, {want}] view of its state page, got {shape}"
+                    )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
