@@ -3,7 +3,10 @@ tether's CUDA backend. Run by scripts/vllm-gpu-check.sh on the accelerator machi
 
 1. Bit-exact: the eviction/return scenario and the free/save race of the CPU suite,
    with the KV cache on CUDA (NHD and HND views), every attended position checked.
-2. Copy rate: save (gather kernel + D2H + xxh3 per block) and load (verify + H2D +
+2. Hybrid: an attention + linear-state model (vLLM's hybrid allocator, align mode) with
+   KV and state in device memory: a retained turn survives a flood and resumes at its
+   last snapshot boundary, every KV position and state element checked.
+3. Copy rate: save (gather kernel + D2H + xxh3 per block) and load (verify + H2D +
    scatter kernel) of 512 blocks of a Llama-8B-shaped cache (32 layers, 8 KV heads of
    128, bf16, 16-token blocks = 2 MiB per block, 1 GiB per call), end to end as the
    connector sees it, and the restored blocks compared with the originals.
@@ -75,6 +78,23 @@ def race(device: str) -> str:
     return f"{device} free/save race: restored {e.worker.stats['loaded_blocks']} blocks, 0 wrong positions"
 
 
+def hybrid_resume(device: str) -> str:
+    e = Engine(extra={"host_bytes": 0}, num_blocks=40, hybrid=True, device=device)
+    first = tokens(21, 5 * BS + 3)
+    out = e.serve("h1", first, tether("c3"), max_tokens=2)
+    for i in range(3):
+        e.serve(f"hf{i}", tokens(200 + i, 30 * BS))
+    before = e.stats.cached_tokens
+    e.serve("h2", first + out + tokens(22, 20), tether("c3"))
+    resumed = e.stats.cached_tokens - before
+    if resumed != 5 * BS or e.mismatched_positions or e.mismatched_states:
+        raise SystemExit(
+            f"FAIL {device} hybrid: resumed at {resumed} (want {5 * BS}), "
+            f"{e.mismatched_positions} wrong positions, {e.mismatched_states} wrong states"
+        )
+    return f"{device} hybrid: resumed at the {resumed}-token snapshot after a flood, 0 wrong positions, 0 wrong states"
+
+
 def copy_rate() -> list[str]:
     layers, heads, head, blocks = 32, 8, 128, 2048
     views = [
@@ -141,6 +161,7 @@ def main() -> int:
     for layout in ("LBNHC", "LBHNC"):
         lines.append(eviction_and_return(device, layout))
     lines.append(race(device))
+    lines.append(hybrid_resume(device))
     if have_gpu:
         lines += copy_rate()
     for line in lines:
