@@ -422,13 +422,11 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         with every group's block ids, before freeing them."""
         t0 = time.thread_time_ns()
         try:
-            if self.groups.hybrid:
-                return self._finished_hybrid(request, block_ids), None
-            return self._finished(request, block_ids[0]), None
+            return self._finished(request, block_ids), None
         finally:
             self._tick(t0)
 
-    def _finished(self, request: Request, block_ids: list[int]) -> bool:
+    def _finished(self, request: Request, block_ids: tuple[list[int], ...]) -> bool:
         marker = self._marker(request)
         self._markers.pop(request.request_id, None)
         self._pending.pop(request.request_id, None)
@@ -437,12 +435,11 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         n = min(
             len(request.block_hashes),
             request.num_computed_tokens // self.block_size,
-            len(block_ids),
+            *(len(block_ids[g]) for g in self.groups.attention),
         )
-        if n == 0:
+        hashes, ids = self._retained_blocks(request, block_ids, n)
+        if not ids:
             return False
-        hashes = list(request.block_hashes[:n])
-        ids = list(block_ids[:n])
         hold, release, store, _on_host = self.ledger.retain(marker, hashes, ids, self._now_ms())
         # Hold the new retention before letting the superseded one go (shared prefix
         # blocks never touch the free queue).
@@ -459,24 +456,23 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._saving.add(request.request_id)
         return True
 
-    def _finished_hybrid(self, request: Request, block_ids: tuple[list[int], ...]) -> bool:
-        """A hybrid prompt end: retain every attention group's blocks up to the last
-        boundary with a state snapshot, and each state group's block at it."""
-        marker = self._marker(request)
-        self._markers.pop(request.request_id, None)
-        self._pending.pop(request.request_id, None)
-        if marker is None or not marker.prompt_end or self.pool is None:
-            return False
-        n = min(
-            len(request.block_hashes),
-            request.num_computed_tokens // self.block_size,
-            *(len(block_ids[g]) for g in self.groups.attention),
-        )
+    def _retained_blocks(
+        self, request: Request, block_ids: tuple[list[int], ...], n: int
+    ) -> tuple[list[bytes], list[int]]:
+        """The (ledger hash, block id) of every block a prompt end retains.
+
+        Attention-only: the first n blocks. Hybrid: every attention group's blocks up
+        to the last boundary with a state snapshot, and each state group's snapshot
+        block at it (the host tier is off for hybrid models: nothing is stored).
+        """
+        chain = request.block_hashes
+        if not self.groups.hybrid:
+            return list(chain[:n]), list(block_ids[0][:n])
         k, states = self._snapshot_boundary(request, n)
         if k == 0:
-            self.stats["no_snapshot"] += 1
-            return False
-        chain = request.block_hashes
+            if n:
+                self.stats["no_snapshot"] += 1
+            return [], []
         hashes: list[bytes] = []
         ids: list[int] = []
         for g in self.groups.attention:
@@ -485,13 +481,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         for g, block in zip(self.groups.state, states):
             hashes.append(_group_hash(g, chain[k - 1]))
             ids.append(block.block_id)
-        hold, release, _store, _on_host = self.ledger.retain(
-            marker, hashes, ids, self._now_ms()
-        )
-        self.pool.touch([self.pool.blocks[i] for i in hold])
-        self._release(release)
-        # No host tier for hybrid models: nothing to save, vLLM may free at once.
-        return False
+        return hashes, ids
 
     def _snapshot_boundary(self, request: Request, n: int) -> tuple[int, list]:
         """The largest k <= n at which vLLM's prefix cache holds every state group's
