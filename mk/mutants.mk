@@ -22,8 +22,8 @@ MUTANTS_GROUPS := wire placement filter engine fleet
 # What each group mutates (the pure logic) and the tests that judge it.
 MUTANTS_FILES_wire := -f 'wire/src/*.rs'
 MUTANTS_FILES_placement := -f 'placement/src/*.rs'
-MUTANTS_FILES_filter := -f filter/src/decide.rs -f filter/src/identity.rs -f filter/src/turn.rs \
-	-f filter/src/scan.rs -f filter/src/config.rs
+MUTANTS_FILES_filter := -f filter/src/decide.rs -f filter/src/read.rs -f filter/src/emit.rs -f filter/src/read/identity.rs -f filter/src/read/turn.rs \
+	-f filter/src/read/scan.rs -f filter/src/config.rs
 MUTANTS_FILES_engine := -f engine-ext/policy/src/cache.rs -f engine-ext/policy/src/pool.rs -f engine-ext/policy/src/host.rs \
 	-f engine-ext/policy/src/victims.rs -f engine-ext/policy/src/hash.rs \
 	-f engine-ext/policy/src/marker.rs -f engine-ext/policy/src/record.rs

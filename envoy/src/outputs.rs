@@ -16,8 +16,8 @@
 
 use serde_yaml_ng::{Mapping, Value};
 use std::collections::BTreeSet;
+use tether_filter::config::outputs::{HASHABLE_KEY, ORIGINAL_DST_KEY, Output, Outputs};
 use tether_filter::config::{Config, Mode};
-use tether_filter::outputs::{HASHABLE_KEY, ORIGINAL_DST_KEY, Output, Outputs};
 
 /// What a plugin configuration makes the filter write, as the chain sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -371,12 +371,12 @@ fn polled_cluster(doc: &Value, cfg: &Config) -> Vec<String> {
     let by = format!("override_host of cluster {}", lc.cluster);
     if !headers
         .iter()
-        .any(|(h, b)| h == tether_filter::markers::names::DESTINATION && *b == by)
+        .any(|(h, b)| h == tether_filter::emit::markers::names::DESTINATION && *b == by)
     {
         problems.push(format!(
             "load.cluster {:?} does not steer by {} (override_host): polls would reach any endpoint",
             lc.cluster,
-            tether_filter::markers::names::DESTINATION
+            tether_filter::emit::markers::names::DESTINATION
         ));
     }
     let mut have = BTreeSet::new();

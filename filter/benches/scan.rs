@@ -8,8 +8,11 @@ use std::time::Instant;
 use tether_filter::api::Api;
 use tether_filter::config::Config;
 use tether_filter::decide;
-use tether_filter::placement::Placement;
-use tether_filter::scan::{self, ReadLimits};
+use tether_filter::decide::BodyCall;
+use tether_filter::emit::Plan;
+use tether_filter::place::{Pools, Snapshot};
+use tether_filter::read::identity::Headers;
+use tether_filter::read::scan::{self, ReadLimits};
 
 /// A Claude-Code-like Anthropic body or an OpenAI Chat body of about `target`
 /// bytes, keys in the official SDKs' order (role/type first, identity fields
@@ -108,22 +111,34 @@ fn median(runs: usize, mut f: impl FnMut()) -> f64 {
     t[t.len() / 2]
 }
 
+/// The body decision as the filter makes it, with no load view.
+fn decide_on(
+    cfg: &Config,
+    pools: &Pools,
+    api: Api,
+    headers: &Headers,
+    size: usize,
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+) -> Plan {
+    let call = BodyCall::new(api, headers, size);
+    decide::on_body(cfg, pools, Snapshot::NONE, call, fetch, &mut |_| {})
+}
+
 fn main() {
     let cfg = Config::default();
-    let placement = Placement::new(&cfg.endpoints);
+    let pools = Pools::new(&cfg);
     let headers = vec![(":path".to_owned(), b"/v1/messages".to_vec())];
     // `--profile-decide`: only the 400 KB decision, in a loop (for `perf record`).
     if std::env::args().any(|a| a == "--profile-decide") {
         let b = body(Api::Messages, 400_000);
         for _ in 0..20_000 {
             let mut fetch = |s: usize, l: usize| b.get(s..s + l).map(<[u8]>::to_vec);
-            black_box(decide::on_body(
+            black_box(decide_on(
                 &cfg,
-                &placement,
+                &pools,
                 Api::Messages,
                 &headers,
                 b.len(),
-                None,
                 &mut fetch,
             ));
         }
@@ -144,15 +159,7 @@ fn main() {
         let Ok(b) = std::fs::read(path) else { return };
         let run = || {
             let mut fetch = |s: usize, l: usize| b.get(s..s + l).map(<[u8]>::to_vec);
-            black_box(decide::on_body(
-                &cfg,
-                &placement,
-                api,
-                &headers,
-                b.len(),
-                None,
-                &mut fetch,
-            ));
+            black_box(decide_on(&cfg, &pools, api, &headers, b.len(), &mut fetch));
         };
         for _ in 0..500 {
             run();
@@ -190,19 +197,23 @@ fn main() {
                 );
             }
             let head = median(2000, || {
-                black_box(tether_filter::head::head_hash(api, &doc, &view));
+                black_box(tether_filter::read::head::head_hash(api, &doc, &view));
             });
-            let h = tether_filter::head::head_hash(api, &doc, &view);
+            let h = tether_filter::read::head::head_hash(api, &doc, &view);
             let ident = median(2000, || {
-                let body = tether_filter::identity::BodyRef {
+                let body = tether_filter::read::identity::BodyRef {
                     doc: &doc,
                     view: &view,
                     head: h,
                 };
-                black_box(tether_filter::identity::resolve(&cfg, &headers, Some(body)));
+                black_box(tether_filter::read::identity::resolve(
+                    &cfg,
+                    &headers,
+                    Some(body),
+                ));
             });
             let turn = median(2000, || {
-                black_box(tether_filter::turn::classify(
+                black_box(tether_filter::read::turn::classify(
                     api,
                     &doc,
                     &view,
@@ -228,15 +239,7 @@ fn main() {
             let b = body(api, target);
             for _ in 0..300 {
                 let mut fetch = |s: usize, l: usize| b.get(s..s + l).map(<[u8]>::to_vec);
-                black_box(decide::on_body(
-                    &cfg,
-                    &placement,
-                    api,
-                    &headers,
-                    b.len(),
-                    None,
-                    &mut fetch,
-                ));
+                black_box(decide_on(&cfg, &pools, api, &headers, b.len(), &mut fetch));
                 black_box(scan::scan_full(black_box(&b), api).ok());
             }
         }
@@ -259,15 +262,7 @@ fn main() {
                     fetched += l;
                     b.get(s..s + l).map(<[u8]>::to_vec)
                 };
-                black_box(decide::on_body(
-                    &cfg,
-                    &placement,
-                    api,
-                    &headers,
-                    b.len(),
-                    None,
-                    &mut fetch,
-                ));
+                black_box(decide_on(&cfg, &pools, api, &headers, b.len(), &mut fetch));
             });
             let serde = median(runs.min(50), || {
                 black_box(serde_json::from_slice::<serde_json::Value>(black_box(&b)).ok());

@@ -1,8 +1,20 @@
-//! Plugin configuration: parsed once from JSON into a typed, validated struct;
-//! every error names the offending field (see `docs/gateway.md`).
+//! Plugin configuration, parsed in one place: serde reads the JSON into raw
+//! structs (every type error names its field path), and `TryFrom` turns them
+//! into the typed, validated [`Config`] (every refusal names its field; see
+//! `docs/gateway.md`).
 
-use crate::outputs::Outputs;
-use serde::de::DeserializeOwned;
+pub mod eject;
+pub mod load;
+pub mod outputs;
+pub mod pd;
+
+use eject::EjectConfig;
+use load::LoadConfig;
+use outputs::{Output, Outputs};
+use pd::PdConfig;
+use serde::Deserialize;
+use serde::de::{self, IgnoredAny};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use tether_wire::{RetentionMs, TurnKind};
 
@@ -121,11 +133,11 @@ pub struct Config {
     /// Bodies up to this size are walked whole, so `x-tether-turn` is exact.
     pub turn_count_max_bytes: usize,
     /// Load-aware pick (`load`): polled `/load` reports, spill over a bound.
-    pub load: Option<crate::load_view::LoadConfig>,
+    pub load: Option<LoadConfig>,
     /// P/D in pick mode (`pd`): a prefill pool and the disaggregation threshold.
-    pub pd: Option<crate::pd::PdConfig>,
+    pub pd: Option<PdConfig>,
     /// Pick mode: passive outlier detection on the response path (`eject`).
-    pub eject: crate::eject::EjectConfig,
+    pub eject: EjectConfig,
 }
 
 /// Default `session_sources`.
@@ -190,185 +202,38 @@ impl Default for Config {
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect(),
-            outputs: Outputs::default_for(Mode::Hash),
+            outputs: Outputs::default_for(false),
             max_body_bytes: 16 * 1024 * 1024,
             header_fast_path: true,
             turn_count_max_bytes: 32 * 1024,
             load: None,
             pd: None,
-            eject: crate::eject::EjectConfig::default(),
+            eject: EjectConfig::default(),
         }
     }
-}
-
-fn field<T: DeserializeOwned>(name: &str, v: &serde_json::Value) -> Result<T, ConfigError> {
-    serde_json::from_value(v.clone()).map_err(|e| ConfigError::new(name, e.to_string()))
-}
-
-fn source_list(name: &str, v: &serde_json::Value) -> Result<Vec<Source>, ConfigError> {
-    let raw: Vec<String> = field(name, v)?;
-    raw.iter()
-        .enumerate()
-        .map(|(i, s)| Source::parse(s).map_err(|why| ConfigError::new(format!("{name}[{i}]"), why)))
-        .collect()
 }
 
 impl Config {
     /// Parses and validates the plugin configuration; empty input = all defaults.
     pub fn parse(raw: &[u8]) -> Result<Config, ConfigError> {
-        let mut cfg = Config::default();
         if raw.iter().all(|b| b.is_ascii_whitespace()) {
-            return Ok(cfg);
+            return Ok(Config::default());
         }
-        let mut outputs = None;
-        let value: serde_json::Value = serde_json::from_slice(raw)
+        let mut de = serde_json::Deserializer::from_slice(raw);
+        let Obj::<RawConfig>(raw) = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                ConfigError::new("(configuration)", format!("not JSON: {inner}"))
+            } else if field == "." {
+                ConfigError::new("(configuration)", "must be a JSON object")
+            } else {
+                ConfigError::new(field, inner.to_string())
+            }
+        })?;
+        de.end()
             .map_err(|e| ConfigError::new("(configuration)", format!("not JSON: {e}")))?;
-        let obj = value
-            .as_object()
-            .ok_or_else(|| ConfigError::new("(configuration)", "must be a JSON object"))?;
-        let mut pd = None;
-        for (name, v) in obj {
-            match name.as_str() {
-                "mode" => {
-                    cfg.mode = match field::<String>(name, v)?.as_str() {
-                        "hash" => Mode::Hash,
-                        "pick" => Mode::Pick,
-                        other => {
-                            return Err(ConfigError::new(
-                                name,
-                                format!("unknown mode {other:?} (expected \"hash\" or \"pick\")"),
-                            ));
-                        }
-                    }
-                }
-                "endpoints" => {
-                    let list = v
-                        .as_array()
-                        .ok_or_else(|| ConfigError::new(name, "must be a list"))?;
-                    cfg.endpoints = list
-                        .iter()
-                        .enumerate()
-                        .map(|(i, e)| endpoint("endpoints", i, e))
-                        .collect::<Result<_, _>>()?;
-                    // Two endpoints with one name would share every key.
-                    for (i, e) in cfg.endpoints.iter().enumerate() {
-                        if e.name.is_some()
-                            && cfg
-                                .endpoints
-                                .iter()
-                                .take(i)
-                                .any(|o| o.identity() == e.identity())
-                        {
-                            return Err(ConfigError::new(
-                                format!("endpoints[{i}].name"),
-                                format!("{:?} is used twice", e.identity()),
-                            ));
-                        }
-                    }
-                }
-                "fallbacks" => cfg.fallbacks = field(name, v)?,
-                "session_sources" => cfg.session_sources = source_list(name, v)?,
-                "subagent_sources" => cfg.subagent_sources = source_list(name, v)?,
-                "parent_sources" => cfg.parent_sources = source_list(name, v)?,
-                "tenant_header" => {
-                    let h: String = field(name, v)?;
-                    if h.is_empty() || h.bytes().any(|b| b.is_ascii_uppercase() || b == b':') {
-                        return Err(ConfigError::new(
-                            name,
-                            "must be a non-empty lower-case header name",
-                        ));
-                    }
-                    cfg.tenant_header = Some(h);
-                }
-                "cache_salt" => {
-                    let mut secret = None;
-                    for (k, v) in object(name, v)? {
-                        match k.as_str() {
-                            "secret" => secret = Some(field::<String>("cache_salt.secret", v)?),
-                            other => {
-                                return Err(ConfigError::new(
-                                    format!("cache_salt.{other}"),
-                                    "unknown field",
-                                ));
-                            }
-                        }
-                    }
-                    let secret =
-                        secret.ok_or_else(|| ConfigError::new("cache_salt.secret", "missing"))?;
-                    if secret.is_empty() {
-                        return Err(ConfigError::new("cache_salt.secret", "must not be empty"));
-                    }
-                    cfg.cache_salt = Some(secret.into_bytes());
-                }
-                "retention_ms" => {
-                    for (k, v) in object(name, v)? {
-                        let path = format!("retention_ms.{k}");
-                        let kind = TurnKind::ALL
-                            .into_iter()
-                            .find(|kind| kind.name() == k)
-                            .ok_or_else(|| ConfigError::new(path.clone(), "unknown field"))?;
-                        *cfg.retention_ms.get_mut(kind) = field(&path, v)?;
-                    }
-                }
-                "subagent_tools" => cfg.subagent_tools = field(name, v)?,
-                "outputs" => outputs = Some(v),
-                "engine" | "debug_header" => {
-                    return Err(ConfigError::new(
-                        name,
-                        "replaced by `outputs` (docs/gateway.md, \"Outputs\")",
-                    ));
-                }
-                "max_body_bytes" => cfg.max_body_bytes = field(name, v)?,
-                "header_fast_path" => cfg.header_fast_path = field(name, v)?,
-                "turn_count_max_bytes" => cfg.turn_count_max_bytes = field(name, v)?,
-                "load" => cfg.load = Some(crate::load_view::LoadConfig::parse(v)?),
-                "eject" => cfg.eject = crate::eject::EjectConfig::parse(v)?,
-                "pd" => pd = Some(v),
-                other => return Err(ConfigError::new(other, "unknown field")),
-            }
-        }
-        if cfg.mode == Mode::Pick && cfg.endpoints.is_empty() {
-            return Err(ConfigError::new(
-                "endpoints",
-                "must not be empty in pick mode",
-            ));
-        }
-        cfg.outputs = match outputs {
-            Some(v) => Outputs::parse(v, cfg.mode).map_err(|(f, why)| ConfigError::new(f, why))?,
-            None => Outputs::default_for(cfg.mode),
-        };
-        if cfg.max_body_bytes == 0 {
-            return Err(ConfigError::new("max_body_bytes", "must be positive"));
-        }
-        if cfg.load.is_some() && cfg.mode != Mode::Pick {
-            return Err(ConfigError::new(
-                "load",
-                "needs mode \"pick\" (the filter must choose the endpoint)",
-            ));
-        }
-        if let Some(v) = pd {
-            if cfg.mode != Mode::Pick {
-                return Err(ConfigError::new(
-                    "pd",
-                    "needs mode \"pick\" (the decode endpoint is the filter's pick)",
-                ));
-            }
-            if cfg.header_fast_path {
-                return Err(ConfigError::new(
-                    "pd",
-                    "needs header_fast_path: false (the decision reads the conversation to estimate its uncached prompt)",
-                ));
-            }
-            cfg.pd = Some(crate::pd::PdConfig::parse(v, &cfg.endpoints)?);
-            // The prefiller header is what `pd` is for.
-            cfg.outputs = cfg.outputs.with(crate::outputs::Output::Prefiller);
-        } else if cfg.outputs.has(crate::outputs::Output::Prefiller) {
-            return Err(ConfigError::new(
-                "outputs",
-                "\"prefiller\" needs a pd configuration (the prefill pool)",
-            ));
-        }
-        Ok(cfg)
+        Config::try_from(raw)
     }
 
     /// True when a body that cannot be rewritten must be refused: what the
@@ -376,7 +241,7 @@ impl Config {
     /// turn markers in `kv_transfer_params.tether`), so a client's own copy
     /// must never get through.
     pub fn must_rewrite(&self) -> bool {
-        self.cache_salt.is_some() || self.outputs.has(crate::outputs::Output::KvTransferParams)
+        self.cache_salt.is_some() || self.outputs.has(Output::KvTransferParams)
     }
 
     /// True when the body is rewritten at end of stream (salt or body outputs).
@@ -385,55 +250,441 @@ impl Config {
     }
 }
 
-fn object<'v>(
-    name: &str,
-    v: &'v serde_json::Value,
-) -> Result<&'v serde_json::Map<String, serde_json::Value>, ConfigError> {
-    v.as_object()
-        .ok_or_else(|| ConfigError::new(name, "must be an object"))
+/// The configuration as written: every field optional, unknown fields refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    mode: Option<String>,
+    endpoints: Option<Vec<Obj<RawEndpoint>>>,
+    fallbacks: Option<usize>,
+    session_sources: Option<Vec<String>>,
+    subagent_sources: Option<Vec<String>>,
+    parent_sources: Option<Vec<String>>,
+    tenant_header: Option<String>,
+    cache_salt: Option<Obj<RawSalt>>,
+    retention_ms: Option<BTreeMap<String, u64>>,
+    subagent_tools: Option<Vec<String>>,
+    outputs: Option<RawOutputs>,
+    /// Replaced by `outputs`: named in the refusal.
+    engine: Option<IgnoredAny>,
+    debug_header: Option<IgnoredAny>,
+    max_body_bytes: Option<usize>,
+    header_fast_path: Option<bool>,
+    turn_count_max_bytes: Option<usize>,
+    load: Option<Obj<RawLoad>>,
+    pd: Option<Obj<RawPd>>,
+    eject: Option<Obj<RawEject>>,
 }
 
-/// Element `i` of an endpoint list named `list` (`endpoints`, `pd.prefill_endpoints`).
-pub(crate) fn endpoint(
-    list: &str,
-    i: usize,
-    v: &serde_json::Value,
-) -> Result<Endpoint, ConfigError> {
-    let at = |f: &str| format!("{list}[{i}].{f}");
-    let (mut address, mut weight, mut dp_size, mut name) = (None, 1.0_f64, 1_u32, None);
-    for (k, v) in object(&format!("{list}[{i}]"), v)? {
-        match k.as_str() {
-            "address" => address = Some(field::<String>(&at("address"), v)?),
-            "weight" => weight = field(&at("weight"), v)?,
-            "dp_size" => dp_size = field(&at("dp_size"), v)?,
-            "name" => {
-                let n: String = field(&at("name"), v)?;
-                if n.is_empty() || n.contains(|c: char| c.is_whitespace() || c == ',') {
-                    return Err(ConfigError::new(
-                        at("name"),
-                        "must be non-empty, without spaces or commas",
-                    ));
-                }
-                name = Some(n);
+/// One element of `endpoints` / `pd.prefill_endpoints`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEndpoint {
+    address: Option<String>,
+    weight: Option<f64>,
+    dp_size: Option<u32>,
+    name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEject {
+    failures: Option<u64>,
+    ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSalt {
+    secret: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLoad {
+    cluster: Option<String>,
+    poll_ms: Option<u64>,
+    timeout_ms: Option<u64>,
+    max_age_ms: Option<u64>,
+    factor: Option<f64>,
+    floor: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPd {
+    prefill_endpoints: Option<Vec<Obj<RawEndpoint>>>,
+    threshold_tokens: Option<u64>,
+    bytes_per_token: Option<f64>,
+}
+
+/// A raw struct that must be written as a JSON object (serde would also
+/// read a struct from an array of its fields in order).
+#[derive(Debug)]
+pub struct Obj<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> de::Visitor<'de> for V<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
             }
-            other => return Err(ConfigError::new(at(other), "unknown field")),
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
         }
+        d.deserialize_map(V(std::marker::PhantomData)).map(Obj)
     }
-    let address = address.ok_or_else(|| ConfigError::new(at("address"), "missing"))?;
+}
+
+/// `outputs`: a preset name, or a list of preset and output names.
+#[derive(Debug)]
+pub enum RawOutputs {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for RawOutputs {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = RawOutputs;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a preset name or a list of preset and output names")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<RawOutputs, E> {
+                Ok(RawOutputs::One(s.to_owned()))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<RawOutputs, A::Error> {
+                let mut names = Vec::new();
+                while let Some(n) = seq.next_element::<String>()? {
+                    names.push(n);
+                }
+                Ok(RawOutputs::Many(names))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawConfig) -> Result<Config, ConfigError> {
+        if raw.engine.is_some() || raw.debug_header.is_some() {
+            let name = if raw.engine.is_some() {
+                "engine"
+            } else {
+                "debug_header"
+            };
+            return Err(ConfigError::new(
+                name,
+                "replaced by `outputs` (docs/gateway.md, \"Outputs\")",
+            ));
+        }
+        let d = Config::default();
+        let mode = match raw.mode.as_deref() {
+            None | Some("hash") => Mode::Hash,
+            Some("pick") => Mode::Pick,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "mode",
+                    format!("unknown mode {other:?} (expected \"hash\" or \"pick\")"),
+                ));
+            }
+        };
+        let endpoints = endpoint_list("endpoints", raw.endpoints.unwrap_or_default())?;
+        // Two endpoints with one name would share every key.
+        for (i, e) in endpoints.iter().enumerate() {
+            if e.name.is_some()
+                && endpoints
+                    .iter()
+                    .take(i)
+                    .any(|o| o.identity() == e.identity())
+            {
+                return Err(ConfigError::new(
+                    format!("endpoints[{i}].name"),
+                    format!("{:?} is used twice", e.identity()),
+                ));
+            }
+        }
+        if mode == Mode::Pick && endpoints.is_empty() {
+            return Err(ConfigError::new(
+                "endpoints",
+                "must not be empty in pick mode",
+            ));
+        }
+        let sources = |name: &str, list: Option<Vec<String>>, default: Vec<Source>| match list {
+            None => Ok(default),
+            Some(l) => source_list(name, &l),
+        };
+        let cfg = Config {
+            mode,
+            fallbacks: raw.fallbacks.unwrap_or(d.fallbacks),
+            session_sources: sources("session_sources", raw.session_sources, d.session_sources)?,
+            subagent_sources: sources(
+                "subagent_sources",
+                raw.subagent_sources,
+                d.subagent_sources,
+            )?,
+            parent_sources: sources("parent_sources", raw.parent_sources, d.parent_sources)?,
+            tenant_header: raw.tenant_header.map(tenant_header).transpose()?,
+            cache_salt: raw.cache_salt.map(|Obj(s)| salt(s)).transpose()?,
+            retention_ms: retention(raw.retention_ms.unwrap_or_default())?,
+            subagent_tools: raw.subagent_tools.unwrap_or(d.subagent_tools),
+            outputs: match raw.outputs {
+                None => Outputs::default_for(mode == Mode::Pick),
+                Some(o) => outputs(o, mode)?,
+            },
+            max_body_bytes: raw.max_body_bytes.unwrap_or(d.max_body_bytes),
+            header_fast_path: raw.header_fast_path.unwrap_or(d.header_fast_path),
+            turn_count_max_bytes: raw.turn_count_max_bytes.unwrap_or(d.turn_count_max_bytes),
+            load: raw.load.map(|Obj(l)| LoadConfig::try_from(l)).transpose()?,
+            pd: None,
+            eject: raw
+                .eject
+                .map(|Obj(e)| eject_config(e))
+                .transpose()?
+                .unwrap_or_default(),
+            endpoints,
+        };
+        pick_features(cfg, raw.pd.map(|Obj(p)| p))
+    }
+}
+
+/// What only pick mode has — load-aware pick, P/D — checked against the rest
+/// of the configuration, and the body limit.
+fn pick_features(mut cfg: Config, pd: Option<RawPd>) -> Result<Config, ConfigError> {
+    if cfg.max_body_bytes == 0 {
+        return Err(ConfigError::new("max_body_bytes", "must be positive"));
+    }
+    if cfg.load.is_some() && cfg.mode != Mode::Pick {
+        return Err(ConfigError::new(
+            "load",
+            "needs mode \"pick\" (the filter must choose the endpoint)",
+        ));
+    }
+    if let Some(raw_pd) = pd {
+        if cfg.mode != Mode::Pick {
+            return Err(ConfigError::new(
+                "pd",
+                "needs mode \"pick\" (the decode endpoint is the filter's pick)",
+            ));
+        }
+        if cfg.header_fast_path {
+            return Err(ConfigError::new(
+                "pd",
+                "needs header_fast_path: false (the decision reads the conversation to estimate its uncached prompt)",
+            ));
+        }
+        cfg.pd = Some(prefill_config(raw_pd, &cfg.endpoints)?);
+        // The prefiller header is what `pd` is for.
+        cfg.outputs = cfg.outputs.with(Output::Prefiller);
+    } else if cfg.outputs.has(Output::Prefiller) {
+        return Err(ConfigError::new(
+            "outputs",
+            "\"prefiller\" needs a pd configuration (the prefill pool)",
+        ));
+    }
+    Ok(cfg)
+}
+
+/// The `eject` object.
+fn eject_config(raw: RawEject) -> Result<EjectConfig, ConfigError> {
+    let d = EjectConfig::default();
+    let failures = match raw.failures {
+        None => d.failures,
+        Some(f) => u32::try_from(f)
+            .ok()
+            .filter(|f| (1..=1000).contains(f))
+            .ok_or_else(|| ConfigError::new("eject.failures", "must be between 1 and 1000"))?,
+    };
+    let ms = match raw.ms {
+        None => d.ms,
+        Some(m) if (100..=3_600_000).contains(&m) => m,
+        Some(_) => {
+            return Err(ConfigError::new(
+                "eject.ms",
+                "must be between 100 and 3600000",
+            ));
+        }
+    };
+    Ok(EjectConfig { failures, ms })
+}
+
+fn source_list(name: &str, raw: &[String]) -> Result<Vec<Source>, ConfigError> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, s)| Source::parse(s).map_err(|why| ConfigError::new(format!("{name}[{i}]"), why)))
+        .collect()
+}
+
+fn tenant_header(h: String) -> Result<String, ConfigError> {
+    if h.is_empty() || h.bytes().any(|b| b.is_ascii_uppercase() || b == b':') {
+        return Err(ConfigError::new(
+            "tenant_header",
+            "must be a non-empty lower-case header name",
+        ));
+    }
+    Ok(h)
+}
+
+fn salt(raw: RawSalt) -> Result<Vec<u8>, ConfigError> {
+    let secret = raw
+        .secret
+        .ok_or_else(|| ConfigError::new("cache_salt.secret", "missing"))?;
+    if secret.is_empty() {
+        return Err(ConfigError::new("cache_salt.secret", "must not be empty"));
+    }
+    Ok(secret.into_bytes())
+}
+
+fn retention(raw: BTreeMap<String, u64>) -> Result<RetentionMs, ConfigError> {
+    let mut r = RetentionMs::DEFAULT;
+    for (k, ms) in raw {
+        let kind = TurnKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == k)
+            .ok_or_else(|| ConfigError::new(format!("retention_ms.{k}"), "unknown field"))?;
+        *r.get_mut(kind) = ms;
+    }
+    Ok(r)
+}
+
+fn outputs(raw: RawOutputs, mode: Mode) -> Result<Outputs, ConfigError> {
+    let names: Vec<(String, String)> = match raw {
+        RawOutputs::One(s) => vec![("outputs".to_owned(), s)],
+        RawOutputs::Many(list) => list
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (format!("outputs[{i}]"), s))
+            .collect(),
+    };
+    Outputs::from_names(&names, mode == Mode::Pick).map_err(|(f, why)| ConfigError::new(f, why))
+}
+
+/// An endpoint list named `list` (`endpoints`, `pd.prefill_endpoints`).
+fn endpoint_list(list: &str, raw: Vec<Obj<RawEndpoint>>) -> Result<Vec<Endpoint>, ConfigError> {
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, Obj(e))| endpoint(&format!("{list}[{i}]"), e))
+        .collect()
+}
+
+fn endpoint(at: &str, raw: RawEndpoint) -> Result<Endpoint, ConfigError> {
+    let field = |f: &str| format!("{at}.{f}");
+    let address = raw
+        .address
+        .ok_or_else(|| ConfigError::new(field("address"), "missing"))?;
     let addr: SocketAddr = address
         .parse()
-        .map_err(|_| ConfigError::new(at("address"), format!("{address:?} is not ip:port")))?;
+        .map_err(|_| ConfigError::new(field("address"), format!("{address:?} is not ip:port")))?;
+    let weight = raw.weight.unwrap_or(1.0);
     if !(weight.is_finite() && weight > 0.0) {
-        return Err(ConfigError::new(at("weight"), "must be a positive number"));
+        return Err(ConfigError::new(
+            field("weight"),
+            "must be a positive number",
+        ));
     }
+    let dp_size = raw.dp_size.unwrap_or(1);
     if dp_size == 0 {
-        return Err(ConfigError::new(at("dp_size"), "must be at least 1"));
+        return Err(ConfigError::new(field("dp_size"), "must be at least 1"));
+    }
+    if let Some(n) = &raw.name
+        && (n.is_empty() || n.contains(|c: char| c.is_whitespace() || c == ','))
+    {
+        return Err(ConfigError::new(
+            field("name"),
+            "must be non-empty, without spaces or commas",
+        ));
     }
     Ok(Endpoint {
         address: addr.to_string(),
         weight,
         dp_size,
-        name,
+        name: raw.name,
+    })
+}
+
+impl TryFrom<RawLoad> for LoadConfig {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawLoad) -> Result<LoadConfig, ConfigError> {
+        let err = |f: &str, why: &str| ConfigError::new(format!("load.{f}"), why);
+        let d = LoadConfig::default();
+        let poll_ms = raw.poll_ms.unwrap_or(d.poll_ms);
+        let c = LoadConfig {
+            cluster: match raw.cluster {
+                Some(c) if c.is_empty() => {
+                    return Err(err("cluster", "must be a non-empty cluster name"));
+                }
+                Some(c) => c,
+                None => d.cluster,
+            },
+            poll_ms,
+            timeout_ms: raw.timeout_ms.unwrap_or(d.timeout_ms),
+            max_age_ms: raw
+                .max_age_ms
+                .unwrap_or(d.max_age_ms.max(poll_ms.saturating_mul(5))),
+            factor: raw.factor.unwrap_or(d.factor),
+            floor: raw.floor.unwrap_or(d.floor),
+        };
+        if !(10..=60_000).contains(&c.poll_ms) {
+            return Err(err("poll_ms", "must be between 10 and 60000"));
+        }
+        if !(1..=60_000).contains(&c.timeout_ms) {
+            return Err(err("timeout_ms", "must be between 1 and 60000"));
+        }
+        if c.max_age_ms < c.poll_ms {
+            return Err(err("max_age_ms", "must be at least poll_ms"));
+        }
+        if !(c.factor.is_finite() && c.factor > 1.0) {
+            return Err(err("factor", "must be a number above 1"));
+        }
+        if !(c.floor.is_finite() && c.floor >= 1.0) {
+            return Err(err("floor", "must be a number of at least 1"));
+        }
+        Ok(c)
+    }
+}
+
+/// The `pd` object; `decode` are the pick-mode `endpoints`: a prefill
+/// endpoint must have every DP rank a decode endpoint may name (both legs
+/// keep the rank).
+fn prefill_config(raw: RawPd, decode: &[Endpoint]) -> Result<PdConfig, ConfigError> {
+    let err = |f: &str, why: String| ConfigError::new(format!("pd.{f}"), why);
+    let prefill = endpoint_list(
+        "pd.prefill_endpoints",
+        raw.prefill_endpoints.unwrap_or_default(),
+    )?;
+    let bytes_per_token = match raw.bytes_per_token {
+        None => pd::DEFAULT_BYTES_PER_TOKEN,
+        Some(b) if b.is_finite() && (0.5..=64.0).contains(&b) => b,
+        Some(_) => {
+            return Err(err(
+                "bytes_per_token",
+                "must be a number between 0.5 and 64".into(),
+            ));
+        }
+    };
+    if prefill.is_empty() {
+        return Err(err("prefill_endpoints", "must not be empty".into()));
+    }
+    let need = decode.iter().map(|e| e.dp_size).max().unwrap_or(1);
+    if let Some(i) = prefill.iter().position(|e| e.dp_size < need) {
+        return Err(err(
+            &format!("prefill_endpoints[{i}].dp_size"),
+            format!(
+                "must be at least {need}, the largest decode dp_size (both legs keep the DP rank)"
+            ),
+        ));
+    }
+    Ok(PdConfig {
+        prefill,
+        threshold_tokens: raw.threshold_tokens.unwrap_or(pd::DEFAULT_THRESHOLD_TOKENS),
+        bytes_per_token,
     })
 }
 

@@ -1,14 +1,25 @@
 //! tether's gateway filter: a proxy-wasm HTTP filter for an unmodified Envoy
 //! that gives every turn of one agent run — and of each subagent — a stable
 //! routing key, places it (Envoy hash policy, or the filter's own weighted
-//! rendezvous pick of endpoint and DP rank), and tells the engine where the
-//! prompt ended and why.
+//! rendezvous pick of endpoint and DP rank, load-aware and P/D), and tells
+//! the engine where the prompt ended and why.
 //!
-//! The logic is plain Rust, testable natively: [`api`] (formats), [`json`] and
-//! [`scan`] (the head/tail body scanner), [`identity`], [`head`], [`turn`],
-//! [`placement`], [`config`], [`outputs`], [`rewrite`], [`markers`], [`metrics`], and
-//! [`decide`] which ties them together. The wasm build adds a thin host shell
-//! (`glue`, `host`). The contract is `docs/gateway.md`.
+//! The decision is one pure pipeline, [`decide`]: read → place → emit, each
+//! stage a folder of plain Rust, testable natively:
+//! - [`read`]: headers and the body's two ends into a [`read::Reading`] — the
+//!   head/tail body scanner ([`read::scan`], on [`json`] and [`api`]), the
+//!   conversation head, identity and routing key, turn markers;
+//! - [`place`]: a pure function of (key, configuration, load-view snapshot,
+//!   now) into a [`place::Placed`] — rendezvous pick, ejection, load-aware
+//!   spill, P/D;
+//!   the fleet simulator can call it too;
+//! - [`emit`]: both into the [`emit::Plan`] — headers, filter state, body
+//!   edit, counters, or a refusal.
+//!
+//! [`config`] parses the plugin configuration once. The wasm build adds a
+//! thin host shell (`shell`: the proxy-wasm contexts, raw host calls, load
+//! polling, phase timing) that hands over bytes, the view snapshot and the
+//! clock, and applies the plan. The contract is `docs/gateway.md`.
 #![cfg_attr(
     not(test),
     deny(
@@ -22,39 +33,23 @@
 pub mod api;
 pub mod config;
 pub mod decide;
-pub mod eject;
-pub mod head;
+pub mod emit;
 pub mod header_pairs;
-pub mod identity;
 pub mod json;
-pub mod kv_params;
-pub mod load_view;
-pub mod markers;
-pub mod metrics;
-pub mod outputs;
-pub mod pd;
-pub mod placer;
-pub mod preamble;
+pub mod place;
 pub use tether_placement as placement;
-pub mod rewrite;
-pub mod scan;
-pub mod turn;
+pub mod read;
+pub mod step;
 
-pub use decide::Reason;
+pub use read::Reason;
 
 #[cfg(target_arch = "wasm32")]
-mod glue;
-#[cfg(target_arch = "wasm32")]
-mod host;
-#[cfg(target_arch = "wasm32")]
-mod poller;
-#[cfg(all(target_arch = "wasm32", feature = "phase-timing"))]
-mod timing;
+mod shell;
 
 #[cfg(target_arch = "wasm32")]
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(proxy_wasm::types::LogLevel::Info);
-    proxy_wasm::set_root_context(|_| Box::new(glue::Root::new()));
+    proxy_wasm::set_root_context(|_| Box::new(shell::glue::Root::new()));
 }}
 
 #[cfg(test)]

@@ -315,8 +315,8 @@ pub const ALL_APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::C
 pub const ALL_ORDERS: [Order; 3] = [Order::Sdk, Order::IdsFirst, Order::Middle];
 
 /// A view holding the whole body (as a read that took it all).
-pub fn whole_view(body: &[u8]) -> crate::scan::View {
-    crate::scan::View {
+pub fn whole_view(body: &[u8]) -> crate::read::scan::View {
+    crate::read::scan::View {
         head: body.to_vec(),
         tail: Vec::new(),
         tail_base: body.len(),

@@ -138,8 +138,9 @@ fn bad_input_is_refused_by_name() {
     ]);
     assert!(!o.status.success());
     assert!(
-        text(&o)
-            .contains("unknown trace format `sharegpt` (known: tether, mooncake, bailian, agentx)"),
+        text(&o).contains(
+            "unknown trace format `sharegpt` (known: tether, mooncake, bailian, agentx, tracelab)"
+        ),
         "{}",
         text(&o)
     );

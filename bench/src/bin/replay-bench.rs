@@ -282,7 +282,7 @@ fn main() -> Result<()> {
                 pct(r.hit_ratio.of_ideal),
                 pct(r.hit_ratio.returning),
                 load,
-                count(r.reprefill.avoidable_tokens),
+                count(r.reprefill.avoidable_at_placement_tokens),
                 r.latency.ttft_ms.p50,
                 r.latency.ttft_ms.p90,
                 r.requests.errors,
@@ -333,8 +333,8 @@ fn main() -> Result<()> {
             pct(pick_lru.hit_ratio.of_ideal)
         );
         let (lru, ret) = (
-            pick_lru.reprefill.avoidable_tokens,
-            pick_ret.reprefill.avoidable_tokens,
+            pick_lru.reprefill.avoidable_at_placement_tokens,
+            pick_ret.reprefill.avoidable_at_placement_tokens,
         );
         let ratio = lru as f64 / ret.max(1) as f64;
         let ret_ok = ratio >= RETENTION;

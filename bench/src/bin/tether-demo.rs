@@ -216,7 +216,10 @@ fn main() -> Result<()> {
         ms(ra.latency.ttft_ms.p50),
         ms(rb.latency.ttft_ms.p50)
     );
-    let (avb, avc) = (rb.reprefill.avoidable_tokens, rc.reprefill.avoidable_tokens);
+    let (avb, avc) = (
+        rb.reprefill.avoidable_at_placement_tokens,
+        rc.reprefill.avoidable_at_placement_tokens,
+    );
     println!(
         "- With {} KV tokens per rank the caches fill up; LRU still evicts prompts whose session comes back ({} tokens of avoidable re-prefill). Retention keeps each turn's prompt end for its interval and moves it to the host tier under pressure: {} tokens ({}), {} hit, TTFT p90 {} → {}.",
         count(a.kv_tokens),

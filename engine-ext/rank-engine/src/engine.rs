@@ -189,6 +189,42 @@ pub enum SubmitError {
     Duplicate(u64),
 }
 
+/// A model's context window (`max_model_len`): prompt plus requested output
+/// must fit. One rule for the rank server (which answers 400 with vLLM's
+/// message) and the fleet simulator (which counts the request refused), so a
+/// simulation and a replay refuse the same requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ContextLimit(pub Option<u64>);
+
+/// A request longer than the model's context window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error(
+    "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt} in the messages, {max_tokens} in the completion).",
+    prompt + max_tokens
+)]
+pub struct TooLong {
+    /// The window.
+    pub limit: u64,
+    /// Prompt tokens.
+    pub prompt: u64,
+    /// Requested output tokens.
+    pub max_tokens: u64,
+}
+
+impl ContextLimit {
+    /// `Err` when `prompt + max_tokens` exceeds the window (no window: never).
+    pub fn check(self, prompt: u64, max_tokens: u64) -> Result<(), TooLong> {
+        match self.0 {
+            Some(limit) if prompt.saturating_add(max_tokens) > limit => Err(TooLong {
+                limit,
+                prompt,
+                max_tokens,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// How a request's prompt was served and how long each phase took.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Outcome {

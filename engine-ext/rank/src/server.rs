@@ -11,7 +11,7 @@
 
 use crate::clock::SimClock;
 use crate::config::{RankConfig, Role};
-use crate::engine::{Engine, Event, Outcome, SimRequest};
+use crate::engine::{ContextLimit, Engine, Event, Outcome, SimRequest};
 use crate::latency::LatencyModel;
 use crate::load::{LoadReport, RankLoad, rank_load};
 use crate::metrics::{self, EngineMetrics, RankView};
@@ -627,16 +627,8 @@ async fn generate(
         // A prefiller's answer is the first token; the decode rank makes the rest.
         max_tokens = 1;
     }
-    if let Some(limit) = rank.cfg.max_model_len
-        && (prompt + max_tokens) as u64 > limit
-    {
-        return refused(Refusal::new(
-            BadReason::BadPrompt,
-            format!(
-                "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt} in the messages, {max_tokens} in the completion).",
-                prompt + max_tokens
-            ),
-        ));
+    if let Err(e) = ContextLimit(rank.cfg.max_model_len).check(prompt as u64, max_tokens as u64) {
+        return refused(Refusal::new(BadReason::BadPrompt, e.to_string()));
     }
     let keys = RequestKeys {
         cache_salt: parsed.cache_salt.as_ref().map(|s| s.as_bytes().to_vec()),

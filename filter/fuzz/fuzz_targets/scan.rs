@@ -10,12 +10,12 @@ use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 use tether_filter::api::Api;
 use tether_filter::config::Config;
-use tether_filter::decide;
-use tether_filter::placement::Placement;
-use tether_filter::rewrite;
-use tether_filter::scan::{self, ReadLimits};
+use tether_filter::decide::{self, BodyCall};
+use tether_filter::emit::{self, rewrite};
+use tether_filter::place::{Pools, Snapshot};
+use tether_filter::read::scan::{self, ReadLimits};
 
-static SETUP: OnceLock<(Config, Placement)> = OnceLock::new();
+static SETUP: OnceLock<(Config, Pools)> = OnceLock::new();
 
 const APIS: [Api; 4] = [Api::Chat, Api::Responses, Api::Messages, Api::Completions];
 
@@ -77,25 +77,26 @@ fuzz_target!(|data: &[u8]| {
         let want: Vec<String> = map.keys().cloned().collect();
         assert_eq!(keys, want, "top-level keys differ from serde_json");
     }
-    let (cfg, placement) = SETUP.get_or_init(|| {
+    let (cfg, pools) = SETUP.get_or_init(|| {
         let cfg = Config::parse(br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:80","dp_size":4},{"address":"10.0.0.2:80"}],
             "cache_salt":{"secret":"k"},"outputs":["all","body_session_id","routed_dp_rank","kv_transfer_params"],"turn_count_max_bytes":64}"#)
         .expect("fuzz config");
-        let placement = Placement::new(&cfg.endpoints);
-        (cfg, placement)
+        let pools = Pools::new(&cfg);
+        (cfg, pools)
     });
     let headers = vec![(":path".to_owned(), b"/v1/chat/completions".to_vec())];
-    let d = decide::on_body(cfg, placement, api, &headers, body.len(), None, &mut fetch);
+    let call = BodyCall::new(api, &headers, body.len());
+    let d = decide::on_body(cfg, pools, Snapshot::NONE, call, &mut fetch, &mut |_| {});
     if let (Some(edit), Ok(_)) = (&d.edit, serde_json::from_slice::<serde_json::Value>(body)) {
         let out = rewrite::apply(body, edit);
         let v: serde_json::Value = serde_json::from_slice(&out).expect("rewrite broke valid JSON");
         assert_eq!(
             v["cache_salt"],
-            serde_json::json!(decide::cache_salt(b"k", b"")),
+            serde_json::json!(emit::cache_salt(b"k", b"")),
             "client cache_salt survived"
         );
         // The markers in kv_transfer_params are ours, whatever the client sent there.
-        let ours = tether_filter::identity::hex16(d.identity.session_hash());
+        let ours = tether_filter::read::identity::hex16(d.read.identity.session_hash());
         assert_eq!(
             v["kv_transfer_params"]["tether"]["session"],
             serde_json::json!(ours),

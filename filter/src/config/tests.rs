@@ -1,5 +1,5 @@
 use super::*;
-use crate::outputs::Output;
+use crate::config::outputs::Output;
 
 fn err(json: &str) -> ConfigError {
     Config::parse(json.as_bytes()).expect_err(json)
@@ -164,6 +164,80 @@ fn each_body_output_alone_rewrites_the_body() {
     );
 }
 
+/// `load` as part of a pick-mode configuration.
+fn load(v: serde_json::Value) -> Result<LoadConfig, ConfigError> {
+    let c =
+        serde_json::json!({"mode": "pick", "endpoints": [{"address": "10.0.0.1:8000"}], "load": v});
+    Config::parse(c.to_string().as_bytes()).map(|c| c.load.unwrap())
+}
+
+/// `pd` as part of a pick-mode configuration whose decode endpoints have `dp_size` 2.
+fn pd(v: serde_json::Value) -> Result<PdConfig, ConfigError> {
+    let c = serde_json::json!({"mode": "pick", "header_fast_path": false,
+        "endpoints": [{"address": "10.0.0.1:8000", "dp_size": 2}], "pd": v});
+    Config::parse(c.to_string().as_bytes()).map(|c| c.pd.unwrap())
+}
+
+#[test]
+fn load_config_defaults_and_refusals_name_the_field() {
+    let c = load(serde_json::json!({})).unwrap();
+    assert_eq!(c, LoadConfig::default());
+    let c = load(serde_json::json!({"poll_ms": 500})).unwrap();
+    assert_eq!(c.max_age_ms, 2500, "the default age follows the period");
+    for (v, field) in [
+        (serde_json::json!({"poll_ms": 5}), "load.poll_ms"),
+        (serde_json::json!({"poll_ms": "x"}), "load.poll_ms"),
+        (serde_json::json!({"timeout_ms": 0}), "load.timeout_ms"),
+        (
+            serde_json::json!({"max_age_ms": 100, "poll_ms": 200}),
+            "load.max_age_ms",
+        ),
+        (serde_json::json!({"factor": 1.0}), "load.factor"),
+        (serde_json::json!({"floor": 0.5}), "load.floor"),
+        (serde_json::json!({"cluster": ""}), "load.cluster"),
+        (serde_json::json!({"bogus": 1}), "load.bogus"),
+        (serde_json::json!([1]), "load"),
+    ] {
+        assert_eq!(load(v.clone()).unwrap_err().field, field, "{v}");
+    }
+}
+
+#[test]
+fn pd_config_refusals_name_the_field() {
+    let ok =
+        pd(serde_json::json!({"prefill_endpoints": [{"address": "10.0.1.1:8000", "dp_size": 2}]}))
+            .unwrap();
+    assert_eq!(ok.threshold_tokens, pd::DEFAULT_THRESHOLD_TOKENS);
+    assert_eq!(ok.prefill[0].address, "10.0.1.1:8000");
+    for (v, field) in [
+        (serde_json::json!({}), "pd.prefill_endpoints"),
+        (
+            serde_json::json!({"prefill_endpoints": []}),
+            "pd.prefill_endpoints",
+        ),
+        (
+            serde_json::json!({"prefill_endpoints": [{"address": "nowhere"}]}),
+            "pd.prefill_endpoints[0].address",
+        ),
+        (
+            serde_json::json!({"prefill_endpoints": [{"address": "10.0.1.1:1", "dp_size": 1}]}),
+            "pd.prefill_endpoints[0].dp_size",
+        ),
+        (
+            serde_json::json!({"prefill_endpoints": [{"address": "10.0.1.1:1", "dp_size": 2}], "threshold_tokens": -1}),
+            "pd.threshold_tokens",
+        ),
+        (
+            serde_json::json!({"prefill_endpoints": [{"address": "10.0.1.1:1", "dp_size": 2}], "bytes_per_token": 0}),
+            "pd.bytes_per_token",
+        ),
+        (serde_json::json!({"x": 1}), "pd.x"),
+        (serde_json::json!(3), "pd"),
+    ] {
+        assert_eq!(pd(v.clone()).unwrap_err().field, field, "{v}");
+    }
+}
+
 #[test]
 fn endpoint_names_are_read_and_bad_ones_refused_by_name() {
     let c = Config::parse(
@@ -192,5 +266,30 @@ fn endpoint_names_are_read_and_bad_ones_refused_by_name() {
         ),
     ] {
         assert_eq!(err(json).field, field, "{json}");
+    }
+}
+
+#[test]
+fn the_eject_config_is_checked_by_field() {
+    let eject = |v: serde_json::Value| {
+        let c = serde_json::json!({"mode": "pick", "endpoints": [{"address": "10.0.0.1:8000"}], "eject": v});
+        Config::parse(c.to_string().as_bytes()).map(|c| c.eject)
+    };
+    let ok = eject(serde_json::json!({"failures": 2, "ms": 500})).unwrap();
+    assert_eq!(
+        ok,
+        EjectConfig {
+            failures: 2,
+            ms: 500
+        }
+    );
+    for (v, field) in [
+        (serde_json::json!({"failures": 0}), "eject.failures"),
+        (serde_json::json!({"failures": "3"}), "eject.failures"),
+        (serde_json::json!({"ms": 5}), "eject.ms"),
+        (serde_json::json!({"seconds": 5}), "eject.seconds"),
+        (serde_json::json!(3), "eject"),
+    ] {
+        assert_eq!(eject(v.clone()).unwrap_err().field, field, "{v}");
     }
 }

@@ -1,6 +1,10 @@
 //! Whole decisions per format and identity source, as the glue would get them.
 
 use super::*;
+use crate::emit::{cache_salt, rewrite};
+use crate::read::header_names::{ReadHeaders, is_internal_header};
+use crate::read::identity::Headers;
+use crate::read::{identity, turn};
 use crate::testkit::{ALL_APIS, ALL_ORDERS, Convo, Order, SliceFetch, Step, headers};
 use serde_json::{Value as J, json};
 
@@ -28,27 +32,27 @@ fn path_of(api: Api) -> &'static str {
 }
 
 /// Runs header + body callbacks like the glue; returns the decision.
-fn decide(cfg: &Config, api: Api, hdrs: &[(&str, &str)], body: &[u8]) -> Decision {
-    let placement = Placement::new(&cfg.endpoints);
+fn decide(cfg: &Config, api: Api, hdrs: &[(&str, &str)], body: &[u8]) -> Plan {
+    let pools = Pools::new(cfg);
     let mut h = headers(&[
         (":path", path_of(api)),
         ("content-type", "application/json"),
     ]);
     h.extend(headers(hdrs));
-    match on_headers(cfg, &placement, &h, body.is_empty()) {
+    match on_headers(cfg, &pools, &h, body.is_empty()) {
         HeaderOutcome::Untouched => panic!("untouched"),
         HeaderOutcome::Decided(d) => *d,
         HeaderOutcome::ReadBody { api, reason } => {
             let mut f = SliceFetch::new(body);
-            on_body(cfg, &placement, api, &h, body.len(), reason, &mut |s, l| {
+            on_body(cfg, &pools, api, &h, body.len(), reason, &mut |s, l| {
                 f.fetch(s, l)
             })
         }
     }
 }
 
-fn key(d: &Decision) -> u64 {
-    d.identity.key()
+fn key(d: &Plan) -> u64 {
+    d.read.identity.key()
 }
 
 #[test]
@@ -85,8 +89,8 @@ fn every_session_source_kind_is_found_in_every_format_and_order() {
                     convo = convo.extra(k, v.clone());
                 }
                 let d = decide(&c, api, &[], &convo.body(api, order));
-                assert_eq!(d.source, *label, "{api:?} {order:?}");
-                assert!(!d.header_path);
+                assert_eq!(d.read.source, *label, "{api:?} {order:?}");
+                assert!(!d.read.header_path);
                 // The same run one turn later keeps its key.
                 let later = convo
                     .clone()
@@ -101,7 +105,7 @@ fn every_session_source_kind_is_found_in_every_format_and_order() {
                 }
             }
             let d = decide(&c, api, &[], &base.body(api, order));
-            assert_eq!(d.source, "head", "{api:?} {order:?}");
+            assert_eq!(d.read.source, "head", "{api:?} {order:?}");
         }
     }
 }
@@ -109,7 +113,7 @@ fn every_session_source_kind_is_found_in_every_format_and_order() {
 #[test]
 fn header_sources_decide_in_the_header_callback() {
     let c = cfg("");
-    let placement = Placement::new(&c.endpoints);
+    let pools = Pools::new(&c);
     for name in [
         "x-session-id",
         "x-claude-code-session-id",
@@ -120,13 +124,13 @@ fn header_sources_decide_in_the_header_callback() {
         "x-dynamo-session-id",
     ] {
         let h = headers(&[(":path", "/v1/messages"), (name, "run-7")]);
-        let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+        let HeaderOutcome::Decided(d) = on_headers(&c, &pools, &h, false) else {
             panic!("{name}: not decided")
         };
-        assert_eq!(d.source, format!("header:{name}"));
-        assert!(d.header_path && d.turn.is_none());
+        assert_eq!(d.read.source, format!("header:{name}"));
+        assert!(d.read.header_path && d.read.turn.is_none());
         // Still a prompt end for the engine, but no kind it could not know.
-        let out = crate::markers::request_headers(&c, &placement, &d);
+        let out = &d.request_headers(&c, &pools);
         let get = |h: &str| out.iter().find(|(n, _)| *n == h).map(|(_, v)| v.as_str());
         assert_eq!(get("x-tether-prompt-end"), Some("1"), "{name}");
         assert_eq!(get("x-tether-turn-kind"), None, "{name}");
@@ -137,10 +141,10 @@ fn header_sources_decide_in_the_header_callback() {
         ("session-id", "b"),
         ("x-session-id", "a"),
     ]);
-    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+    let HeaderOutcome::Decided(d) = on_headers(&c, &pools, &h, false) else {
         panic!()
     };
-    assert_eq!(d.source, "header:x-session-id");
+    assert_eq!(d.read.source, "header:x-session-id");
 }
 
 #[test]
@@ -181,8 +185,8 @@ fn key_ignores_client_address_and_user_but_not_subagent() {
     );
     assert_ne!(key(&s1), key(&a));
     assert_ne!(key(&s1), key(&s2));
-    assert_eq!(a.identity.subagent_hash(), 0);
-    assert_ne!(s1.identity.subagent_hash(), 0);
+    assert_eq!(a.read.identity.subagent_hash(), 0);
+    assert_ne!(s1.read.identity.subagent_hash(), 0);
 }
 
 #[test]
@@ -201,8 +205,8 @@ fn subagents_sharing_a_body_session_field_get_their_own_keys() {
             json!({"agentic_context": {"session_id": "run", "agent_id": "a1"}}),
         );
         let d = decide(&c, api, &[], &a.body(api, Order::Sdk));
-        assert_eq!(d.source, "body:vllm_xargs.agentic_context.session_id");
-        assert_ne!(d.identity.subagent_hash(), 0);
+        assert_eq!(d.read.source, "body:vllm_xargs.agentic_context.session_id");
+        assert_ne!(d.read.identity.subagent_hash(), 0);
     }
 }
 
@@ -223,7 +227,7 @@ fn tenant_is_part_of_every_key() {
         &body,
     );
     assert_ne!(key(&a), key(&b));
-    assert_ne!(a.identity.tenant_hash(), b.identity.tenant_hash());
+    assert_ne!(a.read.identity.tenant_hash(), b.read.identity.tenant_hash());
 }
 
 /// The tenant scopes every hash that leaves the filter, not only the key: two
@@ -244,6 +248,7 @@ fn tenant_scopes_the_session_subagent_and_parent_hashes() {
             ],
             &body,
         )
+        .read
         .identity
     };
     let (a, b) = (run("acme"), run("globex"));
@@ -291,11 +296,14 @@ fn body_identity_values_have_a_length_limit() {
             .body(Api::Chat, Order::Sdk)
     };
     let d = decide(&c, Api::Chat, &[], &body(&json!(at_limit)));
-    assert_eq!((d.source.as_str(), d.bad_headers), ("body:session_id", 0));
-    assert_eq!(d.identity.session, at_limit.as_bytes());
+    assert_eq!(
+        (d.read.source.as_str(), d.read.bad_headers),
+        ("body:session_id", 0)
+    );
+    assert_eq!(d.read.identity.session, at_limit.as_bytes());
     let d = decide(&c, Api::Chat, &[], &body(&json!(over)));
     assert_eq!(
-        (d.source.as_str(), d.bad_headers),
+        (d.read.source.as_str(), d.read.bad_headers),
         ("body:prompt_cache_key", 1)
     );
     // Numbers: up to 64 characters are ids, longer ones are absent (not counted).
@@ -306,10 +314,10 @@ fn body_identity_values_have_a_length_limit() {
         )
     };
     let d = decide(&c, Api::Chat, &[], raw(64).as_bytes());
-    assert_eq!(d.source, "body:session_id");
+    assert_eq!(d.read.source, "body:session_id");
     let d = decide(&c, Api::Chat, &[], raw(65).as_bytes());
     assert_eq!(
-        (d.source.as_str(), d.bad_headers),
+        (d.read.source.as_str(), d.read.bad_headers),
         ("body:prompt_cache_key", 0)
     );
     // Headers: the same limit, at the byte.
@@ -320,7 +328,7 @@ fn body_identity_values_have_a_length_limit() {
         &body(&json!("b")),
     );
     assert_eq!(
-        (d.source.as_str(), d.bad_headers),
+        (d.read.source.as_str(), d.read.bad_headers),
         ("header:x-session-id", 0)
     );
     let d = decide(
@@ -329,7 +337,10 @@ fn body_identity_values_have_a_length_limit() {
         &[("x-session-id", &over)],
         &body(&json!("b")),
     );
-    assert_eq!((d.source.as_str(), d.bad_headers), ("body:session_id", 1));
+    assert_eq!(
+        (d.read.source.as_str(), d.read.bad_headers),
+        ("body:session_id", 1)
+    );
 }
 
 /// Unusable subagent, parent and tenant headers are skipped and each is counted
@@ -337,7 +348,7 @@ fn body_identity_values_have_a_length_limit() {
 #[test]
 fn bad_subagent_parent_and_tenant_headers_are_each_counted() {
     let c = cfg(r#"{"tenant_header":"x-auth-tenant"}"#);
-    let placement = Placement::new(&c.endpoints);
+    let pools = Pools::new(&c);
     let mut h = headers(&[
         (":path", "/v1/chat/completions"),
         ("x-session-id", "run"),
@@ -350,16 +361,16 @@ fn bad_subagent_parent_and_tenant_headers_are_each_counted() {
         ("x-auth-tenant", "t2"),
     ]);
     h.push(("x-claude-code-parent-agent-id".into(), vec![0xff, 0xfe]));
-    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+    let HeaderOutcome::Decided(d) = on_headers(&c, &pools, &h, false) else {
         panic!("a session header decides in the header callback")
     };
     assert_eq!(
-        d.bad_headers, 4,
+        d.read.bad_headers, 4,
         "empty subagent, repeated parent, non-UTF-8 parent, repeated tenant"
     );
-    assert_eq!(d.identity.subagent.as_deref(), Some(&b"sub-1"[..]));
-    assert_eq!(d.identity.parent.as_deref(), Some(&b"parent-ok"[..]));
-    assert!(d.identity.tenant.is_empty());
+    assert_eq!(d.read.identity.subagent.as_deref(), Some(&b"sub-1"[..]));
+    assert_eq!(d.read.identity.parent.as_deref(), Some(&b"parent-ok"[..]));
+    assert!(d.read.identity.tenant.is_empty());
     // Each kind alone counts exactly one.
     for (name, value) in [
         ("x-claude-code-agent-id", ""),
@@ -371,17 +382,17 @@ fn bad_subagent_parent_and_tenant_headers_are_each_counted() {
             ("x-session-id", "run"),
             (name, value),
         ]);
-        let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+        let HeaderOutcome::Decided(d) = on_headers(&c, &pools, &h, false) else {
             panic!("{name}: not decided")
         };
-        assert_eq!(d.bad_headers, 1, "{name}");
+        assert_eq!(d.read.bad_headers, 1, "{name}");
     }
 }
 
 #[test]
 fn bad_identity_headers_are_skipped_and_counted() {
     let c = cfg("");
-    let placement = Placement::new(&c.endpoints);
+    let pools = Pools::new(&c);
     let long = "x".repeat(2000);
     for bad in [
         vec![("x-session-id", "")],
@@ -393,36 +404,36 @@ fn bad_identity_headers_are_skipped_and_counted() {
             ("x-claude-code-session-id", "good"),
         ]);
         h.extend(headers(&bad));
-        let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+        let HeaderOutcome::Decided(d) = on_headers(&c, &pools, &h, false) else {
             panic!()
         };
-        assert_eq!(d.source, "header:x-claude-code-session-id");
-        assert_eq!(d.bad_headers, 1);
+        assert_eq!(d.read.source, "header:x-claude-code-session-id");
+        assert_eq!(d.read.bad_headers, 1);
     }
     let mut h = headers(&[
         (":path", "/v1/chat/completions"),
         ("x-claude-code-session-id", "good"),
     ]);
     h.push(("x-session-id".into(), vec![0xff, 0xfe]));
-    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, false) else {
+    let HeaderOutcome::Decided(d) = on_headers(&c, &pools, &h, false) else {
         panic!()
     };
-    assert_eq!(d.bad_headers, 1);
+    assert_eq!(d.read.bad_headers, 1);
 }
 
 #[test]
 fn fallbacks_have_reasons_and_stable_keys() {
     let c = cfg(r#"{"max_body_bytes": 100000}"#);
-    let placement = Placement::new(&c.endpoints);
+    let pools = Pools::new(&c);
     let body = Convo::new("s", "t").body(Api::Chat, Order::Sdk);
-    let run = |h: &[(&str, &str)], body: &[u8]| -> Decision {
+    let run = |h: &[(&str, &str)], body: &[u8]| -> Plan {
         let mut hh = headers(&[(":path", "/v1/chat/completions")]);
         hh.extend(headers(h));
-        match on_headers(&c, &placement, &hh, body.is_empty()) {
+        match on_headers(&c, &pools, &hh, body.is_empty()) {
             HeaderOutcome::Decided(d) => *d,
             HeaderOutcome::ReadBody { api, reason } => {
                 let mut f = SliceFetch::new(body);
-                on_body(&c, &placement, api, &hh, body.len(), reason, &mut |s, l| {
+                on_body(&c, &pools, api, &hh, body.len(), reason, &mut |s, l| {
                     f.fetch(s, l)
                 })
             }
@@ -430,28 +441,28 @@ fn fallbacks_have_reasons_and_stable_keys() {
         }
     };
     assert_eq!(
-        run(&[("content-type", "text/plain")], &body).source,
+        run(&[("content-type", "text/plain")], &body).read.source,
         "fallback:not_json"
     );
     assert_eq!(
-        run(&[("content-encoding", "gzip")], &body).source,
+        run(&[("content-encoding", "gzip")], &body).read.source,
         "fallback:compressed"
     );
     assert_eq!(
-        run(&[], b"{\"messages\": [}").source,
+        run(&[], b"{\"messages\": [}").read.source,
         "fallback:malformed_json"
     );
     assert_eq!(
-        run(&[], &body[..body.len() - 3]).source,
+        run(&[], &body[..body.len() - 3]).read.source,
         "fallback:truncated"
     );
-    assert_eq!(run(&[], b"").source, "fallback:no_body");
+    assert_eq!(run(&[], b"").read.source, "fallback:no_body");
     assert_eq!(
-        run(&[], b"{\"model\":\"m\"}").source,
+        run(&[], b"{\"model\":\"m\"}").read.source,
         "fallback:no_conversation"
     );
     let big = Convo::new("s", &"y".repeat(200_000)).body(Api::Chat, Order::Sdk);
-    assert_eq!(run(&[], &big).source, "fallback:too_large");
+    assert_eq!(run(&[], &big).read.source, "fallback:too_large");
     // The fallback key depends on the body head, so later turns of a run keep it.
     let t1 = Convo::new("s", &"p".repeat(5000));
     let t2 = t1.clone().with(Step::User("more".into()));
@@ -470,10 +481,7 @@ fn fallbacks_have_reasons_and_stable_keys() {
     assert_eq!(key(&d1), key(&d2));
     // Unknown paths are not routed at all.
     let h = headers(&[(":path", "/v2/other"), ("x-session-id", "a")]);
-    assert_eq!(
-        on_headers(&c, &placement, &h, false),
-        HeaderOutcome::Untouched
-    );
+    assert_eq!(on_headers(&c, &pools, &h, false), HeaderOutcome::Untouched);
 }
 
 #[test]
@@ -535,7 +543,7 @@ fn salting_rewrites_the_body_and_drops_client_salts() {
         assert_eq!(v["session_id"], json!(identity::hex16(key(&d))), "{label}");
         assert_eq!(
             v["routed_dp_rank"],
-            json!(d.pick.as_ref().unwrap().rank),
+            json!(d.placed.pick.as_ref().unwrap().rank),
             "{label}"
         );
         assert_eq!(
@@ -561,15 +569,15 @@ fn salting_rewrites_the_body_and_drops_client_salts() {
 #[test]
 fn salting_forces_the_body_path() {
     let c = cfg(r#"{"cache_salt":{"secret":"k"}}"#);
-    let placement = Placement::new(&c.endpoints);
+    let pools = Pools::new(&c);
     let h = headers(&[(":path", "/v1/chat/completions"), ("x-session-id", "a")]);
     assert!(matches!(
-        on_headers(&c, &placement, &h, false),
+        on_headers(&c, &pools, &h, false),
         HeaderOutcome::ReadBody { .. }
     ));
     let c = cfg(r#"{"header_fast_path":false}"#);
     assert!(matches!(
-        on_headers(&c, &placement, &h, false),
+        on_headers(&c, &pools, &h, false),
         HeaderOutcome::ReadBody { .. }
     ));
 }
@@ -577,7 +585,7 @@ fn salting_forces_the_body_path() {
 #[test]
 fn big_bodies_are_decided_from_their_ends() {
     let c = cfg("");
-    let placement = Placement::new(&c.endpoints);
+    let pools = Pools::new(&c);
     let mut convo = Convo::new("sys", "task").extra("metadata", json!({"user_id": "u_session_1"}));
     for i in 0..1000 {
         convo = convo.with(Step::Tool {
@@ -591,16 +599,16 @@ fn big_bodies_are_decided_from_their_ends() {
         assert!(body.len() > 4_000_000);
         let h = headers(&[(":path", path_of(api))]);
         let mut f = SliceFetch::new(&body);
-        let d = on_body(&c, &placement, api, &h, body.len(), None, &mut |s, l| {
+        let d = on_body(&c, &pools, api, &h, body.len(), None, &mut |s, l| {
             f.fetch(s, l)
         });
-        assert_eq!(d.source, "body:metadata.user_id", "{api:?}");
+        assert_eq!(d.read.source, "body:metadata.user_id", "{api:?}");
         assert_eq!(
-            d.turn.map(|t| t.kind),
+            d.read.turn.map(|t| t.kind),
             Some(turn::TurnKind::Tool),
             "{api:?}"
         );
-        assert_eq!(d.turn.and_then(|t| t.count), None, "{api:?}");
+        assert_eq!(d.read.turn.and_then(|t| t.count), None, "{api:?}");
         assert!(f.fetched < 64 * 1024, "{api:?}: fetched {}", f.fetched);
         // The same run, small enough to be walked whole, gets the same key and an exact count.
         let small = Convo::new("sys", "task")
@@ -612,7 +620,7 @@ fn big_bodies_are_decided_from_their_ends() {
             });
         let ds = decide(&c, api, &[], &small.body(api, Order::Sdk));
         assert_eq!(key(&ds), key(&d), "{api:?}");
-        assert_eq!(ds.turn.and_then(|t| t.count), Some(2), "{api:?}");
+        assert_eq!(ds.read.turn.and_then(|t| t.count), Some(2), "{api:?}");
     }
 }
 
@@ -643,7 +651,7 @@ fn salted_deployments_refuse_bodies_they_cannot_rewrite() {
     // A JSON object without a conversation is still salted, not refused.
     let d = decide(&c, Api::Chat, &[], br#"{"model":"m","cache_salt":"evil"}"#);
     assert_eq!(
-        (d.source.as_str(), d.reject),
+        (d.read.source.as_str(), d.reject),
         ("fallback:no_conversation", None)
     );
     let out = rewrite::apply(
@@ -698,7 +706,7 @@ fn decisions_read_only_the_named_headers() {
     ];
     let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"session_id":"b1"}"#;
     for c in &configs {
-        let placement = Placement::new(&c.endpoints);
+        let pools = Pools::new(c);
         let read = ReadHeaders::new(c);
         for ids in identity_sets {
             for ct in ["application/json", "text/plain"] {
@@ -713,18 +721,17 @@ fn decisions_read_only_the_named_headers() {
                 assert!(kept.len() + noise.len() <= full.len(), "noise is dropped");
                 assert!(kept.iter().any(|(k, _)| k == ":path"));
                 for eos in [false, true] {
-                    let a = on_headers(c, &placement, &full, eos);
-                    assert_eq!(a, on_headers(c, &placement, &kept, eos), "{ids:?} {ct}");
+                    let a = on_headers(c, &pools, &full, eos);
+                    assert_eq!(a, on_headers(c, &pools, &kept, eos), "{ids:?} {ct}");
                     if let HeaderOutcome::ReadBody { api, reason } = a {
                         let run = |h: &Headers| {
                             let mut f = SliceFetch::new(body);
-                            on_body(c, &placement, api, h, body.len(), reason, &mut |s, l| {
+                            on_body(c, &pools, api, h, body.len(), reason, &mut |s, l| {
                                 f.fetch(s, l)
                             })
                         };
                         assert_eq!(run(&full), run(&kept), "{ids:?} {ct}");
-                        let fb =
-                            |h: &Headers| fallback(c, &placement, api, h, b"x", Reason::TooLarge);
+                        let fb = |h: &Headers| fallback(c, &pools, api, h, b"x", Reason::TooLarge);
                         assert_eq!(fb(&full), fb(&kept));
                     }
                 }
@@ -771,9 +778,9 @@ fn read_headers_match_names_of_any_length_and_case() {
 fn emitted_markers_parse_into_the_engine_marker() {
     use tether_wire::{HexId, RetentionMs, TurnKind, TurnMarker};
     let c = cfg("");
-    let placement = Placement::new(&c.endpoints);
-    let parse = |d: &Decision| {
-        let out = crate::markers::request_headers(&c, &placement, d);
+    let pools = Pools::new(&c);
+    let parse = |d: &Plan| {
+        let out = d.request_headers(&c, &pools);
         TurnMarker::from_headers(out.iter().map(|(k, v)| (*k, v.as_str())))
             .expect("the filter's own headers parse")
             .expect("a session is always named")
@@ -810,7 +817,7 @@ fn emitted_markers_parse_into_the_engine_marker() {
                 .body(api, Order::Sdk);
             let d = decide(&c, api, &[], &body);
             let m = parse(&d);
-            let id = &d.identity;
+            let id = &d.read.identity;
             assert_eq!(m.kind, *kind, "{api:?}");
             assert!(m.prompt_end, "{api:?} {kind:?}");
             assert_eq!(m.turn, Some(*turn), "{api:?} {kind:?}");
@@ -825,14 +832,17 @@ fn emitted_markers_parse_into_the_engine_marker() {
         .with(call("c1", "Read"))
         .body(Api::Chat, Order::Sdk);
     let d = decide(&c, Api::Chat, &[("x-session-id", "run-7")], &body);
-    assert!(d.header_path);
+    assert!(d.read.header_path);
     let m = parse(&d);
     assert!(m.prompt_end);
     assert_eq!(
         (m.kind, m.turn, m.retention_ms),
         (TurnKind::User, None, None)
     );
-    assert_eq!(m.key.session, HexId(u128::from(d.identity.session_hash())));
+    assert_eq!(
+        m.key.session,
+        HexId(u128::from(d.read.identity.session_hash()))
+    );
 }
 
 /// Only a session named by a *body* field is shared by every subagent of a run
@@ -843,10 +853,10 @@ fn a_header_session_on_the_body_path_stays_the_main_agent() {
     let c = cfg(r#"{"header_fast_path":false}"#);
     let body = Convo::new("explorer subagent", "find files").body(Api::Chat, Order::Sdk);
     let d = decide(&c, Api::Chat, &[("x-session-id", "run")], &body);
-    assert!(!d.header_path, "the body was read");
-    assert_eq!(d.source, "header:x-session-id");
-    assert_eq!(d.identity.subagent, None);
-    assert_eq!(d.identity.subagent_hash(), 0);
+    assert!(!d.read.header_path, "the body was read");
+    assert_eq!(d.read.source, "header:x-session-id");
+    assert_eq!(d.read.identity.subagent, None);
+    assert_eq!(d.read.identity.subagent_hash(), 0);
     // The same session as a body field: the head names the agent.
     let d = decide(
         &c,
@@ -856,8 +866,8 @@ fn a_header_session_on_the_body_path_stays_the_main_agent() {
             .extra("session_id", json!("run"))
             .body(Api::Chat, Order::Sdk),
     );
-    assert_eq!(d.source, "body:session_id");
-    assert_ne!(d.identity.subagent_hash(), 0);
+    assert_eq!(d.read.source, "body:session_id");
+    assert_ne!(d.read.identity.subagent_hash(), 0);
 }
 
 /// A request whose headers end the stream has no body callback to wait for: the
@@ -865,17 +875,17 @@ fn a_header_session_on_the_body_path_stays_the_main_agent() {
 #[test]
 fn a_bodiless_request_is_decided_in_the_header_callback() {
     let c = cfg(r#"{"tenant_header":"x-t"}"#);
-    let placement = Placement::new(&c.endpoints);
+    let pools = Pools::new(&c);
     let h = headers(&[(":path", "/v1/chat/completions"), ("x-t", "acme")]);
-    let HeaderOutcome::Decided(d) = on_headers(&c, &placement, &h, true) else {
+    let HeaderOutcome::Decided(d) = on_headers(&c, &pools, &h, true) else {
         panic!("end of stream: decided now")
     };
-    assert_eq!(d.source, "fallback:no_body");
-    assert!(d.header_path);
-    assert_eq!(d.identity.tenant, b"acme");
+    assert_eq!(d.read.source, "fallback:no_body");
+    assert!(d.read.header_path);
+    assert_eq!(d.read.identity.tenant, b"acme");
     // With a body to come, the same headers wait for it.
     assert!(matches!(
-        on_headers(&c, &placement, &h, false),
+        on_headers(&c, &pools, &h, false),
         HeaderOutcome::ReadBody { reason: None, .. }
     ));
 }
@@ -889,10 +899,10 @@ fn identity_encoding_is_not_compressed() {
         .body(Api::Chat, Order::Sdk);
     for enc in ["identity", " IDENTITY ", ""] {
         let d = decide(&c, Api::Chat, &[("content-encoding", enc)], &body);
-        assert_eq!(d.source, "body:session_id", "{enc:?}");
+        assert_eq!(d.read.source, "body:session_id", "{enc:?}");
     }
     let d = decide(&c, Api::Chat, &[("content-encoding", "br")], &body);
-    assert_eq!(d.source, "fallback:compressed");
+    assert_eq!(d.read.source, "fallback:compressed");
 }
 
 /// Fallback keys are scoped by tenant like every other key (a repeated tenant
@@ -900,28 +910,21 @@ fn identity_encoding_is_not_compressed() {
 #[test]
 fn fallback_keys_carry_the_tenant() {
     let c = cfg(r#"{"tenant_header":"x-t"}"#);
-    let placement = Placement::new(&c.endpoints);
+    let pools = Pools::new(&c);
     let run = |tenant: &[(&str, &str)]| {
         let mut h = headers(&[
             (":path", "/v1/chat/completions"),
             ("content-encoding", "gzip"),
         ]);
         h.extend(headers(tenant));
-        fallback(
-            &c,
-            &placement,
-            Api::Chat,
-            &h,
-            b"same body",
-            Reason::Compressed,
-        )
+        fallback(&c, &pools, Api::Chat, &h, b"same body", Reason::Compressed)
     };
     let (a, b) = (run(&[("x-t", "acme")]), run(&[("x-t", "globex")]));
-    assert_eq!(a.identity.tenant, b"acme");
-    assert_eq!(b.identity.tenant, b"globex");
+    assert_eq!(a.read.identity.tenant, b"acme");
+    assert_eq!(b.read.identity.tenant, b"globex");
     assert_ne!(key(&a), key(&b));
     let none = run(&[("x-t", "acme"), ("x-t", "acme2")]);
-    assert!(none.identity.tenant.is_empty());
+    assert!(none.read.identity.tenant.is_empty());
     assert_eq!(key(&none), key(&run(&[])));
 }
 
@@ -932,10 +935,13 @@ fn max_body_bytes_is_inclusive() {
         .extra("session_id", json!("run"))
         .body(Api::Chat, Order::Sdk);
     let at = cfg(&format!(r#"{{"max_body_bytes":{}}}"#, body.len()));
-    assert_eq!(decide(&at, Api::Chat, &[], &body).source, "body:session_id");
+    assert_eq!(
+        decide(&at, Api::Chat, &[], &body).read.source,
+        "body:session_id"
+    );
     let below = cfg(&format!(r#"{{"max_body_bytes":{}}}"#, body.len() - 1));
     assert_eq!(
-        decide(&below, Api::Chat, &[], &body).source,
+        decide(&below, Api::Chat, &[], &body).read.source,
         "fallback:too_large"
     );
 }
@@ -952,7 +958,10 @@ fn turn_count_max_bytes_sets_the_whole_walk_limit() {
     assert!(body.len() > 40 * 1024, "{}", body.len());
     let count = |limit: usize| {
         let c = cfg(&format!(r#"{{"turn_count_max_bytes":{limit}}}"#));
-        decide(&c, Api::Chat, &[], &body).turn.and_then(|t| t.count)
+        decide(&c, Api::Chat, &[], &body)
+            .read
+            .turn
+            .and_then(|t| t.count)
     };
     assert_eq!(count(body.len()), Some(41));
     assert_eq!(count(32 * 1024), None, "read from its ends, not counted");
@@ -970,7 +979,7 @@ fn body_identity_edge_cases() {
         .body(Api::Chat, Order::Sdk);
     let d = decide(&c, Api::Chat, &[], &body);
     assert_eq!(
-        (d.source.as_str(), d.bad_headers),
+        (d.read.source.as_str(), d.read.bad_headers),
         ("body:prompt_cache_key", 0)
     );
     // user+head: one user, two runs -> two keys; the same run a turn later -> the same key.
@@ -979,13 +988,16 @@ fn body_identity_edge_cases() {
     let k1 = decide(&c, Api::Chat, &[], &run1.body(Api::Chat, Order::Sdk));
     let k2 = decide(&c, Api::Chat, &[], &run2.body(Api::Chat, Order::Sdk));
     assert_eq!(
-        (k1.source.as_str(), k2.source.as_str()),
+        (k1.read.source.as_str(), k2.read.source.as_str()),
         ("body:user+head", "body:user+head")
     );
     assert_ne!(key(&k1), key(&k2));
     // The head is part of the session (a run), not a subagent of the user's session.
-    assert_ne!(k1.identity.session_hash(), k2.identity.session_hash());
-    assert_eq!(k1.identity.subagent, None);
+    assert_ne!(
+        k1.read.identity.session_hash(),
+        k2.read.identity.session_hash()
+    );
+    assert_eq!(k1.read.identity.subagent, None);
     let later = run1.clone().with(Step::User("and the tests".into()));
     assert_eq!(
         key(&decide(
@@ -1004,8 +1016,8 @@ fn body_identity_edge_cases() {
         &[("x-claude-code-agent-id", "agent-7")],
         &shared.body(Api::Chat, Order::Sdk),
     );
-    assert_eq!(d.source, "body:prompt_cache_key");
-    assert_eq!(d.identity.subagent.as_deref(), Some(&b"agent-7"[..]));
+    assert_eq!(d.read.source, "body:prompt_cache_key");
+    assert_eq!(d.read.identity.subagent.as_deref(), Some(&b"agent-7"[..]));
 }
 
 /// Only the configured outputs are emitted, and what no output reads is not
@@ -1017,21 +1029,24 @@ fn outputs_trim_what_is_computed_and_emitted() {
         .extra("session_id", json!("run"))
         .with(Step::User("more".into()));
     let body = convo.body(Api::Chat, Order::Sdk);
-    let names = |c: &Config, d: &Decision| -> Vec<&'static str> {
-        let placement = Placement::new(&c.endpoints);
-        crate::markers::request_headers(c, &placement, d)
+    let names = |c: &Config, d: &Plan| -> Vec<&'static str> {
+        let pools = Pools::new(c);
+        d.request_headers(c, &pools)
             .into_iter()
             .map(|(k, _)| k)
             .collect()
     };
     let plain = Config::parse(br#"{"mode":"hash"}"#).unwrap();
     let d = decide(&plain, Api::Chat, &[], &body);
-    assert_eq!(d.turn, None, "no marker output: the turn is not classified");
+    assert_eq!(
+        d.read.turn, None,
+        "no marker output: the turn is not classified"
+    );
     assert_eq!(names(&plain, &d), ["x-tether-key"]);
     let retain = Config::parse(br#"{"outputs":["hash","retain"]}"#).unwrap();
     let d = decide(&retain, Api::Chat, &[], &body);
     assert_eq!(
-        d.turn.map(|t| (t.kind, t.count)),
+        d.read.turn.map(|t| (t.kind, t.count)),
         Some((turn::TurnKind::User, None))
     );
     assert_eq!(
@@ -1048,11 +1063,11 @@ fn outputs_trim_what_is_computed_and_emitted() {
     );
     let counted = Config::parse(br#"{"outputs":["turn"]}"#).unwrap();
     let d = decide(&counted, Api::Chat, &[], &body);
-    assert_eq!(d.turn.and_then(|t| t.count), Some(2));
+    assert_eq!(d.read.turn.and_then(|t| t.count), Some(2));
     assert_eq!(names(&counted, &d), ["x-tether-turn"]);
     // The header path sets the key alone, and the prompt end only when asked.
     let d = decide(&plain, Api::Chat, &[("x-session-id", "s1")], &body);
-    assert!(d.header_path);
+    assert!(d.read.header_path);
     assert_eq!(names(&plain, &d), ["x-tether-key"]);
     let d = decide(&retain, Api::Chat, &[("x-session-id", "s1")], &body);
     assert!(names(&retain, &d).contains(&"x-tether-prompt-end"));
@@ -1067,11 +1082,11 @@ fn outputs_trim_what_is_computed_and_emitted() {
 fn vllm_markers_go_into_kv_transfer_params() {
     use tether_wire::TurnMarker;
     let vllm = cfg(r#"{"outputs":["vllm","retain","turn"]}"#);
-    let placement = Placement::new(&vllm.endpoints);
-    let apply = |body: &[u8]| -> (Decision, J) {
+    let pools = Pools::new(&vllm);
+    let apply = |body: &[u8]| -> (Plan, J) {
         let d = decide(&vllm, Api::Chat, &[], body);
         let edit = d.edit.clone().expect("rewritten");
-        let out = crate::rewrite::apply(body, &edit);
+        let out = crate::emit::rewrite::apply(body, &edit);
         let v: J = serde_json::from_slice(&out).expect("still JSON");
         (d, v)
     };
@@ -1122,7 +1137,7 @@ fn vllm_markers_go_into_kv_transfer_params() {
         )
         .unwrap()
         .expect("a session");
-        let headers = crate::markers::request_headers(&vllm, &placement, &d);
+        let headers = &d.request_headers(&vllm, &pools);
         let from_headers = TurnMarker::from_headers(headers.iter().map(|(k, v)| (*k, v.as_str())))
             .unwrap()
             .expect("a session");
@@ -1148,7 +1163,7 @@ fn vllm_markers_go_into_kv_transfer_params() {
     let (d, v) = apply(body);
     assert!(d.spoofed_markers);
     assert_eq!(v["kv_transfer_params"]["x"], json!(1));
-    let raw = String::from_utf8(crate::rewrite::apply(
+    let raw = String::from_utf8(crate::emit::rewrite::apply(
         body,
         &decide(&vllm, Api::Chat, &[], body).edit.unwrap(),
     ))
@@ -1179,7 +1194,7 @@ fn vllm_markers_refuse_bodies_that_cannot_be_rewritten() {
     // Every routed request takes the body path: no header-path decision.
     let ok = Convo::new("s", "t").body(Api::Chat, Order::Sdk);
     let d = decide(&c, Api::Chat, &[("x-session-id", "s")], &ok);
-    assert!(!d.header_path && d.edit.is_some() && d.reject.is_none());
+    assert!(!d.read.header_path && d.edit.is_some() && d.reject.is_none());
 }
 
 /// Without output `turn` a small body is read whole because its two ends
@@ -1194,8 +1209,8 @@ fn a_small_body_read_whole_is_no_middle_read() {
         .body(Api::Chat, Order::Sdk);
     for config in [r#"{}"#, r#"{"outputs":["hash","turn"]}"#] {
         let d = decide(&cfg(config), Api::Chat, &[], &body);
-        assert!(d.stats.full, "{config}: read whole");
-        assert!(!d.stats.middle, "{config}: counted as a middle read");
+        assert!(d.read.stats.full, "{config}: read whole");
+        assert!(!d.read.stats.middle, "{config}: counted as a middle read");
     }
     // A last entry longer than the tail read makes the ends grow: that is one.
     let big = Convo::new(&"s".repeat(40_000), "t")
@@ -1203,5 +1218,38 @@ fn a_small_body_read_whole_is_no_middle_read() {
         .extra("prompt_cache_key", json!("k"))
         .body(Api::Chat, Order::Sdk);
     let d = decide(&cfg("{}"), Api::Chat, &[], &big);
-    assert!(d.stats.middle && d.stats.full);
+    assert!(d.read.stats.middle && d.read.stats.full);
+}
+
+// The pipeline's entry points on no load view, as the glue calls them.
+
+fn on_headers(cfg: &Config, pools: &Pools, h: &Headers, end_of_stream: bool) -> HeaderOutcome {
+    super::on_headers(cfg, pools, Snapshot::NONE, h, end_of_stream)
+}
+
+fn on_body(
+    cfg: &Config,
+    pools: &Pools,
+    api: Api,
+    headers: &Headers,
+    size: usize,
+    reason: Option<Reason>,
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+) -> Plan {
+    let call = BodyCall {
+        reason,
+        ..BodyCall::new(api, headers, size)
+    };
+    super::on_body(cfg, pools, Snapshot::NONE, call, fetch, &mut |_| {})
+}
+
+fn fallback(
+    cfg: &Config,
+    pools: &Pools,
+    api: Api,
+    headers: &Headers,
+    prefix: &[u8],
+    reason: Reason,
+) -> Plan {
+    super::fallback(cfg, pools, Snapshot::NONE, api, headers, prefix, reason)
 }

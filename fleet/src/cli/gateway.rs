@@ -44,12 +44,11 @@ pub struct Args {
     /// Envoy's admin address.
     #[arg(long, default_value = "127.0.0.1:9901")]
     pub admin: SocketAddr,
-    /// The filter module.
-    #[arg(
-        long,
-        default_value = "target/wasm32-wasip1/wasm-release/tether_filter.wasm"
-    )]
-    pub filter_wasm: PathBuf,
+    /// The filter module (default: `$TETHER_FILTER_WASM`, else the module `make
+    /// wasm` builds in the checkout this `tether` binary was built in, else
+    /// that path under the current directory).
+    #[arg(long)]
+    pub filter_wasm: Option<PathBuf>,
     /// Upstream attempts after a 5xx, a reset or a failed connection (pick
     /// mode: on the fallback endpoints).
     #[arg(long, default_value_t = 2)]
@@ -85,7 +84,8 @@ pub struct Args {
     /// Then run Envoy on it (this process becomes Envoy).
     #[arg(long)]
     pub start: bool,
-    /// The Envoy binary (default: `$TETHER_ENVOY`, else `.venv/bin/envoy`, else `envoy` on PATH).
+    /// The Envoy binary (default: `$TETHER_ENVOY`, else `.venv/bin/envoy` of the checkout this
+    /// binary was built in, else of the current directory, else `envoy` on PATH).
     #[arg(long)]
     pub envoy: Option<PathBuf>,
     /// Envoy worker threads (`--concurrency`) when started.
@@ -93,19 +93,81 @@ pub struct Args {
     pub concurrency: u32,
 }
 
-/// The Envoy binary to use.
+/// Where `make` puts the filter module, relative to a checkout.
+const FILTER_WASM: &str = "target/wasm32-wasip1/wasm-release/tether_filter.wasm";
+/// Where `make envoy-install` puts Envoy, relative to a checkout.
+const VENV_ENVOY: &str = ".venv/bin/envoy";
+
+/// The checkout this binary was built in (`<root>/target/<profile>/tether`),
+/// so the defaults work from any directory.
+fn build_root() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let root = exe.parent()?.parent()?.parent()?;
+    root.join("Cargo.toml")
+        .is_file()
+        .then(|| root.to_path_buf())
+}
+
+/// The first of `candidates` that exists, else the first (made absolute), and
+/// every path looked at, for the message when none exists.
+fn resolve(candidates: Vec<PathBuf>) -> (PathBuf, bool, Vec<PathBuf>) {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let absolute: Vec<PathBuf> = candidates
+        .into_iter()
+        .map(|p| if p.is_absolute() { p } else { cwd.join(p) })
+        .collect();
+    match absolute.iter().find(|p| p.is_file()) {
+        Some(p) => (
+            std::fs::canonicalize(p).unwrap_or_else(|_| p.clone()),
+            true,
+            absolute,
+        ),
+        None => (
+            absolute.first().cloned().unwrap_or_default(),
+            false,
+            absolute,
+        ),
+    }
+}
+
+fn env_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The filter module: `--filter-wasm`, else `$TETHER_FILTER_WASM`, else the
+/// build checkout's, else the current directory's (absolute, for the bootstrap).
+pub fn filter_wasm(explicit: Option<&Path>) -> (PathBuf, bool, Vec<PathBuf>) {
+    let mut c: Vec<PathBuf> = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| env_path("TETHER_FILTER_WASM"))
+        .into_iter()
+        .collect();
+    if c.is_empty() {
+        c.extend(build_root().map(|r| r.join(FILTER_WASM)));
+        c.push(PathBuf::from(FILTER_WASM));
+    }
+    resolve(c)
+}
+
+/// The Envoy binary to use: `--envoy`, else `$TETHER_ENVOY`, else the build
+/// checkout's `.venv`, else the current directory's, else `envoy` on `PATH`.
 pub fn envoy_bin(explicit: Option<&Path>) -> PathBuf {
-    if let Some(p) = explicit {
-        return p.to_path_buf();
+    if let Some(p) = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| env_path("TETHER_ENVOY"))
+    {
+        return p;
     }
-    if let Some(v) = std::env::var_os("TETHER_ENVOY").filter(|v| !v.is_empty()) {
-        return PathBuf::from(v);
-    }
-    let venv = PathBuf::from(".venv/bin/envoy");
-    if venv.is_file() {
-        venv
-    } else {
-        PathBuf::from("envoy")
+    let mut c: Vec<PathBuf> = build_root()
+        .map(|r| r.join(VENV_ENVOY))
+        .into_iter()
+        .collect();
+    c.push(PathBuf::from(VENV_ENVOY));
+    match resolve(c) {
+        (p, true, _) => p,
+        _ => PathBuf::from("envoy"),
     }
 }
 
@@ -128,7 +190,7 @@ pub fn validate(envoy: &Path, file: &Path) -> Result<()> {
         .output()
         .with_context(|| {
             format!(
-                "running {} (install it with `make envoy-install`)",
+                "running {} (install it with `make envoy-install`, or name it with --envoy or TETHER_ENVOY)",
                 envoy.display()
             )
         })?;
@@ -158,13 +220,18 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => read_plugin_config(p)?,
         None => Default::default(),
     };
-    if !a.filter_wasm.is_file() {
+    let (wasm, found, looked) = filter_wasm(a.filter_wasm.as_deref());
+    if !found {
         eprintln!(
-            "warning: --filter-wasm {} does not exist yet (build it with `make wasm`)",
-            a.filter_wasm.display()
+            "warning: no filter module at {} (build it with `make wasm`, or name it with --filter-wasm or TETHER_FILTER_WASM); the bootstrap points at {}",
+            looked
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or "),
+            wasm.display()
         );
     }
-    let wasm = std::fs::canonicalize(&a.filter_wasm).unwrap_or_else(|_| a.filter_wasm.clone());
     let spec = GatewaySpec {
         mode: a.mode,
         ranks: a.ranks.iter().map(|(_, r)| *r).collect(),

@@ -162,13 +162,14 @@ pub fn summary(r: &report::Report) -> String {
     let h = &r.hit_ratio;
     let l = &r.latency;
     format!(
-        "{}{} requests ({} errors), hit ratio {} (ideal {}, {} of it; returning turns {}), prefill computed {} tokens, TTFT p50/p90 {:.1}/{:.1} ms ({} clock), load max/mean {}, cost {}",
+        "{}{} requests ({} errors), hit ratio {} ({} of the shared-cache ceiling {}; session-affinity ceiling {}; returning turns {}), prefill computed {} tokens, TTFT p50/p90 {:.1}/{:.1} ms ({} clock), load max/mean {}, cost {}",
         if r.run.partial { "PARTIAL: " } else { "" },
         r.requests.completed,
         r.requests.errors,
         markdown::pct(h.overall),
+        markdown::pct(h.of_shared_cache),
+        markdown::pct(h.ideal_global),
         markdown::pct(h.ideal_session),
-        markdown::pct(h.of_ideal),
         markdown::pct(h.returning),
         markdown::count(r.tokens.computed),
         l.ttft_ms.p50,

@@ -18,7 +18,8 @@ fn a_known_name_is_picked_and_an_unknown_one_lists_the_known() {
     assert_eq!(
         e,
         Err(
-            "unknown trace format `ShareGPT` (known: tether, mooncake, bailian, agentx)".to_owned()
+            "unknown trace format `ShareGPT` (known: tether, mooncake, bailian, agentx, tracelab)"
+                .to_owned()
         )
     );
 }

@@ -147,14 +147,29 @@ pub fn compare(reports: &[Report]) -> Result<Comparison, CompareError> {
         row("hit ratio, returning turns", Kind::Ratio, false, &|r| {
             Some(r.hit_ratio.returning)
         }),
-        row("share of ideal hit ratio", Kind::Ratio, false, &|r| {
-            Some(r.hit_ratio.of_ideal)
-        }),
+        row(
+            "share of the shared-cache ceiling",
+            Kind::Ratio,
+            false,
+            &|r| Some(r.hit_ratio.of_shared_cache),
+        ),
+        row(
+            "share of the session-affinity ceiling",
+            Kind::Ratio,
+            false,
+            &|r| Some(r.hit_ratio.of_ideal),
+        ),
         row("prefill tokens computed", Kind::Count, true, &|r| {
             Some(r.tokens.computed as f64)
         }),
-        row("avoidable re-prefill tokens", Kind::Count, true, &|r| {
-            Some(r.reprefill.avoidable_tokens as f64)
+        row(
+            "avoidable re-prefill tokens (fleet)",
+            Kind::Count,
+            true,
+            &|r| Some(r.reprefill.avoidable_tokens as f64),
+        ),
+        row("avoidable at the placement seen", Kind::Count, true, &|r| {
+            Some(r.reprefill.avoidable_at_placement_tokens as f64)
         }),
         row("TTFT p50 ms", Kind::Ms, true, &|r| {
             some(&r.latency.ttft_ms, r.latency.ttft_ms.p50)

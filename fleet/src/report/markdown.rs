@@ -133,29 +133,38 @@ pub fn render(r: &Report, plots: &[String]) -> String {
         (
             "hit ratio",
             format!(
-                "{} — ideal {} (perfect affinity; {} with one shared cache): {} of ideal",
+                "{} — {} of the shared-cache ceiling {} (one infinite cache for the fleet: no placement serves more); {} of the session-affinity ceiling {} (an infinite cache per session: sessions sharing a prefix can beat it)",
                 pct(h.overall),
-                pct(h.ideal_session),
+                pct(h.of_shared_cache),
                 pct(h.ideal_global),
-                pct(h.of_ideal)
+                pct(h.of_ideal),
+                pct(h.ideal_session)
             ),
         ),
         (
             "hit ratio, returning turns",
             format!(
-                "{} — ideal {}: {} of ideal",
+                "{} — session-affinity ceiling {}: {} of it",
                 pct(h.returning),
                 pct(h.ideal_session_returning),
                 pct(h.of_ideal_returning)
             ),
         ),
         (
-            "avoidable re-prefill",
+            "avoidable re-prefill (fleet)",
             format!(
-                "{} of {} reusable tokens ({})",
+                "{} of {} tokens one shared infinite cache would have served",
                 count(r.reprefill.avoidable_tokens),
                 count(r.reprefill.reusable_tokens),
-                r.reprefill.basis
+            ),
+        ),
+        (
+            "avoidable at the placement seen",
+            format!(
+                "{} of {} reusable tokens ({}: eviction's share, routing held fixed)",
+                count(r.reprefill.avoidable_at_placement_tokens),
+                count(r.reprefill.reusable_at_placement_tokens),
+                r.reprefill.placement_basis
             ),
         ),
         ("TTFT p50 / p90 / p99", dist(&l.ttft_ms, "ms")),

@@ -137,22 +137,42 @@ pub struct HitRatio {
     pub ideal_session_returning: f64,
     /// One infinite cache shared by every request (the bound of any placement).
     pub ideal_global: f64,
-    /// `overall ÷ ideal_session`.
+    /// `overall ÷ ideal_global`: the share of the shared-cache ceiling, the
+    /// headline (no placement or policy beats that ceiling at trace-block
+    /// granularity).
+    #[serde(default)]
+    pub of_shared_cache: f64,
+    /// `overall ÷ ideal_session`: the share of the session-affinity ceiling,
+    /// which sessions that share a prefix (a common system prompt) can beat.
     pub of_ideal: f64,
     /// `returning ÷ ideal_session_returning`.
     pub of_ideal_returning: f64,
 }
 
-/// Prefill the configuration could have avoided.
+/// Prefill the configuration could have avoided, fleet-wide and at the
+/// placement the run saw.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Reprefill {
-    /// Prompt tokens an infinite cache on each rank, at the placement the
-    /// replay saw, would have served (trace blocks; per session without rank identity).
+    /// Prompt tokens one infinite prefix cache shared by the whole fleet
+    /// would have served (each served request, in send order, reads and fills
+    /// it; trace blocks): what no placement and no eviction can beat.
     pub reusable_tokens: u64,
-    /// Of those, recomputed: Σ max(0, reusable − cached) per request.
+    /// Of those, recomputed: Σ max(0, reusable − cached) per request — prefill
+    /// the configuration (routing and retention together) lost, fleet-wide.
     pub avoidable_tokens: u64,
-    /// `per_rank` when rank identity was reported, else `per_session`.
+    /// `fleet`.
     pub basis: String,
+    /// Prompt tokens an infinite cache on each engine would have served at the
+    /// placement the run saw (per session without engine identity).
+    #[serde(default)]
+    pub reusable_at_placement_tokens: u64,
+    /// Of those, recomputed: what eviction lost given the routing (the
+    /// retention benchmarks' measure: routing held fixed).
+    #[serde(default)]
+    pub avoidable_at_placement_tokens: u64,
+    /// `per_rank` when engine identity was reported, else `per_session`.
+    #[serde(default)]
+    pub placement_basis: String,
 }
 
 /// Latency and throughput distributions.

@@ -173,13 +173,21 @@ fn hit_over_time(reports: &[&Report], path: &Path) -> Result<(), String> {
         line(&mut chart, pts, c, 2, label(r))?;
     }
     if let Some(r) = reports.first() {
-        let ideal = 100.0 * r.hit_ratio.ideal_session;
+        let shared = 100.0 * r.hit_ratio.ideal_global;
         line(
             &mut chart,
-            vec![(0.0, ideal), (max_t, ideal)],
+            vec![(0.0, shared), (max_t, shared)],
             BLACK,
+            2,
+            format!("shared-cache ceiling {shared:.1} % (no placement serves more)"),
+        )?;
+        let session = 100.0 * r.hit_ratio.ideal_session;
+        line(
+            &mut chart,
+            vec![(0.0, session), (max_t, session)],
+            RGBColor(130, 130, 130),
             1,
-            format!("ideal (perfect affinity) {ideal:.1} %"),
+            format!("session-affinity ceiling {session:.1} %"),
         )?;
     }
     draw_labels(&mut chart, SeriesLabelPosition::LowerRight)?;

@@ -83,6 +83,10 @@ pub struct Simulation {
     pub gpus: u64,
     /// Requests refused at submission (a prompt longer than the model or the device).
     pub refused: u64,
+    /// Of the refused, those whose prompt plus output exceed the profile's
+    /// `max_model_len`: `tether-rank` answers exactly these with 400.
+    #[serde(default)]
+    pub too_long: u64,
     /// Requests the engine failed.
     pub failed: u64,
     /// Prompt tokens the oracle's infinite cache serves (same trace, same engine blocks).

@@ -22,7 +22,9 @@ use std::collections::{BinaryHeap, HashSet};
 use tether_engine::cache::snapshot_boundaries;
 use tether_engine::{BlockHash, TurnMarker};
 use tether_placement::disaggregate;
-use tether_rank_engine::engine::{Engine, EngineConfig, Event, Outcome, SimMs, SimRequest};
+use tether_rank_engine::engine::{
+    ContextLimit, Engine, EngineConfig, Event, Outcome, SimMs, SimRequest,
+};
 use tether_rank_engine::latency::LatencyModel;
 use tether_rank_engine::profile::Profile;
 use thiserror::Error;
@@ -117,6 +119,7 @@ struct Handoff {
 struct Totals {
     finished: u64,
     refused: u64,
+    too_long: u64,
     failed: u64,
     prompt: u64,
     output: u64,
@@ -305,9 +308,11 @@ pub fn simulate(
         blocks_buf: Vec::new(),
         events: Vec::new(),
         handoffs: Vec::new(),
+        limit: ContextLimit(profile.max_model_len),
         tot: Totals {
             finished: 0,
             refused: 0,
+            too_long: 0,
             failed: 0,
             prompt: 0,
             output: 0,
@@ -498,6 +503,8 @@ pub fn oracle_hits(trace: &Trace, engine_block: usize) -> Vec<u32> {
 struct Sim<'a> {
     trace: &'a Trace,
     cfg: &'a SimConfig,
+    /// The profile's context window, refused as `tether-rank` refuses it.
+    limit: ContextLimit,
     pools: Vec<Pool>,
     heap: BinaryHeap<Reverse<(T, usize, u32)>>,
     reqs: Vec<Req>,
@@ -676,6 +683,18 @@ impl Sim<'_> {
         let q = id.0 as usize;
         let req = trace.request(id);
         self.reqs[q].arrival = t;
+        // The replay asks for the trace's output tokens (at least 1): a rank
+        // with this window would answer 400, so the request is not served here either.
+        let asked = u64::from(req.output_tokens.max(1));
+        if self
+            .limit
+            .check(u64::from(req.input_tokens), asked)
+            .is_err()
+        {
+            self.tot.refused += 1;
+            self.tot.too_long += 1;
+            return Ok(());
+        }
         self.blocks.blocks_into(trace, id, &mut self.blocks_buf);
         let (routing, _) = request_key(trace, id);
         let key = match self.cfg.policy {
@@ -971,6 +990,7 @@ impl Sim<'_> {
                 gpus: ((self.cfg.fleet.prefill + self.cfg.fleet.decode) as u64)
                     * u64::from(profile.gpus_per_engine),
                 refused: t.refused,
+                too_long: t.too_long,
                 failed: t.failed,
                 oracle_hit_tokens,
                 oracle_share: ratio(t.hits, oracle_hit_tokens),

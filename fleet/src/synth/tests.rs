@@ -4,8 +4,9 @@ use crate::import::{ImportOptions, mooncake};
 use crate::trace::TurnKind;
 use std::collections::{HashMap, HashSet};
 use tether_filter::config::Config;
-use tether_filter::decide::{Decision, HeaderOutcome, on_body, on_headers};
-use tether_filter::placement::Placement;
+use tether_filter::decide::{BodyCall, HeaderOutcome, on_body, on_headers};
+use tether_filter::place::{Pools, Snapshot};
+use tether_filter::read::Reading;
 use tether_rank_engine::prompt::prompt_tokens;
 
 /// A small generated trace: six sessions sharing one system prompt, subagents, tool loops.
@@ -158,30 +159,36 @@ fn sessions_share_the_system_prompt_text_and_nothing_after_it() {
 }
 
 /// The filter as `tether gateway` configures it in front of retaining ranks:
-/// the mode's default outputs plus the turn markers (`retain`).
-fn decide(http: &HttpRequest) -> Decision {
+/// the mode's default outputs plus the turn markers (`retain`): what it read.
+fn decide(http: &HttpRequest) -> Reading {
     let cfg = Config::parse(br#"{"outputs":["hash","retain"]}"#).unwrap();
-    let placement = Placement::new(&cfg.endpoints);
+    let pools = Pools::new(&cfg);
     let mut h: Vec<(String, Vec<u8>)> = vec![(":path".to_owned(), http.path.as_bytes().to_vec())];
     h.extend(
         http.headers
             .iter()
             .map(|(k, v)| (k.clone(), v.as_bytes().to_vec())),
     );
-    match on_headers(&cfg, &placement, &h, http.body.is_empty()) {
+    match on_headers(&cfg, &pools, Snapshot::NONE, &h, http.body.is_empty()) {
         HeaderOutcome::Untouched => panic!("untouched {}", http.path),
-        HeaderOutcome::Decided(d) => *d,
+        HeaderOutcome::Decided(d) => d.read,
         HeaderOutcome::ReadBody { api, reason } => {
             let body = &http.body;
+            let call = BodyCall {
+                api,
+                headers: &h,
+                size: body.len(),
+                reason,
+            };
             on_body(
                 &cfg,
-                &placement,
-                api,
-                &h,
-                body.len(),
-                reason,
+                &pools,
+                Snapshot::NONE,
+                call,
                 &mut |s, l| body.get(s..s.checked_add(l)?).map(<[u8]>::to_vec),
+                &mut |_| {},
             )
+            .read
         }
     }
 }

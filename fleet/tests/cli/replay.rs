@@ -432,3 +432,38 @@ fn gateway_writes_a_bootstrap_and_refuses_reserved_plugin_fields() {
     let o = tether(&["gateway", "--ranks", "127.0.0.1:8001", "--mode", "random"]);
     assert!(text(&o).contains("unknown mode `random`"), "{}", text(&o));
 }
+
+/// Run from another directory with no environment: the bootstrap names the
+/// module of the checkout `tether` was built in by its absolute path.
+#[test]
+fn gateway_defaults_do_not_depend_on_the_current_directory() {
+    let dir = TempDir::new("gateway-cwd");
+    let out = dir.path("envoy.yaml");
+    let o = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args([
+            "gateway",
+            "--ranks",
+            "127.0.0.1:8001",
+            "--no-validate",
+            "--output",
+            &out,
+        ])
+        .current_dir(&dir.0)
+        .env_remove("TETHER_FILTER_WASM")
+        .env_remove("TETHER_ENVOY")
+        .output()
+        .expect("run tether");
+    assert!(o.status.success(), "{}", text(&o));
+    let y = std::fs::read_to_string(&out).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .canonicalize()
+        .unwrap();
+    let module = root.join("target/wasm32-wasip1/wasm-release/tether_filter.wasm");
+    assert!(
+        y.contains(&format!("filename: {}", module.display())),
+        "{}\n{y}",
+        module.display()
+    );
+}

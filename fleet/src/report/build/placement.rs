@@ -1,6 +1,6 @@
-//! Prefill the configuration could have avoided: what an infinite cache per
-//! engine, at the placement the run saw, would have served, minus what was
-//! cached.
+//! Prefill the configuration could have avoided: what one infinite cache
+//! shared by the fleet, and an infinite cache per engine at the placement the
+//! run saw, would have served, minus what was cached.
 
 use super::super::model::Reprefill;
 use super::super::observe::Observation;
@@ -9,8 +9,8 @@ use crate::trace::{RequestId, Trace};
 use std::collections::HashMap;
 
 /// Avoidable re-prefill of the served `observations`, replayed in send order
-/// against one infinite cache per engine (per session for requests whose
-/// engine was not reported).
+/// against one infinite cache for the fleet, and against one per engine (per
+/// session for requests whose engine was not reported).
 pub(super) fn reprefill(trace: &Trace, observations: &[Observation]) -> Reprefill {
     let mut served: Vec<&Observation> = observations
         .iter()
@@ -44,16 +44,23 @@ pub(super) fn reprefill(trace: &Trace, observations: &[Observation]) -> Reprefil
         })
         .collect();
     let order: Vec<RequestId> = served.iter().map(|o| RequestId(o.request)).collect();
-    let reusable = infinite_cache_hits(trace, &order, |r| cache_ids.get(&r).copied().unwrap_or(0));
+    let at_placement =
+        infinite_cache_hits(trace, &order, |r| cache_ids.get(&r).copied().unwrap_or(0));
+    let fleet = infinite_cache_hits(trace, &order, |_| 0);
     let mut out = Reprefill {
-        basis: if per_rank { "per_rank" } else { "per_session" }.to_owned(),
+        basis: "fleet".to_owned(),
+        placement_basis: if per_rank { "per_rank" } else { "per_session" }.to_owned(),
         ..Default::default()
     };
     for o in &served {
         if let Some(s) = o.served() {
-            let r = reusable.get(&RequestId(o.request)).copied().unwrap_or(0);
-            out.reusable_tokens += r;
-            out.avoidable_tokens += r.saturating_sub(s.cached_tokens);
+            let id = RequestId(o.request);
+            let f = fleet.get(&id).copied().unwrap_or(0);
+            out.reusable_tokens += f;
+            out.avoidable_tokens += f.saturating_sub(s.cached_tokens);
+            let p = at_placement.get(&id).copied().unwrap_or(0);
+            out.reusable_at_placement_tokens += p;
+            out.avoidable_at_placement_tokens += p.saturating_sub(s.cached_tokens);
         }
     }
     out

@@ -165,6 +165,7 @@ impl Ideal {
             ideal_session,
             ideal_session_returning,
             ideal_global: ratio(self.global, self.input),
+            of_shared_cache: of(overall, ratio(self.global, self.input)),
             of_ideal: of(overall, ideal_session),
             of_ideal_returning: of(returning, ideal_session_returning),
         }

@@ -145,8 +145,12 @@ fn ideal_counts_returning_turns_and_caps_at_the_last_token() {
     assert_eq!(r.tokens.cached, 96);
     assert!((r.hit_ratio.returning - 96.0 / 140.0).abs() < 1e-9);
     assert_eq!(r.requests.completed, 6);
-    assert_eq!(r.reprefill.basis, "per_rank");
+    assert_eq!(r.reprefill.basis, "fleet");
+    assert_eq!(r.reprefill.placement_basis, "per_rank");
     // Reusable on one rank = the session ideal: 100; cached 96 → 4 avoidable (one token per returning turn).
+    assert_eq!(r.reprefill.reusable_at_placement_tokens, 100);
+    assert_eq!(r.reprefill.avoidable_at_placement_tokens, 4);
+    // The sessions share nothing, so the fleet's shared cache serves the same.
     assert_eq!(r.reprefill.reusable_tokens, 100);
     assert_eq!(r.reprefill.avoidable_tokens, 4);
 }
@@ -162,8 +166,13 @@ fn split_sessions_lose_reuse_and_count_it_as_avoidable_only_where_the_rank_had_i
     );
     // Per rank: s0 turn 1 on b (nothing there) 0; turn 2 on a (turn 0's 2 blocks) 20;
     // s1 on b: 20 + 30.
-    assert_eq!(r.reprefill.reusable_tokens, 70);
-    assert_eq!(r.reprefill.avoidable_tokens, 70);
+    assert_eq!(r.reprefill.reusable_at_placement_tokens, 70);
+    assert_eq!(r.reprefill.avoidable_at_placement_tokens, 70);
+    // Fleet-wide, one shared cache had every earlier turn: the session ideal
+    // (100), all of it recomputed — splitting the session cost 30 more than
+    // the per-rank measure admits.
+    assert_eq!(r.reprefill.reusable_tokens, 100);
+    assert_eq!(r.reprefill.avoidable_tokens, 100);
     let l = &r.load;
     assert_eq!(l.engines.len(), 2);
     assert_eq!(l.engines_configured, Some(2));

@@ -211,3 +211,43 @@ fn bad_input_is_a_clear_error() {
     .unwrap_err();
     assert!(e.to_string().contains("--stagger-ms"), "{e}");
 }
+
+/// The profile's `max_model_len` refuses exactly what `tether-rank` refuses:
+/// prompt plus the requested output over the window (the rank's own rule).
+#[test]
+fn requests_over_the_context_window_are_refused_as_the_rank_refuses_them() {
+    let t = agent_trace(6, 4, 400, 150, 64);
+    let mut p = profile();
+    let prompts: Vec<(u64, u64)> = t
+        .requests()
+        .iter()
+        .map(|r| (u64::from(r.input_tokens), u64::from(r.output_tokens.max(1))))
+        .collect();
+    let mut lens: Vec<u64> = prompts.iter().map(|(i, o)| i + o).collect();
+    lens.sort_unstable();
+    let limit = lens[lens.len() / 2];
+    p.max_model_len = Some(limit);
+    let rank_rule = tether_rank_engine::engine::ContextLimit(Some(limit));
+    let expect = prompts
+        .iter()
+        .filter(|(i, o)| rank_rule.check(*i, *o).is_err())
+        .count() as u64;
+    assert!(
+        expect > 0 && expect < lens.len() as u64,
+        "{expect} of {}",
+        lens.len()
+    );
+    let c = cfg(Policy::Tether, CacheMode::Lru, 2);
+    let oracle = oracle_hits(&t, engine_block(&t, &c));
+    let out = simulate(&t, &p, &c, &oracle, true, None).unwrap();
+    let r = &out.report;
+    assert_eq!(r.sim.too_long, expect);
+    assert_eq!(r.sim.refused, expect);
+    assert_eq!(r.finished + r.sim.refused, r.requests);
+    assert!(
+        out.records
+            .iter()
+            .filter_map(|o| o.served())
+            .all(|s| s.prompt_tokens + s.output_tokens <= limit)
+    );
+}

@@ -8,8 +8,8 @@ use serde_json::json;
 use tether_e2e::Request;
 use tether_filter::api::Api;
 use tether_filter::config::Config;
-use tether_filter::placement::Placement;
-use tether_filter::{decide, markers};
+use tether_filter::decide;
+use tether_filter::place::Pools;
 
 /// ~2.4 MB: 8,000 short messages (escapes, non-ASCII), then `session_id`,
 /// then 8,000 small tool objects — structure-dense JSON on both sides.
@@ -47,10 +47,10 @@ async fn identity_in_the_middle_routes_like_the_native_build() {
 
     // The fleet's configuration: hash mode, every output (tests/all/support.rs).
     let cfg = Config::parse(br#"{"mode":"hash","outputs":"all"}"#).expect("config");
-    let placement = Placement::new(&cfg.endpoints);
-    let d = decide::on_whole_body(&cfg, &placement, Api::Chat, &body);
-    assert!(d.stats.full, "the native build read the body whole");
-    let want = markers::request_headers(&cfg, &placement, &d);
+    let pools = Pools::new(&cfg);
+    let d = decide::on_whole_body(&cfg, &pools, Api::Chat, &body);
+    assert!(d.read.stats.full, "the native build read the body whole");
+    let want = d.request_headers(&cfg, &pools);
     assert!(want.iter().any(|(k, _)| *k == "x-tether-turn"), "{want:?}");
     for (name, value) in &want {
         assert_eq!(echo.header(name), Some(value.as_str()), "{name}");

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 use tether_e2e::agent::{Api, Conversation};
 use tether_e2e::{Request, bootstrap};
 use tether_filter::config::Config;
-use tether_filter::placement::Placement;
-use tether_filter::{decide, markers};
+use tether_filter::decide;
+use tether_filter::place::Pools;
 use tether_wire::TurnMarker;
 
 fn marker_of(kv: &Value) -> TurnMarker {
@@ -31,7 +31,7 @@ async fn markers_reach_the_upstream_in_kv_transfer_params() {
     let mut cfg = json!({"mode": "pick", "endpoints": endpoints(&f.ranks, &[2])});
     crate::support::merge(&mut cfg, outputs);
     let native = Config::parse(cfg.to_string().as_bytes()).expect("config");
-    let placement = Placement::new(&native.endpoints);
+    let pools = Pools::new(&native);
 
     let mut conv = Conversation::new(Api::Chat, "You are terse.", &["bash"], "fix the build");
     conv.tool_round("c1", "bash", json!({"cmd": "make"}), "error: x");
@@ -63,15 +63,14 @@ async fn markers_reach_the_upstream_in_kv_transfer_params() {
         // Exactly the markers the filter's native build computes for these bytes.
         let d = decide::on_whole_body(
             &native,
-            &placement,
+            &pools,
             tether_filter::api::Api::Chat,
             body.as_bytes(),
         );
         let want = TurnMarker::from_fields(
-            markers::request_headers(
+            d.request_headers(
                 &Config::parse(br#"{"outputs":["retain","turn"]}"#).expect("config"),
-                &placement,
-                &d,
+                &pools,
             )
             .iter()
             .map(|(h, v)| (tether_wire::params::field_of(h).unwrap_or("?"), v.as_str())),

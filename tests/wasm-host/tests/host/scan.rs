@@ -7,8 +7,8 @@ use crate::common::options;
 use std::sync::OnceLock;
 use tether_filter::api::Api;
 use tether_filter::config::Config;
-use tether_filter::placement::Placement;
-use tether_filter::{decide, markers};
+use tether_filter::decide;
+use tether_filter::place::Pools;
 use tether_wasm_host::{Plugin, Request};
 
 fn module() -> &'static [u8] {
@@ -87,19 +87,20 @@ fn wasm_build_decides_like_the_native_build() {
     // Every header output, so every marker is compared.
     let config = r#"{"outputs":"all"}"#;
     let cfg = Config::parse(config.as_bytes()).unwrap();
-    let placement = Placement::new(&cfg.endpoints);
+    let pools = Pools::new(&cfg);
     let mut vm = plugin().start(options(config)).unwrap();
     let mut rng = Rng(0x7e7e_7e7e_1234_5678);
     let (mut full, mut ends) = (0, 0);
     for round in 0..120 {
         let body = body(&mut rng);
-        let d = decide::on_whole_body(&cfg, &placement, Api::Chat, &body);
-        if d.stats.full {
+        let d = decide::on_whole_body(&cfg, &pools, Api::Chat, &body);
+        if d.read.stats.full {
             full += 1;
         } else {
             ends += 1;
         }
-        let want: Vec<(String, String)> = markers::request_headers(&cfg, &placement, &d)
+        let want: Vec<(String, String)> = d
+            .request_headers(&cfg, &pools)
             .into_iter()
             .map(|(k, v)| (format!("wasm.tether.{k}"), v))
             .collect();
@@ -120,9 +121,9 @@ fn wasm_build_decides_like_the_native_build() {
         want.sort();
         assert_eq!(got, want, "round {round}: {} bytes", body.len());
         assert!(
-            d.source.starts_with("body:session_id"),
+            d.read.source.starts_with("body:session_id"),
             "round {round}: {}",
-            d.source
+            d.read.source
         );
     }
     assert!(

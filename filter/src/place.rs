@@ -1,0 +1,211 @@
+//! Stage 2 of the decision, place: a pure function of (key, configuration,
+//! snapshot of the load view and ejection table, now) — every gateway replica, the fleet simulator and
+//! the replay client given the same view make the same choice.
+//!
+//! - Rendezvous (pick mode): the key's weighted rendezvous order over the
+//!   decode endpoints and its DP rank ([`tether_placement::Placement::pick`]).
+//! - Ejection (pick mode): when the VM's [`eject::Health`] table (fed by the
+//!   response path) holds the primary out, the key takes its first healthy
+//!   fallback ([`eject::Health::reorder`]).
+//! - Load-aware pick (`load`): when the view has a fresh sample, the key is
+//!   placed by [`tether_placement::Placement::pick_bounded`] on the polled
+//!   requests in flight — it stays on its primary until that endpoint is over
+//!   the bound, then takes its next rendezvous choice with room. When the body
+//!   is rewritten a spill never changes the key's DP rank (endpoints of
+//!   different `dp_size`; `docs/gateway.md`, "Load-aware pick").
+//! - P/D (`pd`, body path): [`pd::prefiller`] on the prompt estimate and the
+//!   prefill endpoints' queued prefill tokens.
+
+pub mod eject;
+pub mod load_view;
+pub mod pd;
+
+use crate::config::{Config, Mode};
+use eject::Health;
+use load_view::LoadView;
+use tether_placement::{Pick, Placement};
+
+/// The endpoint pools of a configuration, built once per VM.
+#[derive(Debug, Clone)]
+pub struct Pools {
+    /// The decode (pick-mode) endpoints, `endpoints`.
+    pub decode: Placement,
+    /// The prefill pool, `pd.prefill_endpoints`.
+    pub prefill: Option<Placement>,
+}
+
+impl Pools {
+    pub fn new(cfg: &Config) -> Self {
+        Self {
+            decode: Placement::new(&cfg.endpoints),
+            prefill: cfg.pd.as_ref().map(|pd| Placement::new(&pd.prefill)),
+        }
+    }
+}
+
+/// The load view as of one moment, handed in by the caller: the view indexes
+/// decode endpoints first, then prefill endpoints.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot<'a> {
+    pub view: &'a LoadView,
+    /// Pick mode: the VM's ejection table ([`eject`]), when it keeps one.
+    pub health: Option<&'a Health>,
+    /// Host clock, ms since the epoch (what the samples' `at_ms` count from).
+    pub now_ms: u64,
+}
+
+/// A view with no samples: placement is the plain rendezvous pick.
+static NO_VIEW: LoadView = LoadView::EMPTY;
+
+impl Snapshot<'_> {
+    /// No load known.
+    pub const NONE: Snapshot<'static> = Snapshot {
+        view: &NO_VIEW,
+        health: None,
+        now_ms: 0,
+    };
+}
+
+/// What placement needs to know about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub key: u64,
+    /// Body path: the prompt's size, for P/D; `None` on the header path.
+    pub prompt: Option<Prompt>,
+    /// The body is rewritten: a spill must keep the key's DP rank.
+    pub keep_rank: bool,
+}
+
+/// A request's prompt as the body shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prompt {
+    /// The body's size.
+    pub bytes: usize,
+    /// The bytes after its last assistant entry, when it has one.
+    pub new_bytes: Option<usize>,
+}
+
+/// Where the prefill runs (P/D).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefill {
+    /// No P/D decision: not configured, header path, or nothing picked.
+    Off,
+    /// On the decode endpoint (expected uncached prompt under the threshold).
+    Local,
+    /// On this prefill endpoint (index into `pd.prefill_endpoints`).
+    Remote(usize),
+}
+
+/// Where one request goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placed {
+    /// Pick mode: the endpoint order and DP rank; `None` in hash mode.
+    pub pick: Option<Pick>,
+    /// Its primary is ejected: the key went to its first healthy fallback.
+    pub ejected: bool,
+    /// Load-aware pick moved the key off its rendezvous primary.
+    pub spilled: bool,
+    pub prefill: Prefill,
+}
+
+impl Placed {
+    /// Hash mode: Envoy places the key.
+    pub const NONE: Placed = Placed {
+        pick: None,
+        ejected: false,
+        spilled: false,
+        prefill: Prefill::Off,
+    };
+
+    /// The primary endpoint's index.
+    pub fn primary(&self) -> Option<usize> {
+        self.pick.as_ref().and_then(|p| p.order.first().copied())
+    }
+}
+
+/// Places one request.
+pub fn place(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> Placed {
+    if cfg.mode != Mode::Pick {
+        return Placed::NONE;
+    }
+    let Some(plain) = pools.decode.pick(req.key, cfg.fallbacks) else {
+        return Placed::NONE;
+    };
+    let (home, ejected) = match healthy(pools, req, snap, &plain) {
+        Some(moved) => (moved, true),
+        None => (plain, false),
+    };
+    let (pick, spilled) = match bounded(cfg, pools, req, snap) {
+        Some(b)
+            if b.order.first() != home.order.first() && !(req.keep_rank && b.rank != home.rank) =>
+        {
+            (b, true)
+        }
+        _ => (home, false),
+    };
+    let prefill = match req.prompt {
+        Some(p) => prefill(cfg, pools, req.key, p, spilled, snap),
+        None => Prefill::Off,
+    };
+    Placed {
+        pick: Some(pick),
+        ejected,
+        spilled,
+        prefill,
+    }
+}
+
+/// The key's order with its ejected primary moved behind its healthy
+/// fallbacks ([`eject::Health::reorder`]), when the primary is ejected and the
+/// move keeps the DP rank where it must.
+fn healthy(pools: &Pools, req: &Request, snap: Snapshot<'_>, plain: &Pick) -> Option<Pick> {
+    let health = snap.health.filter(|h| h.ever_ejected())?;
+    let first = *plain.order.first()?;
+    if !health.ejected(first, snap.now_ms) {
+        return None;
+    }
+    let mut moved = plain.clone();
+    (health.reorder(&pools.decode, req.key, &mut moved, snap.now_ms)
+        && !(req.keep_rank && moved.rank != plain.rank))
+        .then_some(moved)
+}
+
+/// The bounded-load pick on the view's requests in flight, when `load` is
+/// configured and some decode endpoint has a fresh sample.
+fn bounded(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> Option<Pick> {
+    let lc = cfg.load.as_ref()?;
+    let n = pools.decode.endpoints().len();
+    if !snap.view.any_fresh(0..n, snap.now_ms, lc.max_age_ms) {
+        return None;
+    }
+    let loads = snap.view.requests(0..n, snap.now_ms, lc.max_age_ms);
+    pools
+        .decode
+        .pick_bounded(req.key, cfg.fallbacks, &loads, lc.bound())
+}
+
+/// The P/D choice for a body-path request.
+fn prefill(
+    cfg: &Config,
+    pools: &Pools,
+    key: u64,
+    prompt: Prompt,
+    spilled: bool,
+    snap: Snapshot<'_>,
+) -> Prefill {
+    let (Some(pd), Some(pp)) = (&cfg.pd, &pools.prefill) else {
+        return Prefill::Off;
+    };
+    let n = pools.decode.endpoints().len();
+    let m = pp.endpoints().len();
+    let max_age = cfg.load.as_ref().map_or(0, |l| l.max_age_ms);
+    let loads = snap.view.prefill_tokens(n..n + m, snap.now_ms, max_age);
+    let est = pd::estimate(prompt.bytes, prompt.new_bytes, spilled, pd.bytes_per_token);
+    match pd::prefiller(pd, pp, key, est, &loads) {
+        Some(i) => Prefill::Remote(i),
+        None => Prefill::Local,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,109 @@
+use super::*;
+
+const REPLY: &[u8] = br#"{"server_load": 3, "sim_ms": 81234.5, "speedup": 100.0,
+ "ranks": [{"dp_rank": 0, "running": 2, "waiting": 1, "restoring": 0,
+            "queued_prefill_tokens": 18432, "kv_usage": 0.4123, "kv_blocks": 57656, "retentions": 12},
+           {"dp_rank": 1, "running": 0, "waiting": 0, "restoring": 0,
+            "queued_prefill_tokens": 100, "kv_usage": 0.0, "kv_blocks": 57656, "retentions": 0}]}"#;
+
+#[test]
+fn a_report_gives_requests_and_prefill_backlog() {
+    let s = Sample::from_reply(Some("200"), REPLY, 7).unwrap();
+    assert_eq!((s.requests, s.prefill_tokens, s.at_ms), (3.0, 18532.0, 7));
+}
+
+#[test]
+fn bad_replies_are_values_not_panics() {
+    assert!(matches!(
+        Sample::from_reply(Some("503"), REPLY, 0),
+        Err(BadReply::Status(Some(s))) if s == "503"
+    ));
+    assert!(matches!(
+        Sample::from_reply(None, REPLY, 0),
+        Err(BadReply::Status(None))
+    ));
+    for body in [
+        &b""[..],
+        b"{",
+        b"[]",
+        b"{\"server_load\": -1}",
+        b"\xff\xfe",
+        b"null",
+    ] {
+        assert!(
+            matches!(
+                Sample::from_reply(Some("200"), body, 0),
+                Err(BadReply::Parse(_))
+            ),
+            "{body:?}"
+        );
+    }
+    let big = vec![b' '; MAX_REPLY_BYTES + 1];
+    assert!(matches!(
+        Sample::from_reply(Some("200"), &big, 0),
+        Err(BadReply::TooLarge(_))
+    ));
+}
+
+fn sample(requests: f64, at_ms: u64) -> Sample {
+    Sample {
+        requests,
+        prefill_tokens: requests * 10.0,
+        at_ms,
+    }
+}
+
+#[test]
+fn stale_and_missing_samples_count_as_zero() {
+    let mut v = LoadView::new(3);
+    v.record(0, sample(5.0, 1000));
+    v.record(1, sample(7.0, 400));
+    assert_eq!(v.requests(0..3, 1500, 1000), vec![5.0, 0.0, 0.0]);
+    assert_eq!(v.requests(0..3, 1400, 1000), vec![5.0, 7.0, 0.0]);
+    assert_eq!(v.prefill_tokens(1..3, 1400, 1000), vec![70.0, 0.0]);
+    assert!(v.any_fresh(0..1, 1500, 1000));
+    assert!(!v.any_fresh(1..3, 1500, 1000));
+    // Out of range: nothing recorded, nothing read.
+    v.record(9, sample(1.0, 1));
+    assert_eq!(v.len(), 3);
+    assert_eq!(v.requests(2..5, 0, 10), vec![0.0, 0.0, 0.0]);
+}
+
+#[test]
+fn an_older_sample_never_replaces_a_newer_one() {
+    let mut v = LoadView::new(1);
+    v.record(0, sample(5.0, 1000));
+    v.record(0, sample(9.0, 900));
+    assert_eq!(v.requests(0..1, 1000, 10), vec![5.0]);
+    v.record(0, sample(9.0, 1001));
+    assert_eq!(v.requests(0..1, 1001, 10), vec![9.0]);
+}
+
+#[test]
+fn the_encoding_round_trips_and_refuses_other_shapes() {
+    let mut v = LoadView::new(3);
+    v.record(0, sample(5.0, 1000));
+    v.record(2, sample(1.5, u64::MAX));
+    let b = v.encode();
+    assert_eq!(LoadView::decode(&b, 3), Some(v.clone()));
+    assert_eq!(LoadView::decode(&b, 2), None);
+    assert_eq!(LoadView::decode(&b[..b.len() - 1], 3), None);
+    assert_eq!(LoadView::decode(&[], 0), Some(LoadView::new(0)));
+    // A non-finite value reads as no sample.
+    let mut bad = b.clone();
+    bad[1..9].copy_from_slice(&f64::NAN.to_le_bytes());
+    assert_eq!(
+        LoadView::decode(&bad, 3).unwrap().requests(0..1, 1000, 10),
+        vec![0.0]
+    );
+}
+
+#[test]
+fn one_poll_per_period_whoever_ticks() {
+    assert!(due(None, 0, 200));
+    assert!(!due(Some(1000), 1100, 200));
+    assert!(due(Some(1000), 1150, 200));
+    assert!(due(Some(1000), 5000, 200));
+    // A clock that went back never polls in a burst, nor panics.
+    assert!(!due(Some(5000), 1000, 200));
+}
