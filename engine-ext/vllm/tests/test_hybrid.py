@@ -23,7 +23,7 @@ from vllm.v1.kv_cache_interface import (
 
 from harness import STATE_DTYPES, STATE_SHAPES, Engine, expected_state, prefix_hashes
 from test_connector import BS, flood, tether, tokens
-from tether_vllm.connector import _classify_groups
+from tether_vllm.connector import TetherConnector, _classify_groups
 
 
 def _hybrid(connector="TetherConnector", **kw) -> Engine:
@@ -116,6 +116,25 @@ def test_the_state_check_catches_a_wrong_snapshot():
     for view in e.state_layers:
         view[states[0].block_id, 0, 0, 0] += 1
     e.serve("w2", first + out + tokens(8, 5), tether("wrong"))
+    assert e.mismatched_states == 1
+
+
+class _LoadsWithoutState(TetherConnector):
+    """A wrong connector: claims 4 blocks from outside and restores no state."""
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return (4 * BS - num_computed_tokens if request.request_id == "x" else 0), False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        return
+
+
+def test_a_hit_without_its_state_is_caught():
+    # What "never report a hit past the last snapshot" guards against: vLLM resumes
+    # the linear layers from an unrestored state block, and the harness counts it.
+    e = _hybrid("_LoadsWithoutState", module_path=__name__)
+    e.serve("x", tokens(11, 5 * BS + 3))
+    assert e.stats.cached_tokens == 4 * BS
     assert e.mismatched_states == 1
 
 
