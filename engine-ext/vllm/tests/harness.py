@@ -324,8 +324,9 @@ class Engine:
         for new in out.scheduled_new_reqs:
             self.stats.cached_tokens += new.num_computed_tokens
         meta = out.kv_connector_metadata
-        for rid, ids, _ in getattr(meta, "loads", ()):
-            self.restored_blocks[rid] = list(ids)
+        for rid, group, ids, _ in getattr(meta, "loads", ()):
+            if group == 0:
+                self.restored_blocks[rid] = list(ids)
         kvo = None
         # The worker connector must be the process-wide one vLLM's glue looks up.
         kv_transfer_state._KV_CONNECTOR_AGENT = self.worker

@@ -237,8 +237,8 @@ def test_session_id_alone_is_a_retention_key():
 
 def test_metadata_survives_pickling():
     meta = TetherMetadata(
-        ops=[("save", "r1", [3, 4], [b"\x01" * 32, b"\x02" * 32]), ("free", [b"\x03" * 16])],
-        loads=[("r2", [7], [b"\x04" * 32])],
+        ops=[("save", "r1", 0, [3, 4], [b"\x01" * 32, b"\x02" * 32]), ("free", [b"\x03" * 16])],
+        loads=[("r2", 1, [7], [b"\x04" * 32])],
     )
     back = pickle.loads(pickle.dumps(meta))
     assert back == meta and back is not meta

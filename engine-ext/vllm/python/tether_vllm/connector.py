@@ -28,7 +28,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,6 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
@@ -143,13 +144,14 @@ def _type_name(types: type | tuple[type, ...]) -> str:
 class TetherMetadata(KVConnectorMetadata):
     """Scheduler -> worker instructions for one step (plain lists: pickles as is).
 
-    ``ops`` run in order before the loads: ``("save", req_id, block_ids, hashes)``
-    copies device blocks to host payloads, ``("free", hashes16)`` frees host payloads.
-    ``loads`` are ``(req_id, block_ids, hashes)`` to restore before the forward.
+    ``ops`` run in order before the loads: ``("save", req_id, group, block_ids,
+    hashes)`` copies one KV cache group's device blocks to host payloads, ``("free",
+    hashes16)`` frees host payloads. ``loads`` are ``(req_id, group, block_ids, hashes)``
+    to restore (a hybrid request's loads are all-or-nothing, docs/vllm.md).
     """
 
     ops: list[tuple] = field(default_factory=list)
-    loads: list[tuple[str, list[int], list[bytes]]] = field(default_factory=list)
+    loads: list[tuple[str, int, list[int], list[bytes]]] = field(default_factory=list)
 
 
 @dataclass
@@ -240,19 +242,11 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         kv_cache_config: KVCacheConfig | None = None,
     ):
         super().__init__(vllm_config, role, kv_cache_config)
-        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-        self.config = TetherConfig.parse(extra)
+        self.config = TetherConfig.parse(
+            vllm_config.kv_transfer_config.kv_connector_extra_config
+        )
         self.block_size: int = vllm_config.cache_config.block_size
         self.groups = _classify_groups(kv_cache_config, self.block_size)
-        if self.groups.hybrid:
-            # The host tier moves attention pages only; a linear state restored
-            # without its snapshot boundary would be wrong state (docs/vllm.md).
-            if (extra or {}).get("host_bytes", 0):
-                raise ValueError(
-                    "kv_connector_extra_config.host_bytes: the host tier does not hold "
-                    "linear state yet; set it to 0 for a hybrid model (device retention)"
-                )
-            self.config = replace(self.config, host_bytes=0)
         groups = kv_cache_config.kv_cache_groups
         spec = groups[0].kv_cache_spec
         self.num_blocks: int = kv_cache_config.num_blocks
@@ -297,7 +291,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._markers: dict[str, Any] = {}
         self._pending: dict[str, _Pending] = {}
         self._ops: list[tuple] = []
-        self._loads: list[tuple[str, list[int], list[bytes]]] = []
+        self._loads: list[tuple[str, int, list[int], list[bytes]]] = []
         # Hashes whose save is not in a built metadata yet: not loadable this step.
         self._unsaved: set[bytes] = set()
         # Requests whose blocks vLLM must not free until the worker saved them.
@@ -342,7 +336,10 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[int | None, bool]:
         t0 = time.thread_time_ns()
         try:
-            return self._matched(request, num_computed_tokens), False
+            n = self._matched(request, num_computed_tokens)
+            # Hybrid loads are asynchronous: vLLM 0.33 can recompute a failed load
+            # of a multi-group model only as a failed receive (docs/vllm.md).
+            return n, bool(n) and self.groups.hybrid
         finally:
             self._tick(t0)
 
@@ -358,15 +355,26 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         if start >= usable or num_computed_tokens % bs:
             return 0
         chain = list(request.block_hashes[start:usable])
-        n = self.ledger.host_prefix(chain)
-        for i, h in enumerate(chain[:n]):
-            if h in self._unsaved:
-                n = i
-                break
+        n = len(chain)
+        for g in self.groups.attention:
+            n = self._on_host([_group_hash(g, h) for h in chain[:n]])
+        # Hybrid: the hit ends at the last boundary whose state is on host too.
+        while n and not all(
+            self._on_host([_group_hash(g, chain[n - 1])]) for g in self.groups.state
+        ):
+            n -= 1
         if n == 0:
             return 0
         self._pending[request.request_id] = _Pending(start, chain[:n])
         return n * bs
+
+    def _on_host(self, hashes: list[bytes]) -> int:
+        """Leading hashes the host tier holds and whose save is not still queued."""
+        n = self.ledger.host_prefix(hashes)
+        for i, h in enumerate(hashes[:n]):
+            if h in self._unsaved:
+                return i
+        return n
 
     def _make_room(self, request: Request, need_blocks: int) -> None:
         """Device pressure: let retentions go (their turns are on the host tier) until
@@ -387,11 +395,25 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         if num_external_tokens == 0 or pending is None:
             return
         n = num_external_tokens // self.block_size
-        ids = blocks.get_block_ids()[0][pending.start_block : pending.start_block + n]
-        if len(ids) != n:
-            logger.warning("request %s: %d blocks allocated for %d to load", request.request_id, len(ids), n)
-            return
-        self._loads.append((request.request_id, list(ids), pending.hashes[:n]))
+        start = pending.start_block
+        table = blocks.get_block_ids()
+        loads = []
+        for g in self.groups.attention:
+            loads.append((g, table[g][start : start + n], pending.hashes[:n]))
+        # A state group's table holds one real block for the hit: at its last index.
+        for g in self.groups.state:
+            loads.append((g, table[g][start + n - 1 : start + n], pending.hashes[n - 1 : n]))
+        for g, ids, hashes in loads:
+            if len(ids) != len(hashes) or 0 in ids:
+                # Never restore into a block vLLM did not allocate for it.
+                raise RuntimeError(
+                    f"TetherConnector: request {request.request_id}: group {g} has "
+                    f"blocks {ids} for {len(hashes)} to load"
+                )
+        for g, ids, hashes in loads:
+            self._loads.append(
+                (request.request_id, g, list(ids), [_group_hash(g, h) for h in hashes])
+            )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         t0 = time.thread_time_ns()
@@ -437,7 +459,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             request.num_computed_tokens // self.block_size,
             *(len(block_ids[g]) for g in self.groups.attention),
         )
-        hashes, ids = self._retained_blocks(request, block_ids, n)
+        hashes, ids, groups = self._retained_blocks(request, block_ids, n)
         if not ids:
             return False
         hold, release, store, _on_host = self.ledger.retain(marker, hashes, ids, self._now_ms())
@@ -447,10 +469,11 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._release(release)
         if not store:
             return False
-        save_ids = [ids[i] for i in store]
-        save_hashes = [hashes[i] for i in store]
-        self._ops.append(("save", request.request_id, save_ids, save_hashes))
-        self._unsaved.update(save_hashes)
+        for g in sorted({groups[i] for i in store}):
+            save = [i for i in store if groups[i] == g]
+            save_hashes = [hashes[i] for i in save]
+            self._ops.append(("save", request.request_id, g, [ids[i] for i in save], save_hashes))
+            self._unsaved.update(save_hashes)
         # The worker copies these blocks in a later step; until it reports the request
         # in finished_sending vLLM must not free (and reuse) them.
         self._saving.add(request.request_id)
@@ -458,30 +481,33 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _retained_blocks(
         self, request: Request, block_ids: tuple[list[int], ...], n: int
-    ) -> tuple[list[bytes], list[int]]:
-        """The (ledger hash, block id) of every block a prompt end retains.
+    ) -> tuple[list[bytes], list[int], list[int]]:
+        """The ledger hash, block id and group of every block a prompt end retains.
 
         Attention-only: the first n blocks. Hybrid: every attention group's blocks up
         to the last boundary with a state snapshot, and each state group's snapshot
-        block at it (the host tier is off for hybrid models: nothing is stored).
+        block at it.
         """
         chain = request.block_hashes
         if not self.groups.hybrid:
-            return list(chain[:n]), list(block_ids[0][:n])
+            return list(chain[:n]), list(block_ids[0][:n]), [0] * n
         k, states = self._snapshot_boundary(request, n)
         if k == 0:
             if n:
                 self.stats["no_snapshot"] += 1
-            return [], []
+            return [], [], []
         hashes: list[bytes] = []
         ids: list[int] = []
+        groups: list[int] = []
         for g in self.groups.attention:
             hashes += [_group_hash(g, h) for h in chain[:k]]
             ids += block_ids[g][:k]
+            groups += [g] * k
         for g, block in zip(self.groups.state, states):
             hashes.append(_group_hash(g, chain[k - 1]))
             ids.append(block.block_id)
-        return hashes, ids
+            groups.append(g)
+        return hashes, ids, groups
 
     def _snapshot_boundary(self, request: Request, n: int) -> tuple[int, list]:
         """The largest k <= n at which vLLM's prefix cache holds every state group's
@@ -530,23 +556,40 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
     # ------------------------------------------------------------------ worker
 
     def _init_worker(self) -> None:
-        self.copier: KvCopier | None = None
+        # One copy engine per KV cache group: block ids are per group, and a state
+        # group's pages overlay an attention group's memory.
+        self.copiers: dict[int, KvCopier] = {}
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._sent: set[str] = set()
+        self._recved: set[str] = set()
+        self._failed_recv: set[str] = set()
         self._load_errors: set[int] = set()
         self._corrupt: list[bytes] = []
         self._device: torch.device | None = None
 
+    @property
+    def copier(self) -> KvCopier | None:
+        """The first attention group's copy engine (the only one of a one-group model)."""
+        return self.copiers.get(self.groups.attention[0])
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Describes every layer's view (address, strides) to the copy engine once."""
-        if self.groups.hybrid:
-            # Device retention only (no host tier, no copies): check that each state
-            # layer is laid out as its spec says, so nothing reads state by guesswork.
-            self._check_state_views(kv_caches)
-            return
-        views = list(kv_caches.values())
-        if not views:
+        if not kv_caches:
             raise ValueError("TetherConnector: no KV cache tensors to register")
+        groups = self._kv_cache_config.kv_cache_groups
+        if not self.groups.hybrid:
+            self.copiers[0] = self._copier(kv_caches)
+        else:
+            for g in self.groups.attention:
+                self.copiers[g] = self._copier({n: kv_caches[n] for n in groups[g].layer_names})
+            for g in self.groups.state:
+                self.copiers[g] = self._state_copier(g, kv_caches)
+        self._kv_caches = dict(kv_caches)  # keeps the tensors (and their addresses) alive
+        self._device = next(iter(kv_caches.values())).device
+
+    def _copier(self, kv_caches: dict[str, torch.Tensor]) -> KvCopier:
+        """The copy engine of one attention group's layer views."""
+        views = list(kv_caches.values())
         first = views[0]
         if first.dim() != 4:
             raise ValueError(
@@ -559,75 +602,79 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
                 raise ValueError(f"TetherConnector: layer {name} differs in shape/stride/dtype")
             if v.stride(3) != 1:
                 raise ValueError(f"TetherConnector: layer {name}: last axis not contiguous")
-        es = first.element_size()
-        available = [
-            v.untyped_storage().nbytes() - v.storage_offset() * es for v in views
-        ]
-        device = first.device
-        self.copier = KvCopier(
-            [v.data_ptr() for v in views],
-            available,
-            nb,
-            bs,
-            heads,
-            content // 2,
-            (first.stride(0), first.stride(1), first.stride(2)),
-            es,
-            device="cuda" if device.type == "cuda" else "cpu",
-            device_index=device.index or 0,
-        )
-        self._kv_caches = dict(kv_caches)  # keeps the tensors (and their addresses) alive
-        self._device = device
+        return _new_copier(views, nb, bs, heads, content // 2)
 
-    def _check_state_views(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        groups = self._kv_cache_config.kv_cache_groups
-        for g in self.groups.state:
-            spec = groups[g].kv_cache_spec
-            for name in groups[g].layer_names:
-                view = kv_caches.get(name)
-                want = spec.state_content_size_bytes
-                if view is None or view.dim() != 4 or view.shape[1:] != (1, 1, want):
-                    shape = None if view is None else tuple(view.shape)
-                    raise ValueError(
-                        f"TetherConnector: state layer {name}: expected a [num_blocks, 1, "
-                        f"1, {want}] view of its state page, got {shape}"
-                    )
+    def _state_copier(self, group: int, kv_caches: dict[str, torch.Tensor]) -> KvCopier:
+        """The copy engine of one state group: each layer's state page is moved as
+        opaque bytes, a [num_blocks, 1, 1, state bytes] view checked against its spec
+        so nothing reads or writes state by guesswork."""
+        g = self._kv_cache_config.kv_cache_groups[group]
+        want = g.kv_cache_spec.state_content_size_bytes
+        views = []
+        for name in g.layer_names:
+            view = kv_caches.get(name)
+            if (
+                view is None
+                or view.dim() != 4
+                or view.shape[1:] != (1, 1, want)
+                or view.element_size() != 1
+                or view.stride(3) != 1
+                or want % 2
+            ):
+                shape = None if view is None else (tuple(view.shape), view.dtype)
+                raise ValueError(
+                    f"TetherConnector: state layer {name}: expected a [num_blocks, 1, 1, "
+                    f"{want}] byte view of its state page (an even size), got {shape}"
+                )
+            if views and view.stride() != views[0].stride():
+                raise ValueError(f"TetherConnector: state layer {name} differs in strides")
+            views.append(view)
+        # One "token" of one "head" per block, of want bytes: the state page.
+        return _new_copier(views, views[0].shape[0], 1, 1, want // 2)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
-        if not isinstance(meta, TetherMetadata) or self.copier is None:
+        if not isinstance(meta, TetherMetadata) or not self.copiers:
             return
         if self._device is not None and self._device.type == "cuda":
             # Saves read what earlier forwards wrote: order after the compute stream.
             torch.cuda.current_stream(self._device).synchronize()
         for op in meta.ops:
             if op[0] == "save":
-                _, rid, ids, hashes = op
+                _, rid, g, ids, hashes = op
                 try:
-                    self.copier.save(ids, hashes)
+                    self.copiers[g].save(ids, hashes)
                     self.stats["saved_blocks"] += len(ids)
                 except TetherError as e:
                     # A failed save is a future miss, never wrong KV: skip it.
                     logger.warning("request %s: host save failed (%s)", rid, e)
                 self._sent.add(rid)
             elif op[0] == "free":
-                self.copier.free(op[1])
-        for rid, ids, hashes in meta.loads:
+                for copier in self.copiers.values():
+                    copier.free(op[1])
+        for rid, g, ids, hashes in meta.loads:
             try:
-                good = self.copier.load(ids, hashes)
+                good = self.copiers[g].load(ids, hashes)
             except CallerError:
                 raise
             except TetherError as e:
                 logger.warning("request %s: host restore failed (%s); recomputing", rid, e)
                 good = 0
             if good < len(ids):
-                # vLLM recomputes from the first failed block (kv_load_failure_policy).
-                self._load_errors.update(ids[good:])
                 # The payload that broke the run is gone (missing, or freed as corrupt):
                 # the scheduler forgets it and every host record that needs it.
                 self._corrupt.append(hashes[good])
                 self.stats["load_failed_blocks"] += len(ids) - good
+                if self.groups.hybrid:
+                    # vLLM recomputes a multi-group model's failed load as a whole
+                    # (a failed receive): the request starts again from its device hit.
+                    self._failed_recv.add(rid)
+                else:
+                    # vLLM recomputes from the first failed block.
+                    self._load_errors.update(ids[good:])
             self.stats["loaded_blocks"] += good
+            if self.groups.hybrid:
+                self._recved.add(rid)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -640,7 +687,18 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         sent, self._sent = self._sent, set()
-        return (sent or None), None
+        recved, self._recved = self._recved, set()
+        return (sent or None), (recved or None)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """As vLLM's default, plus the hybrid loads that failed (also finished)."""
+        sent, recved = self.get_finished(finished_req_ids)
+        failed, self._failed_recv = self._failed_recv, set()
+        return KVConnectorTransferResults(
+            finished_sending=set(sent or ()),
+            finished_recving=set(recved or ()),
+            failed_recving=failed,
+        )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -656,6 +714,26 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
     def requires_kv_delivery(self) -> bool:
         # A dropped save is a future cache miss, not lost output.
         return False
+
+
+def _new_copier(views: list[torch.Tensor], nb: int, bs: int, heads: int, head: int) -> KvCopier:
+    """A copy engine over same-shaped views ([num_blocks, heads, block_size, 2*head])."""
+    first = views[0]
+    es = first.element_size()
+    available = [v.untyped_storage().nbytes() - v.storage_offset() * es for v in views]
+    device = first.device
+    return KvCopier(
+        [v.data_ptr() for v in views],
+        available,
+        nb,
+        bs,
+        heads,
+        head,
+        (first.stride(0), first.stride(1), first.stride(2)),
+        es,
+        device="cuda" if device.type == "cuda" else "cpu",
+        device_index=device.index or 0,
+    )
 
 
 @dataclass
