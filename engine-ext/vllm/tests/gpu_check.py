@@ -5,7 +5,8 @@ tether's CUDA backend. Run by scripts/vllm-gpu-check.sh on the accelerator machi
    with the KV cache on CUDA (NHD and HND views), every attended position checked.
 2. Hybrid: an attention + linear-state model (vLLM's hybrid allocator, align mode) with
    KV and state in device memory: a retained turn survives a flood and resumes at its
-   last snapshot boundary, every KV position and state element checked.
+   last snapshot boundary; evicted to the host tier, it is restored (KV blocks and the
+   state page, by the CUDA backend); every KV position and state element checked.
 3. Copy rate: save (gather kernel + D2H + xxh3 per block) and load (verify + H2D +
    scatter kernel) of 512 blocks of a Llama-8B-shaped cache (32 layers, 8 KV heads of
    128, bf16, 16-token blocks = 2 MiB per block, 1 GiB per call), end to end as the
@@ -83,7 +84,7 @@ def hybrid_resume(device: str) -> str:
     first = tokens(21, 5 * BS + 3)
     out = e.serve("h1", first, tether("c3"), max_tokens=2)
     for i in range(3):
-        e.serve(f"hf{i}", tokens(200 + i, 30 * BS))
+        e.serve(f"hf{i}", tokens(200 + i, 28 * BS))
     before = e.stats.cached_tokens
     e.serve("h2", first + out + tokens(22, 20), tether("c3"))
     resumed = e.stats.cached_tokens - before
@@ -93,6 +94,27 @@ def hybrid_resume(device: str) -> str:
             f"{e.mismatched_positions} wrong positions, {e.mismatched_states} wrong states"
         )
     return f"{device} hybrid: resumed at the {resumed}-token snapshot after a flood, 0 wrong positions, 0 wrong states"
+
+
+def hybrid_host(device: str) -> str:
+    e = Engine(
+        extra={"host_bytes": 1 << 22, "max_device_fraction": 0.25},
+        num_blocks=40,
+        hybrid=True,
+        device=device,
+    )
+    first = tokens(31, 5 * BS + 3)
+    out = e.serve("r1", first, tether("c4"), max_tokens=2)
+    for i in range(3):
+        e.serve(f"rf{i}", tokens(300 + i, 33 * BS))
+    e.serve("r2", first + out + tokens(32, 20), tether("c4"))
+    loaded = e.worker.stats["loaded_blocks"]
+    if loaded != 6 or e.mismatched_positions or e.mismatched_states:
+        raise SystemExit(
+            f"FAIL {device} hybrid host: restored {loaded} blocks (want 5 KV + 1 state), "
+            f"{e.mismatched_positions} wrong positions, {e.mismatched_states} wrong states"
+        )
+    return f"{device} hybrid host: restored 5 KV blocks + 1 state page after eviction, 0 wrong positions, 0 wrong states"
 
 
 def copy_rate() -> list[str]:
@@ -162,6 +184,7 @@ def main() -> int:
         lines.append(eviction_and_return(device, layout))
     lines.append(race(device))
     lines.append(hybrid_resume(device))
+    lines.append(hybrid_host(device))
     if have_gpu:
         lines += copy_rate()
     for line in lines:

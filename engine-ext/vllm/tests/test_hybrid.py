@@ -37,7 +37,7 @@ def test_a_hybrid_turn_survives_a_flood_and_resumes_bit_exact():
         e = _hybrid(connector)
         first = tokens(1, 5 * BS + 3)
         out = e.serve("h1", first, tether("hy"), max_tokens=2)
-        flood(e, 3, 30 * BS)
+        flood(e, 3, 28 * BS)
         before = e.stats.cached_tokens
         second = first + out + tokens(2, 20)
         req = e.add("h2", second, tether("hy"))

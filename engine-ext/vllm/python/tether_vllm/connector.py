@@ -350,8 +350,10 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         # At least one prompt token must be computed: never load the last block of an
         # exactly block-aligned prompt.
         usable = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
-        # Blocks this request will hold: its whole sequence plus the next token's slot.
-        self._make_room(request, -(-(request.num_tokens + 1) // bs) - start)
+        # Blocks this request will hold: its whole sequence plus the next token's slot
+        # in every attention group, and a hybrid model's two state blocks per group.
+        need = (-(-(request.num_tokens + 1) // bs) - start) * len(self.groups.attention)
+        self._make_room(request, need + 2 * len(self.groups.state))
         if start >= usable or num_computed_tokens % bs:
             return 0
         chain = list(request.block_hashes[start:usable])
