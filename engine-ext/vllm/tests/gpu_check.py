@@ -79,42 +79,30 @@ def race(device: str) -> str:
     return f"{device} free/save race: restored {e.worker.stats['loaded_blocks']} blocks, 0 wrong positions"
 
 
-def hybrid_resume(device: str) -> str:
-    e = Engine(extra={"host_bytes": 0}, num_blocks=40, hybrid=True, device=device)
+def hybrid(device: str, host: bool) -> str:
+    """A hybrid turn after a flood: kept on the device (floods that fit beside it), or
+    yielded to the host tier and restored (5 KV blocks + 1 state page)."""
+    extra = {"host_bytes": 1 << 22, "max_device_fraction": 0.25} if host else {"host_bytes": 0}
+    e = Engine(extra=extra, num_blocks=40, hybrid=True, device=device)
     first = tokens(21, 5 * BS + 3)
     out = e.serve("h1", first, tether("c3"), max_tokens=2)
     for i in range(3):
-        e.serve(f"hf{i}", tokens(200 + i, 28 * BS))
+        e.serve(f"hf{i}", tokens(200 + i, (33 if host else 28) * BS))
     before = e.stats.cached_tokens
     e.serve("h2", first + out + tokens(22, 20), tether("c3"))
     resumed = e.stats.cached_tokens - before
-    if resumed != 5 * BS or e.mismatched_positions or e.mismatched_states:
-        raise SystemExit(
-            f"FAIL {device} hybrid: resumed at {resumed} (want {5 * BS}), "
-            f"{e.mismatched_positions} wrong positions, {e.mismatched_states} wrong states"
-        )
-    return f"{device} hybrid: resumed at the {resumed}-token snapshot after a flood, 0 wrong positions, 0 wrong states"
-
-
-def hybrid_host(device: str) -> str:
-    e = Engine(
-        extra={"host_bytes": 1 << 22, "max_device_fraction": 0.25},
-        num_blocks=40,
-        hybrid=True,
-        device=device,
-    )
-    first = tokens(31, 5 * BS + 3)
-    out = e.serve("r1", first, tether("c4"), max_tokens=2)
-    for i in range(3):
-        e.serve(f"rf{i}", tokens(300 + i, 33 * BS))
-    e.serve("r2", first + out + tokens(32, 20), tether("c4"))
     loaded = e.worker.stats["loaded_blocks"]
-    if loaded != 6 or e.mismatched_positions or e.mismatched_states:
+    tier = "host" if host else "device"
+    if resumed != 5 * BS or loaded != (6 if host else 0) or e.mismatched_positions or e.mismatched_states:
         raise SystemExit(
-            f"FAIL {device} hybrid host: restored {loaded} blocks (want 5 KV + 1 state), "
-            f"{e.mismatched_positions} wrong positions, {e.mismatched_states} wrong states"
+            f"FAIL {device} hybrid {tier}: resumed at {resumed} (want {5 * BS}), restored "
+            f"{loaded} blocks, {e.mismatched_positions} wrong positions, "
+            f"{e.mismatched_states} wrong states"
         )
-    return f"{device} hybrid host: restored 5 KV blocks + 1 state page after eviction, 0 wrong positions, 0 wrong states"
+    return (
+        f"{device} hybrid {tier}: resumed at the {resumed}-token snapshot, restored {loaded} "
+        "blocks, 0 wrong positions, 0 wrong states"
+    )
 
 
 def copy_rate() -> list[str]:
@@ -183,8 +171,8 @@ def main() -> int:
     for layout in ("LBNHC", "LBHNC"):
         lines.append(eviction_and_return(device, layout))
     lines.append(race(device))
-    lines.append(hybrid_resume(device))
-    lines.append(hybrid_host(device))
+    lines.append(hybrid(device, host=False))
+    lines.append(hybrid(device, host=True))
     if have_gpu:
         lines += copy_rate()
     for line in lines:

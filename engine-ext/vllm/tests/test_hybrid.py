@@ -87,8 +87,8 @@ def test_a_mid_block_return_recomputes_only_past_the_last_snapshot():
     assert (e.mismatched_positions, e.mismatched_states) == (0, 0)
 
 
-def test_under_device_pressure_a_hybrid_retention_is_dropped_and_recomputed():
-    # No host tier for hybrid models: a retention that must yield is dropped (counted),
+def test_without_a_host_tier_a_hybrid_retention_under_pressure_is_dropped():
+    # With no host tier (host_bytes 0) a retention that must yield is dropped (counted),
     # and the returning turn is recomputed, never resumed from a missing snapshot.
     e = _hybrid()
     first = tokens(9, 7 * BS + 9)

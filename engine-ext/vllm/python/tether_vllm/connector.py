@@ -17,7 +17,8 @@ Hybrid models (attention + Mamba / linear-attention groups, vLLM's hybrid alloca
 ``--mamba-cache-mode align``; ``SupportsHMA``): a prompt end retains, per group, the
 blocks up to the last block boundary whose linear state vLLM snapshotted — the
 attention KV and the state block at that boundary — so the next turn resumes there and
-never past a snapshot. Device tier only (see docs/vllm.md, "Hybrid models").
+never past a snapshot; the host tier holds the state pages beside the KV, and hybrid
+restores are asynchronous loads (docs/vllm.md, "Hybrid models").
 
 Every public behaviour is documented in docs/vllm.md.
 """
