@@ -93,7 +93,8 @@ def hybrid(device: str, host: bool) -> str:
     resumed = e.stats.cached_tokens - before
     loaded = e.worker.stats["loaded_blocks"]
     tier = "host" if host else "device"
-    if resumed != 5 * BS or loaded != (6 if host else 0) or e.mismatched_positions or e.mismatched_states:
+    wrong = e.mismatched_positions + e.mismatched_states
+    if resumed != 5 * BS or loaded != (6 if host else 0) or wrong:
         raise SystemExit(
             f"FAIL {device} hybrid {tier}: resumed at {resumed} (want {5 * BS}), restored "
             f"{loaded} blocks, {e.mismatched_positions} wrong positions, "

@@ -111,7 +111,8 @@ def test_the_state_check_catches_a_wrong_snapshot():
     out = e.serve("w1", first, tether("wrong"), max_tokens=2)
     pool = e.scheduler.kv_cache_manager.block_pool
     held = [b for b in pool.blocks if b.ref_cnt > 0 and not b.is_null]
-    states = [b for b in held if b.block_hash is not None and b.block_hash[-4:] == (1).to_bytes(4, "big")]
+    group1 = (1).to_bytes(4, "big")
+    states = [b for b in held if b.block_hash is not None and b.block_hash[-4:] == group1]
     assert len(states) == 1
     for view in e.state_layers:
         view[states[0].block_id, 0, 0, 0] += 1

@@ -196,7 +196,10 @@ def _classify_groups(kv_cache_config: KVCacheConfig | None, block_size: int) -> 
     attention, state = [], []
     for i, g in enumerate(groups):
         spec = g.kv_cache_spec
-        name = f"TetherConnector: KV cache group {i} ({type(spec).__name__}, layers {g.layer_names[:2]}...)"
+        name = (
+            f"TetherConnector: KV cache group {i} ({type(spec).__name__}, "
+            f"layers {g.layer_names[:2]}...)"
+        )
         if isinstance(spec, MambaSpec):
             if spec.mamba_cache_mode != "align":
                 raise ValueError(
