@@ -409,8 +409,9 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         # A state group's table holds one real block for the hit: at its last index.
         for g in self.groups.state:
             loads.append((g, table[g][start + n - 1 : start + n], pending.hashes[n - 1 : n]))
+        null = self.pool.null_block.block_id if self.pool is not None else 0
         for g, ids, hashes in loads:
-            if len(ids) != len(hashes) or 0 in ids:
+            if len(ids) != len(hashes) or null in ids:
                 # Never restore into a block vLLM did not allocate for it.
                 raise RuntimeError(
                     f"TetherConnector: request {request.request_id}: group {g} has "
