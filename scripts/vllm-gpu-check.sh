@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vLLM connector on a GPU: vLLM's scheduler + TetherConnector with KV views in
-# device memory moved by tether's CUDA backend — bit-exact checks and copy GB/s.
+# device memory moved by tether's CUDA backend — bit-exact checks (attention-only and hybrid) and copy GB/s.
 #
 #   here:       make vllm-gpu-bundle   (= scripts/vllm-gpu-check.sh build after the wheel)
 #               -> target/vllm-gpu/ (~ 26 MiB): the tether_vllm abi3 wheel, vLLM 0.33.0's

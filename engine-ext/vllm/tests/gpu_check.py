@@ -3,7 +3,11 @@ tether's CUDA backend. Run by scripts/vllm-gpu-check.sh on the accelerator machi
 
 1. Bit-exact: the eviction/return scenario and the free/save race of the CPU suite,
    with the KV cache on CUDA (NHD and HND views), every attended position checked.
-2. Copy rate: save (gather kernel + D2H + xxh3 per block) and load (verify + H2D +
+2. Hybrid: an attention + linear-state model (vLLM's hybrid allocator, align mode) with
+   KV and state in device memory: a retained turn survives a flood and resumes at its
+   last snapshot boundary; evicted to the host tier, it is restored (KV blocks and the
+   state page, by the CUDA backend); every KV position and state element checked.
+3. Copy rate: save (gather kernel + D2H + xxh3 per block) and load (verify + H2D +
    scatter kernel) of 512 blocks of a Llama-8B-shaped cache (32 layers, 8 KV heads of
    128, bf16, 16-token blocks = 2 MiB per block, 1 GiB per call), end to end as the
    connector sees it, and the restored blocks compared with the originals.
@@ -75,6 +79,33 @@ def race(device: str) -> str:
     return f"{device} free/save race: restored {e.worker.stats['loaded_blocks']} blocks, 0 wrong positions"
 
 
+def hybrid(device: str, host: bool) -> str:
+    """A hybrid turn after a flood: kept on the device (floods that fit beside it), or
+    yielded to the host tier and restored (5 KV blocks + 1 state page)."""
+    extra = {"host_bytes": 1 << 22, "max_device_fraction": 0.25} if host else {"host_bytes": 0}
+    e = Engine(extra=extra, num_blocks=40, hybrid=True, device=device)
+    first = tokens(21, 5 * BS + 3)
+    out = e.serve("h1", first, tether("c3"), max_tokens=2)
+    for i in range(3):
+        e.serve(f"hf{i}", tokens(200 + i, (33 if host else 28) * BS))
+    before = e.stats.cached_tokens
+    e.serve("h2", first + out + tokens(22, 20), tether("c3"))
+    resumed = e.stats.cached_tokens - before
+    loaded = e.worker.stats["loaded_blocks"]
+    tier = "host" if host else "device"
+    wrong = e.mismatched_positions + e.mismatched_states
+    if resumed != 5 * BS or loaded != (6 if host else 0) or wrong:
+        raise SystemExit(
+            f"FAIL {device} hybrid {tier}: resumed at {resumed} (want {5 * BS}), restored "
+            f"{loaded} blocks, {e.mismatched_positions} wrong positions, "
+            f"{e.mismatched_states} wrong states"
+        )
+    return (
+        f"{device} hybrid {tier}: resumed at the {resumed}-token snapshot, restored {loaded} "
+        "blocks, 0 wrong positions, 0 wrong states"
+    )
+
+
 def copy_rate() -> list[str]:
     layers, heads, head, blocks = 32, 8, 128, 2048
     views = [
@@ -141,6 +172,8 @@ def main() -> int:
     for layout in ("LBNHC", "LBHNC"):
         lines.append(eviction_and_return(device, layout))
     lines.append(race(device))
+    lines.append(hybrid(device, host=False))
+    lines.append(hybrid(device, host=True))
     if have_gpu:
         lines += copy_rate()
     for line in lines:

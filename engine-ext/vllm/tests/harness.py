@@ -52,6 +52,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
+    MambaSpec,
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
@@ -67,6 +68,11 @@ KV_HEADS = 2
 HEAD_SIZE = 16
 VOCAB = 1000
 MOD = (1 << 31) - 1
+# The hybrid model: LAYERS attention layers (group 0) and as many linear-attention
+# layers (group 1) whose per-block state is a short conv state (bf16) and a recurrent
+# state (fp32), as in a Gated DeltaNet layer; each pair shares one page of memory.
+STATE_SHAPES = ((3, 8), (2, 8, 8))
+STATE_DTYPES = (torch.bfloat16, torch.float32)
 
 _none_hash = False
 
@@ -123,6 +129,16 @@ def expected_kv(hashes: list[int], dtype=torch.bfloat16, device="cpu") -> torch.
     return (v - 125).to(dtype)
 
 
+def expected_state(prefix_hash: int, device="cpu") -> torch.Tensor:
+    """[layers, state_bytes] linear state after the prefix whose rolling hash is given."""
+    size = sum(
+        torch.Size(shape).numel() * dtype.itemsize
+        for shape, dtype in zip(STATE_SHAPES, STATE_DTYPES)
+    )
+    idx = torch.arange(LAYERS * size, dtype=torch.int64, device=device).view(LAYERS, size)
+    return ((prefix_hash * 6151 + idx * 49157) % 253 - 126).to(torch.int8)
+
+
 @dataclass
 class StepStats:
     computed_tokens: int = 0  # prompt tokens the fake model computed (prefill work)
@@ -139,6 +155,7 @@ class Engine:
     num_blocks: int = 64
     block_size: int = 16
     layout: str = "LBNHC"
+    hybrid: bool = False
     max_batched_tokens: int = 4096
     device: str = "cpu"
     pickle_metadata: bool = True
@@ -147,6 +164,9 @@ class Engine:
     now_ms: int = 0
     stats: StepStats = field(default_factory=StepStats)
     mismatched_positions: int = 0
+    # Hybrid: an admitted request resumed where no snapshot of its prefix was (a hit
+    # not on a block boundary, a null state block, or a state that is not its prefix's).
+    mismatched_states: int = 0
     finished: dict[str, list[int]] = field(default_factory=dict)
     outputs: dict[str, list[int]] = field(default_factory=dict)
     restored_blocks: dict[str, list[int]] = field(default_factory=dict)
@@ -176,6 +196,10 @@ class Engine:
             enable_prefix_caching=True,
         )
         cache_config.kv_cache_layout = self.layout
+        if self.hybrid:
+            # What MambaModelConfig.verify_and_update_config sets with prefix caching.
+            cache_config.mamba_cache_mode = "align"
+            cache_config.mamba_block_size = self.block_size
         cache_config.num_gpu_blocks = self.num_blocks
         kv_transfer = None
         if self.connector is not None:
@@ -210,17 +234,33 @@ class Engine:
             layer_stride, block_stride = page * self.num_blocks, page // KV_HEADS
         else:
             layer_stride, block_stride = page * self.num_blocks, page
+        tensors = [
+            KVCacheTensor(
+                size=page * self.num_blocks * LAYERS,
+                layers=names,
+                layer_stride=layer_stride,
+                block_stride=block_stride,
+            )
+        ]
+        groups = [KVCacheGroupSpec(names, spec)]
+        self.state_names: list[str] = []
+        if self.hybrid:
+            # vLLM's hybrid allocator: a state page is padded to the attention page and
+            # overlays the same memory (a block id belongs to one group at a time).
+            state_spec = MambaSpec(
+                block_size=self.block_size,
+                shapes=STATE_SHAPES,
+                dtypes=STATE_DTYPES,
+                page_size_padded=page,
+                mamba_cache_mode="align",
+            )
+            self.state_names = [f"model.layers.{i}.linear_attn" for i in range(LAYERS)]
+            tensors.append(replace(tensors[0], layers=self.state_names))
+            groups.append(KVCacheGroupSpec(self.state_names, state_spec))
         self.kv_cache_config = KVCacheConfig(
             num_blocks=self.num_blocks,
-            kv_cache_tensors=[
-                KVCacheTensor(
-                    size=page * self.num_blocks * LAYERS,
-                    layers=names,
-                    layer_stride=layer_stride,
-                    block_stride=block_stride,
-                )
-            ],
-            kv_cache_groups=[KVCacheGroupSpec(names, spec)],
+            kv_cache_tensors=tensors,
+            kv_cache_groups=groups,
         )
         self.scheduler = Scheduler(
             vllm_config=self.vllm_config,
@@ -236,6 +276,8 @@ class Engine:
             kernel_block_sizes=[self.block_size],
         )
         self.layers = [self.kv[n] for n in names]
+        # [num_blocks, 1, 1, state_bytes] int8 views of each linear layer's state.
+        self.state_layers = [self.kv[n] for n in self.state_names]
         self.worker = None
         if self.connector is not None:
             self.worker = KVConnectorFactory.create_connector(
@@ -282,8 +324,9 @@ class Engine:
         for new in out.scheduled_new_reqs:
             self.stats.cached_tokens += new.num_computed_tokens
         meta = out.kv_connector_metadata
-        for rid, ids, _ in getattr(meta, "loads", ()):
-            self.restored_blocks[rid] = list(ids)
+        for rid, group, ids, _ in getattr(meta, "loads", ()):
+            if group == 0:
+                self.restored_blocks[rid] = list(ids)
         kvo = None
         # The worker connector must be the process-wide one vLLM's glue looks up.
         kv_transfer_state._KV_CONNECTOR_AGENT = self.worker
@@ -353,6 +396,11 @@ class Engine:
             if start > 0 and (self.check_every_step or rid in new_ids):
                 self._step_mismatch[rid] = self._check(blocks, hashes, 0, start)
             self._write(blocks, hashes, start, start + n)
+            if self.hybrid:
+                states = self.scheduler.kv_cache_manager.get_block_ids(rid)[1]
+                if rid in new_ids and start > 0:
+                    self.mismatched_states += self._check_state(states, hashes, start)
+                self._write_state(states, hashes, start + n)
             if start < req.num_prompt_tokens:
                 self.stats.computed_tokens += min(start + n, req.num_prompt_tokens) - start
             done = start + n >= len(tokens)
@@ -378,6 +426,28 @@ class Engine:
             got = view[b, :, o, :]
             bad |= (got != vals[:, layer]).flatten(1).any(dim=1)
         return int(bad.sum())
+
+    def _write_state(self, states: list[int], hashes: list[int], end: int) -> None:
+        """The state after position end-1 goes to the block holding that position
+        (vLLM's align mode: a block-aligned chunk end is a cacheable snapshot)."""
+        idx = (end - 1) // self.block_size
+        if idx >= len(states) or states[idx] == 0:
+            return
+        vals = expected_state(hashes[end - 1]).to(self.state_layers[0].device)
+        for layer, view in enumerate(self.state_layers):
+            view[states[idx], 0, 0, :] = vals[layer]
+
+    def _check_state(self, states: list[int], hashes: list[int], start: int) -> int:
+        """1 unless the state the request resumes from is its prefix's, at a boundary."""
+        idx = start // self.block_size - 1
+        if start % self.block_size or idx >= len(states) or states[idx] == 0:
+            return 1
+        vals = expected_state(hashes[start - 1]).to(self.state_layers[0].device)
+        ok = all(
+            torch.equal(view[states[idx], 0, 0, :], vals[layer])
+            for layer, view in enumerate(self.state_layers)
+        )
+        return 0 if ok else 1
 
     def run(self, max_steps: int = 10_000) -> None:
         """Steps until nothing is waiting, running or being saved."""

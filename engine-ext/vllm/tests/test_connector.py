@@ -103,8 +103,8 @@ def test_free_is_delayed_until_the_save_ran():
 class _FreesEarly(TetherConnector):
     """The bug the delay prevents: let vLLM free a request's blocks before the save."""
 
-    def request_finished(self, request, block_ids):
-        delay, params = super().request_finished(request, block_ids)
+    def request_finished_all_groups(self, request, block_ids):
+        delay, params = super().request_finished_all_groups(request, block_ids)
         if delay:
             self._saving.discard(request.request_id)
         return False, params
@@ -237,8 +237,8 @@ def test_session_id_alone_is_a_retention_key():
 
 def test_metadata_survives_pickling():
     meta = TetherMetadata(
-        ops=[("save", "r1", [3, 4], [b"\x01" * 32, b"\x02" * 32]), ("free", [b"\x03" * 16])],
-        loads=[("r2", [7], [b"\x04" * 32])],
+        ops=[("save", "r1", 0, [3, 4], [b"\x01" * 32, b"\x02" * 32]), ("free", [b"\x03" * 16])],
+        loads=[("r2", 1, [7], [b"\x04" * 32])],
     )
     back = pickle.loads(pickle.dumps(meta))
     assert back == meta and back is not meta

@@ -13,6 +13,13 @@ Worker side (one per worker): gathers and scatters vLLM's KV pages for every lay
 through tether's KV-copy engine (CPU reference backend, CUDA backend for GPU caches),
 with the GIL released; only block ids and hashes cross into Rust.
 
+Hybrid models (attention + Mamba / linear-attention groups, vLLM's hybrid allocator,
+``--mamba-cache-mode align``; ``SupportsHMA``): a prompt end retains, per group, the
+blocks up to the last block boundary whose linear state vLLM snapshotted — the
+attention KV and the state block at that boundary — so the next turn resumes there and
+never past a snapshot; the host tier holds the state pages beside the KV, and hybrid
+restores are asynchronous loads (docs/vllm.md, "Hybrid models").
+
 Every public behaviour is documented in docs/vllm.md.
 """
 
@@ -31,8 +38,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 from tether_vllm._native import (
     MARKER_KEY,
@@ -135,13 +145,14 @@ def _type_name(types: type | tuple[type, ...]) -> str:
 class TetherMetadata(KVConnectorMetadata):
     """Scheduler -> worker instructions for one step (plain lists: pickles as is).
 
-    ``ops`` run in order before the loads: ``("save", req_id, block_ids, hashes)``
-    copies device blocks to host payloads, ``("free", hashes16)`` frees host payloads.
-    ``loads`` are ``(req_id, block_ids, hashes)`` to restore before the forward.
+    ``ops`` run in order before the loads: ``("save", req_id, group, block_ids,
+    hashes)`` copies one KV cache group's device blocks to host payloads, ``("free",
+    hashes16)`` frees host payloads. ``loads`` are ``(req_id, group, block_ids, hashes)``
+    to restore (a hybrid request's loads are all-or-nothing, docs/vllm.md).
     """
 
     ops: list[tuple] = field(default_factory=list)
-    loads: list[tuple[str, list[int], list[bytes]]] = field(default_factory=list)
+    loads: list[tuple[str, int, list[int], list[bytes]]] = field(default_factory=list)
 
 
 @dataclass
@@ -152,7 +163,80 @@ class _Pending:
     hashes: list[bytes]
 
 
-class TetherConnector(KVConnectorBase_V1):
+@dataclass(frozen=True)
+class _Groups:
+    """Which KV cache groups hold attention KV and which hold linear state."""
+
+    attention: tuple[int, ...]
+    state: tuple[int, ...]
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.state)
+
+
+def _classify_groups(kv_cache_config: KVCacheConfig | None, block_size: int) -> _Groups:
+    """The groups of a model the connector can retain, or a ValueError naming why not.
+
+    One group: attention KV (any spec vLLM gives one group). Several (vLLM's hybrid
+    allocator): full-attention groups and Mamba / linear-attention groups in
+    ``align`` mode, all with the scheduler's block size — the layout whose state
+    snapshots fall on block boundaries. Anything else is refused at start.
+    """
+    groups = kv_cache_config.kv_cache_groups if kv_cache_config else []
+    if not groups:
+        raise ValueError("TetherConnector: the model has no KV cache groups")
+    if len(groups) == 1:
+        if isinstance(groups[0].kv_cache_spec, MambaSpec):
+            raise ValueError(
+                "TetherConnector: a model with only linear-state layers (no attention "
+                "KV) is not supported"
+            )
+        return _Groups(attention=(0,), state=())
+    attention, state = [], []
+    for i, g in enumerate(groups):
+        spec = g.kv_cache_spec
+        name = (
+            f"TetherConnector: KV cache group {i} ({type(spec).__name__}, "
+            f"layers {g.layer_names[:2]}...)"
+        )
+        if isinstance(spec, MambaSpec):
+            if spec.mamba_cache_mode != "align":
+                raise ValueError(
+                    f"{name}: mamba_cache_mode is {spec.mamba_cache_mode!r}; the connector "
+                    "needs 'align' (--mamba-cache-mode align, prefix caching on), where "
+                    "state snapshots fall on block boundaries"
+                )
+            if spec.num_speculative_blocks:
+                raise ValueError(f"{name}: speculative state blocks are not supported")
+            state.append(i)
+        elif type(spec) is FullAttentionSpec and spec.sliding_window is None:
+            attention.append(i)
+        else:
+            raise ValueError(
+                f"{name}: unknown state layout for the connector (it knows full "
+                "attention and Mamba/linear attention in align mode); for sliding-window "
+                "models start vLLM with --disable-hybrid-kv-cache-manager"
+            )
+        if spec.block_size != block_size:
+            raise ValueError(
+                f"{name}: block size {spec.block_size} differs from the scheduler's "
+                f"{block_size}"
+            )
+    if not attention:
+        raise ValueError("TetherConnector: a hybrid model without attention groups")
+    return _Groups(attention=tuple(attention), state=tuple(state))
+
+
+def _group_hash(group: int, block_hash: bytes) -> bytes:
+    """A block's identity in the ledger: vLLM's hash for the first group, a derived
+    one for the others (every group's block at a position has the same vLLM hash)."""
+    if group == 0:
+        return block_hash
+    return hashlib.sha256(b"tether-group" + bytes([group]) + block_hash).digest()[:16]
+
+
+class TetherConnector(KVConnectorBase_V1, SupportsHMA):
     """tether's KV connector for vLLM 0.33 (see the module docs and docs/vllm.md)."""
 
     def __init__(
@@ -165,15 +249,10 @@ class TetherConnector(KVConnectorBase_V1):
         self.config = TetherConfig.parse(
             vllm_config.kv_transfer_config.kv_connector_extra_config
         )
-        groups = kv_cache_config.kv_cache_groups if kv_cache_config else []
-        if len(groups) != 1:
-            # Hybrid models (several KV cache groups) need SupportsHMA and per-group
-            # state snapshots; see docs/vllm.md, "Hybrid models".
-            raise ValueError(
-                f"TetherConnector supports one KV cache group, the model has {len(groups)}"
-            )
-        spec = groups[0].kv_cache_spec
         self.block_size: int = vllm_config.cache_config.block_size
+        self.groups = _classify_groups(kv_cache_config, self.block_size)
+        groups = kv_cache_config.kv_cache_groups
+        spec = groups[0].kv_cache_spec
         self.num_blocks: int = kv_cache_config.num_blocks
         # One block across every layer of this worker: what a host payload holds.
         self.block_bytes: int = spec.page_size_bytes * len(groups[0].layer_names)
@@ -182,6 +261,7 @@ class TetherConnector(KVConnectorBase_V1):
             "load_failed_blocks": 0,
             "saved_blocks": 0,
             "bad_markers": 0,
+            "no_snapshot": 0,
             "scheduler_us": 0,
         }
         self._now_ms = lambda: int(time.monotonic() * 1000)
@@ -215,7 +295,7 @@ class TetherConnector(KVConnectorBase_V1):
         self._markers: dict[str, Any] = {}
         self._pending: dict[str, _Pending] = {}
         self._ops: list[tuple] = []
-        self._loads: list[tuple[str, list[int], list[bytes]]] = []
+        self._loads: list[tuple[str, int, list[int], list[bytes]]] = []
         # Hashes whose save is not in a built metadata yet: not loadable this step.
         self._unsaved: set[bytes] = set()
         # Requests whose blocks vLLM must not free until the worker saved them.
@@ -260,7 +340,10 @@ class TetherConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         t0 = time.thread_time_ns()
         try:
-            return self._matched(request, num_computed_tokens), False
+            n = self._matched(request, num_computed_tokens)
+            # Hybrid loads are asynchronous: vLLM 0.33 can recompute a failed load
+            # of a multi-group model only as a failed receive (docs/vllm.md).
+            return n, bool(n) and self.groups.hybrid
         finally:
             self._tick(t0)
 
@@ -271,20 +354,33 @@ class TetherConnector(KVConnectorBase_V1):
         # At least one prompt token must be computed: never load the last block of an
         # exactly block-aligned prompt.
         usable = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
-        # Blocks this request will hold: its whole sequence plus the next token's slot.
-        self._make_room(request, -(-(request.num_tokens + 1) // bs) - start)
+        # Blocks this request will hold: its whole sequence plus the next token's slot
+        # in every attention group, and a hybrid model's two state blocks per group.
+        need = (-(-(request.num_tokens + 1) // bs) - start) * len(self.groups.attention)
+        self._make_room(request, need + 2 * len(self.groups.state))
         if start >= usable or num_computed_tokens % bs:
             return 0
         chain = list(request.block_hashes[start:usable])
-        n = self.ledger.host_prefix(chain)
-        for i, h in enumerate(chain[:n]):
-            if h in self._unsaved:
-                n = i
-                break
+        n = len(chain)
+        for g in self.groups.attention:
+            n = self._on_host([_group_hash(g, h) for h in chain[:n]])
+        # Hybrid: the hit ends at the last boundary whose state is on host too.
+        while n and not all(
+            self._on_host([_group_hash(g, chain[n - 1])]) for g in self.groups.state
+        ):
+            n -= 1
         if n == 0:
             return 0
         self._pending[request.request_id] = _Pending(start, chain[:n])
         return n * bs
+
+    def _on_host(self, hashes: list[bytes]) -> int:
+        """Leading hashes the host tier holds and whose save is not still queued."""
+        n = self.ledger.host_prefix(hashes)
+        for i, h in enumerate(hashes[:n]):
+            if h in self._unsaved:
+                return i
+        return n
 
     def _make_room(self, request: Request, need_blocks: int) -> None:
         """Device pressure: let retentions go (their turns are on the host tier) until
@@ -305,11 +401,26 @@ class TetherConnector(KVConnectorBase_V1):
         if num_external_tokens == 0 or pending is None:
             return
         n = num_external_tokens // self.block_size
-        ids = blocks.get_block_ids()[0][pending.start_block : pending.start_block + n]
-        if len(ids) != n:
-            logger.warning("request %s: %d blocks allocated for %d to load", request.request_id, len(ids), n)
-            return
-        self._loads.append((request.request_id, list(ids), pending.hashes[:n]))
+        start = pending.start_block
+        table = blocks.get_block_ids()
+        loads = []
+        for g in self.groups.attention:
+            loads.append((g, table[g][start : start + n], pending.hashes[:n]))
+        # A state group's table holds one real block for the hit: at its last index.
+        for g in self.groups.state:
+            loads.append((g, table[g][start + n - 1 : start + n], pending.hashes[n - 1 : n]))
+        null = self.pool.null_block.block_id if self.pool is not None else 0
+        for g, ids, hashes in loads:
+            if len(ids) != len(hashes) or null in ids:
+                # Never restore into a block vLLM did not allocate for it.
+                raise RuntimeError(
+                    f"TetherConnector: request {request.request_id}: group {g} has "
+                    f"blocks {ids} for {len(hashes)} to load"
+                )
+        for g, ids, hashes in loads:
+            self._loads.append(
+                (request.request_id, g, list(ids), [_group_hash(g, h) for h in hashes])
+            )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         t0 = time.thread_time_ns()
@@ -333,16 +444,18 @@ class TetherConnector(KVConnectorBase_V1):
         if over > 0:
             self._release(self.ledger.yield_blocks(over, now, None))
 
-    def request_finished(
-        self, request: Request, block_ids: list[int]
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
+        """``SupportsHMA``: vLLM calls this (not ``request_finished``) once per request
+        with every group's block ids, before freeing them."""
         t0 = time.thread_time_ns()
         try:
             return self._finished(request, block_ids), None
         finally:
             self._tick(t0)
 
-    def _finished(self, request: Request, block_ids: list[int]) -> bool:
+    def _finished(self, request: Request, block_ids: tuple[list[int], ...]) -> bool:
         marker = self._marker(request)
         self._markers.pop(request.request_id, None)
         self._pending.pop(request.request_id, None)
@@ -351,12 +464,11 @@ class TetherConnector(KVConnectorBase_V1):
         n = min(
             len(request.block_hashes),
             request.num_computed_tokens // self.block_size,
-            len(block_ids),
+            *(len(block_ids[g]) for g in self.groups.attention),
         )
-        if n == 0:
+        hashes, ids, groups = self._retained_blocks(request, block_ids, n)
+        if not ids:
             return False
-        hashes = list(request.block_hashes[:n])
-        ids = list(block_ids[:n])
         hold, release, store, _on_host = self.ledger.retain(marker, hashes, ids, self._now_ms())
         # Hold the new retention before letting the superseded one go (shared prefix
         # blocks never touch the free queue).
@@ -364,14 +476,66 @@ class TetherConnector(KVConnectorBase_V1):
         self._release(release)
         if not store:
             return False
-        save_ids = [ids[i] for i in store]
-        save_hashes = [hashes[i] for i in store]
-        self._ops.append(("save", request.request_id, save_ids, save_hashes))
-        self._unsaved.update(save_hashes)
+        for g in sorted({groups[i] for i in store}):
+            save = [i for i in store if groups[i] == g]
+            save_hashes = [hashes[i] for i in save]
+            self._ops.append(("save", request.request_id, g, [ids[i] for i in save], save_hashes))
+            self._unsaved.update(save_hashes)
         # The worker copies these blocks in a later step; until it reports the request
         # in finished_sending vLLM must not free (and reuse) them.
         self._saving.add(request.request_id)
         return True
+
+    def _retained_blocks(
+        self, request: Request, block_ids: tuple[list[int], ...], n: int
+    ) -> tuple[list[bytes], list[int], list[int]]:
+        """The ledger hash, block id and group of every block a prompt end retains.
+
+        Attention-only: the first n blocks. Hybrid: every attention group's blocks up
+        to the last boundary with a state snapshot, and each state group's snapshot
+        block at it.
+        """
+        chain = request.block_hashes
+        if not self.groups.hybrid:
+            return list(chain[:n]), list(block_ids[0][:n]), [0] * n
+        k, states = self._snapshot_boundary(request, n)
+        if k == 0:
+            if n:
+                self.stats["no_snapshot"] += 1
+            return [], [], []
+        hashes: list[bytes] = []
+        ids: list[int] = []
+        groups: list[int] = []
+        for g in self.groups.attention:
+            hashes += [_group_hash(g, h) for h in chain[:k]]
+            ids += block_ids[g][:k]
+            groups += [g] * k
+        for g, block in zip(self.groups.state, states):
+            hashes.append(_group_hash(g, chain[k - 1]))
+            ids.append(block.block_id)
+            groups.append(g)
+        return hashes, ids, groups
+
+    def _snapshot_boundary(self, request: Request, n: int) -> tuple[int, list]:
+        """The largest k <= n at which vLLM's prefix cache holds every state group's
+        snapshot of this request's first k blocks, with those blocks (0 if none).
+
+        In align mode a finished request's table has nulls where earlier states
+        were retired, so the snapshot is looked up by hash, as vLLM's own prefix hit
+        does; a retained turn never offers KV past the last state it can resume from.
+        """
+        pool = self.pool
+        if pool is None:
+            return 0, []
+        for k in range(n, 0, -1):
+            blocks = pool.get_cached_block(
+                request.block_hashes[k - 1], list(self.groups.state)
+            )
+            if blocks is not None and all(
+                b.block_hash_num_tokens in (None, k * self.block_size) for b in blocks
+            ):
+                return k, blocks
+        return 0, []
 
     def _release(self, block_ids: Iterable[int]) -> None:
         ids = list(block_ids)
@@ -399,18 +563,40 @@ class TetherConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------ worker
 
     def _init_worker(self) -> None:
-        self.copier: KvCopier | None = None
+        # One copy engine per KV cache group: block ids are per group, and a state
+        # group's pages overlay an attention group's memory.
+        self.copiers: dict[int, KvCopier] = {}
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._sent: set[str] = set()
+        self._recved: set[str] = set()
+        self._failed_recv: set[str] = set()
         self._load_errors: set[int] = set()
         self._corrupt: list[bytes] = []
         self._device: torch.device | None = None
 
+    @property
+    def copier(self) -> KvCopier | None:
+        """The first attention group's copy engine (the only one of a one-group model)."""
+        return self.copiers.get(self.groups.attention[0])
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Describes every layer's view (address, strides) to the copy engine once."""
-        views = list(kv_caches.values())
-        if not views:
+        if not kv_caches:
             raise ValueError("TetherConnector: no KV cache tensors to register")
+        groups = self._kv_cache_config.kv_cache_groups
+        if not self.groups.hybrid:
+            self.copiers[0] = self._copier(kv_caches)
+        else:
+            for g in self.groups.attention:
+                self.copiers[g] = self._copier({n: kv_caches[n] for n in groups[g].layer_names})
+            for g in self.groups.state:
+                self.copiers[g] = self._state_copier(g, kv_caches)
+        self._kv_caches = dict(kv_caches)  # keeps the tensors (and their addresses) alive
+        self._device = next(iter(kv_caches.values())).device
+
+    def _copier(self, kv_caches: dict[str, torch.Tensor]) -> KvCopier:
+        """The copy engine of one attention group's layer views."""
+        views = list(kv_caches.values())
         first = views[0]
         if first.dim() != 4:
             raise ValueError(
@@ -423,61 +609,79 @@ class TetherConnector(KVConnectorBase_V1):
                 raise ValueError(f"TetherConnector: layer {name} differs in shape/stride/dtype")
             if v.stride(3) != 1:
                 raise ValueError(f"TetherConnector: layer {name}: last axis not contiguous")
-        es = first.element_size()
-        available = [
-            v.untyped_storage().nbytes() - v.storage_offset() * es for v in views
-        ]
-        device = first.device
-        self.copier = KvCopier(
-            [v.data_ptr() for v in views],
-            available,
-            nb,
-            bs,
-            heads,
-            content // 2,
-            (first.stride(0), first.stride(1), first.stride(2)),
-            es,
-            device="cuda" if device.type == "cuda" else "cpu",
-            device_index=device.index or 0,
-        )
-        self._kv_caches = dict(kv_caches)  # keeps the tensors (and their addresses) alive
-        self._device = device
+        return _new_copier(views, nb, bs, heads, content // 2)
+
+    def _state_copier(self, group: int, kv_caches: dict[str, torch.Tensor]) -> KvCopier:
+        """The copy engine of one state group: each layer's state page is moved as
+        opaque bytes, a [num_blocks, 1, 1, state bytes] view checked against its spec
+        so nothing reads or writes state by guesswork."""
+        g = self._kv_cache_config.kv_cache_groups[group]
+        want = g.kv_cache_spec.state_content_size_bytes
+        views = []
+        for name in g.layer_names:
+            view = kv_caches.get(name)
+            if (
+                view is None
+                or view.dim() != 4
+                or view.shape[1:] != (1, 1, want)
+                or view.element_size() != 1
+                or view.stride(3) != 1
+                or want % 2
+            ):
+                shape = None if view is None else (tuple(view.shape), view.dtype)
+                raise ValueError(
+                    f"TetherConnector: state layer {name}: expected a [num_blocks, 1, 1, "
+                    f"{want}] byte view of its state page (an even size), got {shape}"
+                )
+            if views and view.stride() != views[0].stride():
+                raise ValueError(f"TetherConnector: state layer {name} differs in strides")
+            views.append(view)
+        # One "token" of one "head" per block, of want bytes: the state page.
+        return _new_copier(views, views[0].shape[0], 1, 1, want // 2)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
-        if not isinstance(meta, TetherMetadata) or self.copier is None:
+        if not isinstance(meta, TetherMetadata) or not self.copiers:
             return
         if self._device is not None and self._device.type == "cuda":
             # Saves read what earlier forwards wrote: order after the compute stream.
             torch.cuda.current_stream(self._device).synchronize()
         for op in meta.ops:
             if op[0] == "save":
-                _, rid, ids, hashes = op
+                _, rid, g, ids, hashes = op
                 try:
-                    self.copier.save(ids, hashes)
+                    self.copiers[g].save(ids, hashes)
                     self.stats["saved_blocks"] += len(ids)
                 except TetherError as e:
                     # A failed save is a future miss, never wrong KV: skip it.
                     logger.warning("request %s: host save failed (%s)", rid, e)
                 self._sent.add(rid)
             elif op[0] == "free":
-                self.copier.free(op[1])
-        for rid, ids, hashes in meta.loads:
+                for copier in self.copiers.values():
+                    copier.free(op[1])
+        for rid, g, ids, hashes in meta.loads:
             try:
-                good = self.copier.load(ids, hashes)
+                good = self.copiers[g].load(ids, hashes)
             except CallerError:
                 raise
             except TetherError as e:
                 logger.warning("request %s: host restore failed (%s); recomputing", rid, e)
                 good = 0
             if good < len(ids):
-                # vLLM recomputes from the first failed block (kv_load_failure_policy).
-                self._load_errors.update(ids[good:])
                 # The payload that broke the run is gone (missing, or freed as corrupt):
                 # the scheduler forgets it and every host record that needs it.
                 self._corrupt.append(hashes[good])
                 self.stats["load_failed_blocks"] += len(ids) - good
+                if self.groups.hybrid:
+                    # vLLM recomputes a multi-group model's failed load as a whole
+                    # (a failed receive): the request starts again from its device hit.
+                    self._failed_recv.add(rid)
+                else:
+                    # vLLM recomputes from the first failed block.
+                    self._load_errors.update(ids[good:])
             self.stats["loaded_blocks"] += good
+            if self.groups.hybrid:
+                self._recved.add(rid)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -490,7 +694,18 @@ class TetherConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         sent, self._sent = self._sent, set()
-        return (sent or None), None
+        recved, self._recved = self._recved, set()
+        return (sent or None), (recved or None)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """As vLLM's default, plus the hybrid loads that failed (also finished)."""
+        sent, recved = self.get_finished(finished_req_ids)
+        failed, self._failed_recv = self._failed_recv, set()
+        return KVConnectorTransferResults(
+            finished_sending=set(sent or ()),
+            finished_recving=set(recved or ()),
+            failed_recving=failed,
+        )
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -506,6 +721,26 @@ class TetherConnector(KVConnectorBase_V1):
     def requires_kv_delivery(self) -> bool:
         # A dropped save is a future cache miss, not lost output.
         return False
+
+
+def _new_copier(views: list[torch.Tensor], nb: int, bs: int, heads: int, head: int) -> KvCopier:
+    """A copy engine over same-shaped views ([num_blocks, heads, block_size, 2*head])."""
+    first = views[0]
+    es = first.element_size()
+    available = [v.untyped_storage().nbytes() - v.storage_offset() * es for v in views]
+    device = first.device
+    return KvCopier(
+        [v.data_ptr() for v in views],
+        available,
+        nb,
+        bs,
+        heads,
+        head,
+        (first.stride(0), first.stride(1), first.stride(2)),
+        es,
+        device="cuda" if device.type == "cuda" else "cpu",
+        device_index=device.index or 0,
+    )
 
 
 @dataclass
