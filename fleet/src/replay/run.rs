@@ -446,8 +446,8 @@ pub async fn replay(
             ProgressStyle::with_template(
                 "{elapsed_precise} [{bar:30}] {pos}/{len} requests, eta {eta} {msg}",
             )
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
         );
         b
     } else {

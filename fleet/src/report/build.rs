@@ -83,7 +83,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
         run.trace_s,
         tokens.prompt + tokens.output,
     );
-    let (sessions, session_hit_ratios) =
+    let (per_session, session_hit_ratios) =
         sessions::sessions(trace, observations, &scope.first, run.speedup);
     series.session_hit_ratios = session_hit_ratios;
     let hit_ratio = ideal.hit_ratio(
@@ -100,7 +100,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
         tokens,
         hit_ratio,
         reprefill: placement::reprefill(trace, observations),
-        sessions,
+        sessions: per_session,
         latency,
         load,
         cost,

@@ -177,18 +177,29 @@ pub fn compare(reports: &[Report]) -> Result<Comparison, CompareError> {
         row("session hit ratio p50", Kind::Ratio, false, &|r| {
             (r.sessions.count > 0).then_some(r.sessions.hit_ratio.p50)
         }),
-        row("returning turns that lost their cache", Kind::Count, true, &|r| {
-            let l = &r.sessions.lost;
-            (r.sessions.count > 0).then_some((l.moved + l.evicted + l.unknown) as f64)
-        }),
-        row("… of them moved to another engine", Kind::Count, true, &|r| {
-            (r.sessions.count > 0).then_some(r.sessions.lost.moved as f64)
-        }),
+        row(
+            "returning turns that lost their cache",
+            Kind::Count,
+            true,
+            &|r| {
+                let l = &r.sessions.lost;
+                (r.sessions.count > 0).then_some((l.moved + l.evicted + l.unknown) as f64)
+            },
+        ),
+        row(
+            "… of them moved to another engine",
+            Kind::Count,
+            true,
+            &|r| (r.sessions.count > 0).then_some(r.sessions.lost.moved as f64),
+        ),
         row("TTFT first turn p50 ms", Kind::Ms, true, &|r| {
             some(&r.sessions.ttft_first_ms, r.sessions.ttft_first_ms.p50)
         }),
         row("TTFT returning turns p50 ms", Kind::Ms, true, &|r| {
-            some(&r.sessions.ttft_returning_ms, r.sessions.ttft_returning_ms.p50)
+            some(
+                &r.sessions.ttft_returning_ms,
+                r.sessions.ttft_returning_ms.p50,
+            )
         }),
         row("TTFT p50 ms", Kind::Ms, true, &|r| {
             some(&r.latency.ttft_ms, r.latency.ttft_ms.p50)

@@ -61,7 +61,10 @@ fn session_hits(reports: &[&Report], path: &Path) -> Result<(), String> {
     let root = SVGBackend::new(path, (W, H)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("Hit ratio per session (CDF over sessions)", ("sans-serif", 18))
+        .caption(
+            "Hit ratio per session (CDF over sessions)",
+            ("sans-serif", 18),
+        )
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(48)
@@ -188,7 +191,9 @@ fn windowed_hits(buckets: &[super::model::Bucket], bucket_s: f64, w: usize) -> V
                 .get(lo..hi)
                 .unwrap_or_default()
                 .iter()
-                .fold((0u64, 0u64), |(c, p), b| (c + b.cached_tokens, p + b.prompt_tokens));
+                .fold((0u64, 0u64), |(c, p), b| {
+                    (c + b.cached_tokens, p + b.prompt_tokens)
+                });
             (b.t_s + bucket_s / 2.0, 100.0 * c as f64 / p.max(1) as f64)
         })
         .collect()
@@ -320,7 +325,10 @@ fn load(reports: &[&Report], path: &Path) -> Result<(), String> {
             .draw_series(s.iter().enumerate().map(|(e, &v)| {
                 let x = (e * per + i) as i32;
                 Rectangle::new(
-                    [(SegmentValue::Exact(x), 0.0), (SegmentValue::Exact(x + 1), v)],
+                    [
+                        (SegmentValue::Exact(x), 0.0),
+                        (SegmentValue::Exact(x + 1), v),
+                    ],
                     c.filled(),
                 )
             }))

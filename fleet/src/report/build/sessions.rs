@@ -40,9 +40,7 @@ pub(super) fn sessions(
     });
     let order: Vec<RequestId> = served.iter().map(|o| RequestId(o.request)).collect();
     // The session-affinity ceiling of each request, in the order sent.
-    let ceiling = infinite_cache_hits(trace, &order, |r| {
-        u64::from(trace.request(r).session.0)
-    });
+    let ceiling = infinite_cache_hits(trace, &order, |r| u64::from(trace.request(r).session.0));
     let bs = u64::from(trace.block_size());
     let mut per: HashMap<SessionId, PerSession> = HashMap::new();
     let mut last_engine: HashMap<AgentId, Option<String>> = HashMap::new();

@@ -276,7 +276,10 @@ fn sessions_show_their_spread_and_why_turns_lost_their_cache() {
     assert!((s.hit_ratio.max - 50.0 / 90.0).abs() < 1e-9);
     assert!((s.hit_ratio_p10 - 10.0 / 90.0).abs() < 1e-9);
     assert_eq!(r.series.session_hit_ratios.len(), 2);
-    assert!((s.of_ceiling.max - 1.0).abs() < 1e-9, "s0 got its whole ceiling");
+    assert!(
+        (s.of_ceiling.max - 1.0).abs() < 1e-9,
+        "s0 got its whole ceiling"
+    );
     assert!((s.of_ceiling.p50 - 10.0 / 50.0).abs() < 1e-9);
     assert_eq!(s.ttft_first_ms.count, 2);
     assert_eq!(s.ttft_returning_ms.count, 4);
