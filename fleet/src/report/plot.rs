@@ -239,15 +239,15 @@ fn hit_over_time(reports: &[&Report], path: &Path) -> Result<(), String> {
             vec![(0.0, shared), (max_t, shared)],
             BLACK,
             2,
-            format!("shared-cache ceiling {shared:.1} % (no placement serves more)"),
+            format!("shared-cache ceiling {shared:.1} % over the run (no placement serves more)"),
         )?;
         let session = 100.0 * r.hit_ratio.ideal_session;
         line(
             &mut chart,
             vec![(0.0, session), (max_t, session)],
-            RGBColor(130, 130, 130),
-            1,
-            format!("session-affinity ceiling {session:.1} %"),
+            RGBColor(110, 110, 110),
+            2,
+            format!("session-affinity ceiling {session:.1} % over the run"),
         )?;
     }
     draw_labels(&mut chart, SeriesLabelPosition::LowerRight)?;
@@ -284,7 +284,8 @@ fn load(reports: &[&Report], path: &Path) -> Result<(), String> {
     let legend_lines = reports.len() + 1;
     let tallest = shares.iter().flatten().fold(1.0f64, |a, &b| a.max(b));
     let max = tallest * (1.1 + 0.09 * legend_lines as f64);
-    let segments = (engines * per) as i32;
+    // No spacer after the last group.
+    let segments = (engines * per - 1) as i32;
     let label_of = |v: &SegmentValue<i32>| -> String {
         match v {
             SegmentValue::CenterOf(x) | SegmentValue::Exact(x) => {
