@@ -38,6 +38,9 @@ pub fn replay_keys(opts: &Options, speedup: f64) -> BTreeMap<String, String> {
             .map_or("trace".to_owned(), |x| x.name().to_owned()),
     );
     put("stream", opts.synth.stream.to_string());
+    if opts.synth.exact_output {
+        put("exact_output", "true".to_owned());
+    }
     put("max_inflight", opts.max_inflight.to_string());
     if let Schedule::Live(_) = opts.schedule {
         put("max_gap_ms", opts.max_gap_ms.to_string());

@@ -467,3 +467,63 @@ fn gateway_defaults_do_not_depend_on_the_current_directory() {
         module.display()
     );
 }
+
+/// `--agentx N`: N live session trees, streamed exact-length answers, gaps
+/// capped at 10 s, and a run-unique salt, so a second run against the same warm
+/// rank finds nothing of the first one cached.
+#[test]
+fn agentx_mode_follows_the_harness_rules_and_busts_the_cache_per_run() {
+    let dir = TempDir::new("agentx");
+    let addr = rank("1000");
+    let t = generate(&dir, "t.jsonl", "9", "3");
+    let first_cached = |out: &str| -> u64 {
+        let text = std::fs::read_to_string(format!("{out}/requests.jsonl")).unwrap();
+        let mut rows: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        rows.sort_by(|a, b| {
+            a["sent_ms"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b["sent_ms"].as_f64().unwrap())
+        });
+        rows[0]["outcome"]["served"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    for run in ["a1", "a2"] {
+        let out = dir.path(run);
+        let o = tether(&[
+            "replay",
+            &t,
+            "--target",
+            &addr,
+            "--out",
+            &out,
+            "--quiet",
+            "--agentx",
+            "2",
+            "--max-gap-ms",
+            "60000",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let r = report(&out);
+        let keys = &r["config"]["keys"];
+        assert_eq!(keys["replay.schedule"], "live 2");
+        assert_eq!(keys["replay.stream"], "true");
+        assert_eq!(keys["replay.exact_output"], "true");
+        assert_eq!(keys["replay.max_gap_ms"], "10000", "the harness's cap wins");
+        assert_eq!(r["requests"]["completed"], r["requests"]["in_trace"]);
+        assert_eq!(
+            first_cached(&out),
+            0,
+            "{run}: a cold start, whatever ran before"
+        );
+    }
+    let o = tether(&[
+        "replay", &t, "--target", &addr, "--agentx", "2", "--live", "2",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--live"), "{}", text(&o));
+}
