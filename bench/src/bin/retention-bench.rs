@@ -174,10 +174,11 @@ fn main() -> Result<()> {
     }
     for (name, r) in names.iter().zip(&reports) {
         println!(
-            "{name}: avoidable on returning turns {} tokens; host peak {:.1} GiB; refused {}; TTFT p50 {:.1} ms p99 {:.1} ms",
+            "{name}: avoidable on returning turns {} tokens; host peak {:.1} GiB; refused {} ({} over max_model_len); TTFT p50 {:.1} ms p99 {:.1} ms",
             r.sim.avoidable_returning_tokens.unwrap_or(0),
             r.sim.retention.host_peak_bytes as f64 / (1u64 << 30) as f64,
             r.sim.refused + r.sim.failed,
+            r.sim.too_long,
             r.ttft_ms.p50,
             r.ttft_ms.p99
         );
@@ -191,9 +192,15 @@ fn main() -> Result<()> {
     };
     let host_ratio = ratio(&reports[2]);
     let dev_ratio = ratio(&reports[1]);
-    if reports.iter().any(|r| r.sim.refused > 0) {
+    if reports.iter().any(|r| r.sim.refused > r.sim.too_long) {
         println!(
             "warning: requests were refused (a prompt larger than the device capacity): raise --device-tokens above the longest prompt"
+        );
+    }
+    if let Some(r) = reports.iter().find(|r| r.sim.too_long > 0) {
+        println!(
+            "note: {} requests are longer than the profile's max_model_len (prompt + output) and were refused, as tether-rank refuses them",
+            r.sim.too_long
         );
     }
     println!(
