@@ -141,6 +141,19 @@ pub fn import(format: Format, input: &Path, opts: &ImportOptions) -> Result<Trac
     }
 }
 
+/// The import report a `format` importer recorded in `trace`'s header
+/// (`source.report`), if `trace` came from that importer.
+pub(crate) fn recorded_report<T: serde::de::DeserializeOwned>(
+    trace: &Trace,
+    format: Format,
+) -> Option<T> {
+    let src = trace.header().source.as_ref()?;
+    if src.get("format")?.as_str()? != format.name() {
+        return None;
+    }
+    serde_json::from_value(src.get("report")?.clone()).ok()
+}
+
 /// What the importer of `trace` derived or found (Mooncake derivation,
 /// Bailian parent chains, AgentX scopes), as printed by `tether trace import`
 /// and `tether trace stats`.

@@ -9,8 +9,8 @@ use tether_fleet::import::{Format, ImportOptions, import};
 use tether_fleet::sim::{
     CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
 };
-use tether_rank::engine::EngineSettings;
-use tether_rank::profile::Profile;
+use tether_rank_engine::engine::EngineSettings;
+use tether_rank_engine::profile::Profile;
 
 const DEVICE_TOKENS: u64 = 160_000;
 
@@ -50,21 +50,26 @@ fn run_with(profile: &str, cache: CacheMode) -> Result<RunReport> {
     .report)
 }
 
+/// Never more reuse than an unlimited cache (reused + avoidable adds up
+/// exactly), and nothing refused but what a rank with the profile's context
+/// window refuses too.
+fn adds_up(r: &RunReport) {
+    assert_eq!(
+        r.hit_tokens + r.sim.avoidable_tokens.unwrap(),
+        r.sim.reusable_tokens.unwrap(),
+        "{r:?}"
+    );
+    assert_eq!(r.sim.failed, 0);
+    assert_eq!(r.sim.refused, r.sim.too_long);
+}
+
 #[test]
 fn retention_with_host_tier_saves_re_prefill_that_lru_loses() -> Result<()> {
     let lru = run(CacheMode::Lru)?;
     let dev = run(CacheMode::Retention)?;
     let host = run(CacheMode::RetentionHost)?;
     for r in [&lru, &dev, &host] {
-        // Never more reuse than an unlimited cache: reused + avoidable adds up exactly.
-        assert_eq!(
-            r.hit_tokens + r.sim.avoidable_tokens.unwrap(),
-            r.sim.reusable_tokens.unwrap(),
-            "{r:?}"
-        );
-        // Only what a rank with the profile's context window refuses too.
-        assert_eq!(r.sim.failed, 0);
-        assert_eq!(r.sim.refused, r.sim.too_long);
+        adds_up(r);
         assert_eq!(r.finished + r.sim.refused, 400);
         assert_eq!(r.prompt_tokens, lru.prompt_tokens);
     }
@@ -94,13 +99,7 @@ fn a_hybrid_profile_reuses_only_at_snapshot_boundaries_and_the_host_tier_still_w
     let host = run_with(profile, CacheMode::RetentionHost)?;
     let attention = run(CacheMode::Lru)?;
     for r in [&lru, &host] {
-        assert_eq!(
-            r.hit_tokens + r.sim.avoidable_tokens.unwrap(),
-            r.sim.reusable_tokens.unwrap(),
-            "{r:?}"
-        );
-        assert_eq!(r.sim.failed, 0);
-        assert_eq!(r.sim.refused, r.sim.too_long);
+        adds_up(r);
     }
     // Resuming only at 544-token boundaries leaves less reusable than every 16 tokens.
     assert!(lru.sim.reusable_tokens.unwrap() < attention.sim.reusable_tokens.unwrap());

@@ -639,11 +639,7 @@ fn has_requests(items: &[WekaItem]) -> bool {
 
 /// The import report recorded in a trace imported from AgentX, if any.
 pub fn report_of(trace: &Trace) -> Option<AgentxReport> {
-    let src = trace.header().source.as_ref()?;
-    if src.get("format")?.as_str()? != "agentx" {
-        return None;
-    }
-    serde_json::from_value(src.get("report")?.clone()).ok()
+    super::recorded_report(trace, super::Format::Agentx)
 }
 
 impl std::fmt::Display for AgentxReport {

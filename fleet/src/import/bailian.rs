@@ -226,11 +226,7 @@ pub fn import_records(
 
 /// The import report recorded in a trace imported from Bailian, if any.
 pub fn report_of(trace: &Trace) -> Option<BailianReport> {
-    let src = trace.header().source.as_ref()?;
-    if src.get("format")?.as_str()? != "bailian" {
-        return None;
-    }
-    serde_json::from_value(src.get("report")?.clone()).ok()
+    super::recorded_report(trace, super::Format::Bailian)
 }
 
 impl std::fmt::Display for BailianReport {

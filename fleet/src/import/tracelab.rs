@@ -356,11 +356,7 @@ fn last_output_ms(r: &Round) -> Option<i64> {
 
 /// The import report recorded in a trace imported from TraceLab, if any.
 pub fn report_of(trace: &Trace) -> Option<TracelabReport> {
-    let src = trace.header().source.as_ref()?;
-    if src.get("format")?.as_str()? != "tracelab" {
-        return None;
-    }
-    serde_json::from_value(src.get("report")?.clone()).ok()
+    super::recorded_report(trace, super::Format::Tracelab)
 }
 
 impl std::fmt::Display for TracelabReport {
