@@ -1,6 +1,8 @@
 # Retention policy of the engine extension (tether-engine, engine-ext/). See docs/engine.md.
 #   make test-engine    unit + property tests of the policy, the trace-replay test and the
-#                       offload round trip through the CPU copy backend (no GPU needed)
+#                       offload round trip through the CPU copy backend (no GPU needed), and
+#                       tether-fleet's tests (its CLI tests validate rendered bootstraps with
+#                       Envoy and the built filter module, so both are made first)
 #   make bench-engine   the policy benchmark (LRU vs retention vs retention + host tier on the
 #                       Mooncake synthetic trace, attention-only and hybrid; the bundled agent
 #                       traces with the hybrid profile) and the CPU decision-throughput benchmark
@@ -12,7 +14,7 @@ ENGINE_TRACE_FORMAT ?= mooncake
 ENGINE_HYBRID_PROFILE ?= examples/profiles/qwen3-coder-next-fp8-h200-tp1.json
 ENGINE_AGENT_TRACES ?= agent-demo agent-subagents agent-tenants
 
-test-engine:
+test-engine: wasm envoy-install
 	$(CARGO) test --quiet -p tether-wire -p tether-placement -p tether-engine
 	$(CARGO) test --quiet -p tether-kvcopy --test offload_roundtrip
 	$(CARGO) test --quiet -p tether-fleet
