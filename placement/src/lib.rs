@@ -11,7 +11,11 @@
 //! - [`load`]: load-aware choices given a load view — bounded-load spill down a
 //!   key's rendezvous order, the least-loaded endpoint of a pool (a P/D prefill
 //!   pool), and the P/D decision by uncached prompt tokens; [`load::report`]
-//!   is the rank's `/load` report those views are polled from.
+//!   is the rank's `/load` report those views are polled from;
+//! - [`residency`]: the residency summary a rank adds to that report (which
+//!   retained keys it holds, how many tokens, which tier);
+//! - [`resident`]: placement by residency and load among a key's first *d*
+//!   rendezvous candidates, with the migrate-or-recompute rule.
 //!
 //! Pure and deterministic; no allocation on the per-key path except the pick's
 //! order list. Documented for users in `docs/gateway.md` ("Placement").
@@ -30,8 +34,12 @@ pub mod dp;
 pub mod keys;
 pub mod load;
 pub mod rendezvous;
+pub mod residency;
+pub mod resident;
 
 pub use dp::dp_rank;
 pub use keys::{SEED, hash_parts};
 pub use load::{LoadBound, disaggregate, first_under_bound, load_bound};
 pub use rendezvous::{Endpoint, Pick, Placement};
+pub use residency::{Held, Resident, resident_key};
+pub use resident::{Choice, How, Knows, MoveCost, Rule};

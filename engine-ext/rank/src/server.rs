@@ -155,6 +155,7 @@ impl Rank {
             sim_ms: (self.clock.now_ms() * 1000.0).round() / 1000.0,
             speedup: self.clock.speedup(),
             ranks,
+            residency: None,
         }
     }
 

@@ -15,6 +15,10 @@ pub struct LoadReport {
     pub speedup: f64,
     /// Per DP rank, by rank.
     pub ranks: Vec<RankLoad>,
+    /// What the process holds, when it publishes it
+    /// ([`crate::residency::Summary`]; absent: unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residency: Option<crate::residency::Summary>,
 }
 
 /// One DP rank's load.

@@ -1,0 +1,214 @@
+//! Placement by residency and load: a key's state follows it (`docs/gateway.md`
+//! "Residency-aware placement").
+//!
+//! A key may live on any of its first *d* rendezvous candidates. Given a load
+//! view and what each candidate says it holds ([`crate::residency`]):
+//!
+//! 1. a candidate holds the key's state and is under the load bound → stay
+//!    there ([`How::Stay`]; the holder with the most tokens when several do);
+//! 2. no candidate holds it → the least loaded candidate, ties by rendezvous
+//!    order (power of *d* choices: [`How::Least`]);
+//! 3. the holder is over the bound → the least loaded other candidate with
+//!    room, and the state goes with the key when pulling it over the KV link
+//!    costs less than recomputing it ([`MoveCost::migrate`]: [`How::Migrate`],
+//!    else [`How::Recompute`]); when no other candidate has room the key stays;
+//! 4. some candidate's residency is unknown (no fresh summary) → the
+//!    bounded-load pick down the rendezvous order ([`How::Bounded`]), so a
+//!    fleet that publishes nothing keeps tether's plain affinity instead of
+//!    bouncing keys between candidates.
+//!
+//! Pure: the same view gives the same choice on every gateway replica, in the
+//! simulator and in `tether replay --route`; no per-session state anywhere.
+
+use crate::load::{LoadBound, first_under_bound};
+use crate::rendezvous::{Pick, Placement};
+use crate::residency::Held;
+
+/// What a router knows of one endpoint's residency for one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Knows {
+    /// No fresh summary from this endpoint.
+    Unknown,
+    /// Its summary lists nothing for the key.
+    Nothing,
+    /// Its summary lists the key.
+    Holds(Held),
+}
+
+/// The cost rule of moving a state: transfer over the KV link or recompute.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoveCost {
+    /// Fixed cost of one transfer (connection set-up, the prefill leg's
+    /// round trip), ms.
+    pub transfer_setup_ms: f64,
+    /// ms per token over the link: KV bytes per token × 8 / link bit rate.
+    pub transfer_ms_per_token: f64,
+    /// ms per token to recompute the state on the target (its prefill rate).
+    pub recompute_ms_per_token: f64,
+}
+
+impl MoveCost {
+    /// From the model's KV bytes per token, the link's Gbit/s, the set-up ms
+    /// and the target's prefill tokens per second. A link of 0 Gbit/s (or
+    /// none) never migrates.
+    pub fn from_link(
+        kv_bytes_per_token: f64,
+        link_gbps: f64,
+        setup_ms: f64,
+        prefill_tps: f64,
+    ) -> Self {
+        let transfer = if link_gbps > 0.0 {
+            kv_bytes_per_token * 8.0 / (link_gbps * 1e9) * 1e3
+        } else {
+            f64::INFINITY
+        };
+        Self {
+            transfer_setup_ms: setup_ms.max(0.0),
+            transfer_ms_per_token: transfer,
+            recompute_ms_per_token: if prefill_tps > 0.0 {
+                1e3 / prefill_tps
+            } else {
+                f64::INFINITY
+            },
+        }
+    }
+
+    /// Time to pull `tokens` of state over the link.
+    pub fn transfer_ms(&self, tokens: u64) -> f64 {
+        self.transfer_setup_ms + tokens as f64 * self.transfer_ms_per_token
+    }
+
+    /// Time to recompute `tokens` of state.
+    pub fn recompute_ms(&self, tokens: u64) -> f64 {
+        tokens as f64 * self.recompute_ms_per_token
+    }
+
+    /// The rule: migrate when the transfer is faster than the recompute.
+    pub fn migrate(&self, tokens: u64) -> bool {
+        self.transfer_ms(tokens) < self.recompute_ms(tokens)
+    }
+}
+
+/// The residency-aware rule's settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rule {
+    /// *d*: rendezvous candidates a key may live on (≥ 1).
+    pub candidates: usize,
+    /// When a holder counts as over loaded.
+    pub bound: LoadBound,
+    /// Migrate or recompute.
+    pub cost: MoveCost,
+}
+
+/// Why the key went where it went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum How {
+    /// To the candidate that holds its state.
+    Stay,
+    /// No candidate holds it: to the least loaded candidate.
+    Least,
+    /// The holder (endpoint index `from`) is over the bound: moved, its
+    /// state pulled from `from` over the KV link.
+    Migrate { from: usize },
+    /// The holder `from` is over the bound: moved, its state recomputed
+    /// (the transfer would cost more).
+    Recompute { from: usize },
+    /// Residency unknown for some candidate: bounded-load rendezvous pick.
+    Bounded,
+}
+
+/// One key's placement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    /// The chosen endpoint first, then the rest of the key's rendezvous
+    /// order (retry fallbacks); the DP rank on the chosen endpoint.
+    pub pick: Pick,
+    pub how: How,
+    /// What the holder holds, when one does.
+    pub held: Option<Held>,
+}
+
+impl Choice {
+    /// The chosen endpoint.
+    pub fn endpoint(&self) -> Option<usize> {
+        self.pick.order.first().copied()
+    }
+}
+
+impl Placement {
+    /// Places `key` by residency and load ([module docs](self)): `loads[i]`
+    /// per endpoint (requests in flight), `knows(i)` what endpoint `i` holds
+    /// for the key. `fallbacks` endpoints follow the chosen one in the order
+    /// (at least the other candidates). `None` without endpoints.
+    pub fn place_resident(
+        &self,
+        key: u64,
+        fallbacks: usize,
+        rule: &Rule,
+        loads: &[f64],
+        knows: impl Fn(usize) -> Knows,
+    ) -> Option<Choice> {
+        let d = rule.candidates.max(1);
+        let mut pick = self.pick(key, fallbacks.max(d - 1))?;
+        let cands: Vec<usize> = pick.order.iter().take(d).copied().collect();
+        let shares = self.shares();
+        let total: f64 = loads.iter().sum();
+        let load = |i: usize| loads.get(i).copied().unwrap_or(0.0);
+        let room = |i: usize| {
+            load(i)
+                < rule
+                    .bound
+                    .capacity(total, shares.get(i).copied().unwrap_or(0.0))
+        };
+        let mut holder: Option<(usize, Held)> = None;
+        let mut unknown = false;
+        for &i in &cands {
+            match knows(i) {
+                Knows::Unknown => unknown = true,
+                Knows::Nothing => {}
+                Knows::Holds(h) if h.tokens > 0 => {
+                    if holder.is_none_or(|(_, b)| h.tokens > b.tokens) {
+                        holder = Some((i, h));
+                    }
+                }
+                Knows::Holds(_) => {}
+            }
+        }
+        // Least loaded of `among`, ties by rendezvous order (the order of `cands`).
+        let least = |among: &mut dyn Iterator<Item = usize>| {
+            among.fold(None, |best: Option<usize>, i| match best {
+                Some(b) if load(b) <= load(i) => Some(b),
+                _ => Some(i),
+            })
+        };
+        let (chosen, how) = match holder {
+            Some((h, _)) if room(h) => (h, How::Stay),
+            Some((h, held)) => {
+                match least(&mut cands.iter().copied().filter(|&i| i != h && room(i))) {
+                    None => (h, How::Stay),
+                    Some(t) if rule.cost.migrate(u64::from(held.tokens)) => {
+                        (t, How::Migrate { from: h })
+                    }
+                    Some(t) => (t, How::Recompute { from: h }),
+                }
+            }
+            None if unknown => {
+                let pos = first_under_bound(&cands, loads, &shares, total, rule.bound)?;
+                (*cands.get(pos)?, How::Bounded)
+            }
+            None => (least(&mut cands.iter().copied())?, How::Least),
+        };
+        let pos = pick.order.iter().position(|&i| i == chosen)?;
+        let c = pick.order.remove(pos);
+        pick.order.insert(0, c);
+        pick.rank = crate::dp_rank(key, self.endpoints().get(chosen)?.dp_size);
+        Some(Choice {
+            pick,
+            how,
+            held: holder.map(|(_, h)| h),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+use super::*;
+use crate::rendezvous::Endpoint;
+
+const BOUND: LoadBound = LoadBound {
+    factor: 1.25,
+    floor: 2.0,
+};
+
+fn rule(d: usize) -> Rule {
+    Rule {
+        candidates: d,
+        bound: BOUND,
+        // 128 KiB per token over 100 Gbit/s (0.0105 ms/token), 5 ms set-up,
+        // 20 k tokens/s prefill (0.05 ms/token): migrate above ~128 tokens.
+        cost: MoveCost::from_link(131_072.0, 100.0, 5.0, 20_000.0),
+    }
+}
+
+fn placement(n: usize) -> Placement {
+    let eps: Vec<Endpoint> = (0..n)
+        .map(|i| Endpoint {
+            address: format!("10.2.0.{}:8000", i + 1),
+            weight: 1.0,
+            dp_size: 1,
+            name: None,
+        })
+        .collect();
+    Placement::new(&eps)
+}
+
+fn key(i: u64) -> u64 {
+    crate::keys::hash_parts(&[b"session", &i.to_le_bytes()])
+}
+
+fn holds(tokens: u32) -> Knows {
+    Knows::Holds(Held {
+        tokens,
+        device: true,
+    })
+}
+
+#[test]
+fn a_new_key_goes_to_the_least_loaded_of_its_candidates() {
+    let p = placement(8);
+    let k = key(1);
+    let order = p.pick(k, 7).unwrap().order;
+    let mut loads = vec![1.0; 8];
+    loads[order[0]] = 3.0;
+    loads[order[1]] = 2.0;
+    loads[order[2]] = 0.0;
+    let c = p
+        .place_resident(k, 2, &rule(2), &loads, |_| Knows::Nothing)
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[1]), How::Least));
+    let c = p
+        .place_resident(k, 2, &rule(3), &loads, |_| Knows::Nothing)
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[2]), How::Least));
+    // Ties go to the rendezvous order.
+    let c = p
+        .place_resident(k, 2, &rule(3), &[0.0; 8], |_| Knows::Nothing)
+        .unwrap();
+    assert_eq!(c.endpoint(), Some(order[0]));
+    // The rest of the order follows for retries.
+    assert_eq!(c.pick.order.len(), 3);
+}
+
+#[test]
+fn a_returning_key_stays_with_its_state_even_when_another_candidate_is_emptier() {
+    let p = placement(8);
+    let k = key(2);
+    let order = p.pick(k, 7).unwrap().order;
+    let mut loads = vec![1.0; 8];
+    loads[order[0]] = 0.0;
+    let c = p
+        .place_resident(k, 2, &rule(2), &loads, |i| {
+            if i == order[1] {
+                holds(30_000)
+            } else {
+                Knows::Nothing
+            }
+        })
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[1]), How::Stay));
+}
+
+#[test]
+fn an_overloaded_holder_passes_the_key_on_with_its_state_when_the_transfer_is_cheaper() {
+    let p = placement(4);
+    let k = key(3);
+    let order = p.pick(k, 3).unwrap().order;
+    // 12 in flight, 4 endpoints, c = 1.25: capacity ⌈1.25 · 13 / 4⌉ = 5.
+    let mut loads = vec![0.0; 4];
+    loads[order[0]] = 6.0;
+    loads[order[1]] = 3.0;
+    loads[order[2]] = 2.0;
+    loads[order[3]] = 1.0;
+    let knows = |i: usize| {
+        if i == order[0] {
+            holds(30_000)
+        } else {
+            Knows::Nothing
+        }
+    };
+    let c = p.place_resident(k, 1, &rule(3), &loads, knows).unwrap();
+    assert_eq!(c.endpoint(), Some(order[2]));
+    assert_eq!(c.how, How::Migrate { from: order[0] });
+    // A tiny state is recomputed instead.
+    let small = |i: usize| {
+        if i == order[0] {
+            holds(64)
+        } else {
+            Knows::Nothing
+        }
+    };
+    let c = p.place_resident(k, 1, &rule(3), &loads, small).unwrap();
+    assert_eq!(c.how, How::Recompute { from: order[0] });
+    // No other candidate with room: the key stays.
+    // 24 in flight: capacity ⌈1.25 · 25 / 4⌉ = 8.
+    let mut full = vec![0.0; 4];
+    full[order[0]] = 8.0;
+    full[order[1]] = 8.0;
+    full[order[2]] = 8.0;
+    let c = p.place_resident(k, 1, &rule(3), &full, knows).unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[0]), How::Stay));
+}
+
+#[test]
+fn unknown_residency_keeps_the_plain_bounded_pick() {
+    let p = placement(4);
+    let k = key(4);
+    let order = p.pick(k, 3).unwrap().order;
+    let mut loads = vec![0.0; 4];
+    loads[order[1]] = 0.0;
+    loads[order[0]] = 1.0;
+    let c = p
+        .place_resident(k, 1, &rule(2), &loads, |_| Knows::Unknown)
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[0]), How::Bounded));
+}
+
+#[test]
+fn without_a_link_nothing_migrates() {
+    let c = MoveCost::from_link(131_072.0, 0.0, 0.0, 10_000.0);
+    assert!(!c.migrate(1_000_000));
+    let c = MoveCost::from_link(131_072.0, 100.0, 5.0, 10_000.0);
+    assert!(c.migrate(100_000));
+    assert!(!c.migrate(10));
+}
+
+#[test]
+fn the_choice_is_deterministic_and_bounded() {
+    // 64 endpoints, 10,000 keys with random holders: the same view gives the
+    // same choice, and no endpoint over its bound takes a key it does not hold.
+    let p = placement(64);
+    let loads: Vec<f64> = (0..64).map(|i| f64::from((i * 7) % 11)).collect();
+    let total: f64 = loads.iter().sum();
+    let cap = BOUND.capacity(total, 1.0 / 64.0);
+    for i in 0..10_000u64 {
+        let k = key(i);
+        let holder = (k % 64) as usize;
+        let knows = |e: usize| {
+            if e == holder {
+                holds(1_000)
+            } else {
+                Knows::Nothing
+            }
+        };
+        let a = p.place_resident(k, 2, &rule(3), &loads, knows).unwrap();
+        let b = p.place_resident(k, 2, &rule(3), &loads, knows).unwrap();
+        assert_eq!(a, b);
+        let e = a.endpoint().unwrap();
+        if a.how != How::Stay {
+            assert!(loads[e] < cap || a.how == How::Least, "{a:?}");
+        }
+    }
+}
