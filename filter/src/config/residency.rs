@@ -1,0 +1,48 @@
+//! The `residency` configuration: residency-aware placement (`docs/gateway.md`,
+//! "Residency-aware placement").
+
+use tether_placement::{LoadBound, MoveCost, Rule};
+
+/// The `residency` configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResidencyConfig {
+    /// *d*: rendezvous candidates a key may live on.
+    pub candidates: usize,
+    /// KV-cache bytes per token of the served model.
+    pub kv_bytes_per_token: f64,
+    /// KV link between ranks, Gbit/s (0: never migrate).
+    pub link_gbps: f64,
+    /// Fixed cost of one transfer, ms.
+    pub transfer_setup_ms: f64,
+    /// A rank's prefill rate, tokens/s (what a recompute costs).
+    pub prefill_tokens_per_s: f64,
+}
+
+impl Default for ResidencyConfig {
+    /// The bundled Llama-3.1-8B FP8 H200 profile on a 400 Gbit/s link.
+    fn default() -> Self {
+        Self {
+            candidates: 2,
+            kv_bytes_per_token: 131_072.0,
+            link_gbps: 400.0,
+            transfer_setup_ms: 2.0,
+            prefill_tokens_per_s: 20_000.0,
+        }
+    }
+}
+
+impl ResidencyConfig {
+    /// The placement rule, with the load view's bound.
+    pub fn rule(&self, bound: LoadBound) -> Rule {
+        Rule {
+            candidates: self.candidates,
+            bound,
+            cost: MoveCost::from_link(
+                self.kv_bytes_per_token,
+                self.link_gbps,
+                self.transfer_setup_ms,
+                self.prefill_tokens_per_s,
+            ),
+        }
+    }
+}
