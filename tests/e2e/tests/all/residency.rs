@@ -6,6 +6,7 @@
 //! old holder (no recompute); a restarted rank is known to hold nothing; and
 //! two Envoys with the same polled view place requests identically.
 
+use crate::pd::{chat, words};
 use crate::support::*;
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -107,19 +108,6 @@ fn order(cfg: &Value, session: &str) -> Vec<usize> {
         HeaderOutcome::Decided(d) => d.placed.pick.clone().expect("picked").order,
         _ => panic!("not decided on the header path"),
     }
-}
-
-fn chat(system: &str, turns: &[&str], max_tokens: u64) -> Value {
-    let mut messages = vec![json!({"role": "system", "content": system})];
-    for (i, t) in turns.iter().enumerate() {
-        let role = if i % 2 == 0 { "user" } else { "assistant" };
-        messages.push(json!({"role": role, "content": t}));
-    }
-    json!({"model": "m", "messages": messages, "max_tokens": max_tokens})
-}
-
-fn words(seed: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{seed}{i} ")).collect()
 }
 
 fn counter(e: &Envoy, name: &str) -> f64 {

@@ -4,25 +4,15 @@
 //! prefiller; malformed, unsorted, unknown-version and oversized summaries
 //! are counted and logged, never a VM failure.
 
-use crate::common::options;
-use crate::tether::{plugin, send};
+use crate::load::{A, B, metric, poll, report_with, send_hot, vm_with};
 use serde_json::{Value, json};
 use tether_placement::keys::{session_hash, subagent_hash, tenant_hash};
 use tether_placement::residency::Summary;
 use tether_placement::{Held, Resident, resident_key};
-use tether_wasm_host::{FilterVm, HeaderMap, HttpCallResponse};
-
-const A: &str = "10.0.0.1:8000";
-const B: &str = "10.0.0.2:8000";
+use tether_wasm_host::{FilterVm, HttpCallResponse};
 
 fn vm() -> FilterVm {
-    let cfg = json!({
-        "mode": "pick",
-        "endpoints": [{"address": A}, {"address": B}],
-        "load": {"poll_ms": 100, "max_age_ms": 1000, "factor": 1.5, "floor": 2},
-        "residency": {"candidates": 2},
-    });
-    plugin().start(options(&cfg.to_string())).expect("starts")
+    vm_with(json!({"residency": {"candidates": 2}}))
 }
 
 /// The key of `x-session-id: hot` (no tenant header, main agent).
@@ -36,13 +26,7 @@ fn hot_key() -> u64 {
 
 /// (destination, prefiller) of the session's next request.
 fn place(vm: &mut FilterVm) -> (String, Option<String>) {
-    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
-    let out = send(
-        vm,
-        "/v1/chat/completions",
-        &[("x-session-id", "hot")],
-        &body,
-    );
+    let out = send_hot(vm);
     let dest = out
         .upstream_header("x-gateway-destination-endpoint")
         .expect("picked");
@@ -54,16 +38,7 @@ fn place(vm: &mut FilterVm) -> (String, Option<String>) {
 }
 
 fn report(server_load: u64, residency: Value) -> HttpCallResponse {
-    HttpCallResponse {
-        headers: HeaderMap::from_pairs([(":status", "200")]),
-        body: json!({"server_load": server_load, "sim_ms": 1.0, "speedup": 1.0,
-            "ranks": [{"dp_rank": 0, "running": server_load, "waiting": 0, "restoring": 0,
-                       "queued_prefill_tokens": 0, "kv_usage": 0.0, "kv_blocks": 10, "retentions": 0}],
-            "residency": residency})
-        .to_string()
-        .into_bytes(),
-        ..HttpCallResponse::default()
-    }
+    report_with(server_load, json!({ "residency": residency }))
 }
 
 fn holding(keys: &[u64]) -> Value {
@@ -77,28 +52,6 @@ fn holding(keys: &[u64]) -> Value {
         )
     });
     serde_json::to_value(Resident::from_entries(held, usize::MAX).0.encode(0)).unwrap()
-}
-
-/// Ticks once and answers this tick's polls with `answer(endpoint)`.
-fn poll(vm: &mut FilterVm, answer: impl Fn(&str) -> HttpCallResponse) -> usize {
-    let before = vm.state().http_calls.len();
-    vm.tick().unwrap();
-    let calls: Vec<(u32, String)> = vm.state().http_calls[before..]
-        .iter()
-        .map(|c| {
-            let to = c.headers.get_str("x-gateway-destination-endpoint");
-            (c.token, to.unwrap_or_default().to_owned())
-        })
-        .collect();
-    for (token, to) in &calls {
-        vm.respond_http_call(*token, answer(to)).unwrap();
-    }
-    calls.len()
-}
-
-fn metric(vm: &mut FilterVm, name: &str) -> u64 {
-    vm.tick().unwrap();
-    vm.state().metric(name).unwrap_or(0)
 }
 
 #[test]
