@@ -161,15 +161,16 @@ async fn sessions_land_by_load_migrate_with_their_state_and_a_restarted_rank_hol
     let mig = sessions(&cfg, "mig-", 1, |o| o[0] == hot).remove(0);
     let rst = sessions(&cfg, "rst-", 1, |o| o[0] == rst_home && o[1] != hot).remove(0);
     let fresh = sessions(&cfg, "new-", 3, |o| o[0] == hot);
-    let system = words("repo", 3000);
+    // Each session its own prompt: no rank holds another's prefix.
+    let (sys_mig, sys_rst) = (words("mig", 3000), words("rst", 3000));
 
     // Idle fleet: first turns land on their first candidate (ties by rendezvous order).
     let r = f
-        .send(&envoy, &mig.0, &chat(&system, &["read the file"], 2))
+        .send(&envoy, &mig.0, &chat(&sys_mig, &["read the file"], 2))
         .await;
     assert_eq!(served_by(&r), f.addr(hot));
     let r = f
-        .send(&envoy, &rst.0, &chat(&system, &["list the tests"], 2))
+        .send(&envoy, &rst.0, &chat(&sys_rst, &["list the tests"], 2))
         .await;
     assert_eq!(served_by(&r), f.addr(rst_home));
 
@@ -206,7 +207,7 @@ async fn sessions_land_by_load_migrate_with_their_state_and_a_restarted_rank_hol
 
     // (b) The hot rank holds `mig`: its next turn moves to the other candidate
     // and pulls the state from the hot rank (the prefill leg hits there).
-    let t2 = chat(&system, &["read the file", "done", "now fix it"], 2);
+    let t2 = chat(&sys_mig, &["read the file", "done", "now fix it"], 2);
     let r = f.send(&envoy, &mig.0, &t2).await;
     assert_eq!(
         served_by(&r),
@@ -253,7 +254,7 @@ async fn sessions_land_by_load_migrate_with_their_state_and_a_restarted_rank_hol
         .send(
             &envoy,
             &rst.0,
-            &chat(&system, &["list the tests", "3 tests", "run them"], 2),
+            &chat(&sys_rst, &["list the tests", "3 tests", "run them"], 2),
         )
         .await;
     assert_eq!(served_by(&r), f.addr(rst_home));
