@@ -103,7 +103,7 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 200.0)]
     pub load_poll_ms: f64,
     /// tether-resident: rendezvous candidates a key may live on (d).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 3)]
     pub candidates: usize,
     /// tether-resident: fixed cost of one KV transfer in the migrate rule, ms.
     #[arg(long, default_value_t = 5.0)]

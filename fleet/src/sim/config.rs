@@ -288,7 +288,7 @@ impl Default for SimConfig {
             balance_floor: 8.0,
             fallbacks: 8,
             load_poll_ms: 200.0,
-            candidates: 2,
+            candidates: 3,
             transfer_setup_ms: 5.0,
             prefix: PrefixOptions::default(),
             identity: IdentityModel::default(),
