@@ -8,6 +8,7 @@
 
 mod copier;
 mod ledger;
+mod residency;
 
 use pyo3::create_exception;
 use pyo3::prelude::*;
@@ -49,6 +50,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<copier::KvCopier>()?;
     m.add_function(wrap_pyfunction!(ledger::parse_marker, m)?)?;
     m.add_function(wrap_pyfunction!(copier::cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(residency::load_report, m)?)?;
+    m.add_function(wrap_pyfunction!(residency::read_load_report, m)?)?;
+    m.add(
+        "RESIDENCY_MAX_ENTRIES",
+        tether_placement::residency::MAX_ENTRIES,
+    )?;
     m.add("MARKER_KEY", tether_wire::params::KEY)?;
     Ok(())
 }
