@@ -8,23 +8,25 @@ use crate::ledger::Ledger;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use tether_placement::load::report::{LoadReport, RankLoad};
-use tether_placement::residency::{MAX_ENTRIES, Resident, Summary};
+use tether_placement::residency::{MAX_ENTRIES, Resident};
 use tether_placement::{Held, resident_key};
 
 impl Ledger {
-    /// What the ledger retains, as the wire summary: at most `max` entries, the
-    /// largest states first; a state held on the device is tier 1 (it usually has a
-    /// host copy too), one on the host tier only is tier 2.
-    pub(crate) fn summary(&self, max: usize) -> Summary {
+    /// What the ledger retains, one entry per retention key: its resident key, its
+    /// prompt tokens, and whether the device holds it (tier 1: it usually has a host
+    /// copy too) or only the host tier (tier 2).
+    pub(crate) fn resident_entries(&self) -> Vec<(u64, Held)> {
         let bs = (self.inner.config().block_size as u64).max(1);
-        let entries = self.inner.resident().map(|(k, tokens, device)| {
-            let positions = (tokens / bs).saturating_sub(self.state_groups) / self.attention_groups;
-            let tokens = u32::try_from(positions.saturating_mul(bs)).unwrap_or(u32::MAX);
-            let key = resident_key(k.tenant.0, k.session.0, k.subagent.0);
-            (key, Held { tokens, device })
-        });
-        let (resident, omitted) = Resident::from_entries(entries, max);
-        resident.encode(omitted)
+        self.inner
+            .resident()
+            .map(|(k, tokens, device)| {
+                let positions =
+                    (tokens / bs).saturating_sub(self.state_groups) / self.attention_groups;
+                let tokens = u32::try_from(positions.saturating_mul(bs)).unwrap_or(u32::MAX);
+                let key = resident_key(k.tenant.0, k.session.0, k.subagent.0);
+                (key, Held { tokens, device })
+            })
+            .collect()
     }
 }
 
@@ -54,25 +56,33 @@ pub fn load_report<'py>(
             "load_report: max_entries {max_entries} over the wire limit {MAX_ENTRIES}"
         )));
     }
-    // JSON has no NaN: a non-finite figure would make the reply unreadable.
-    let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
-    let report = LoadReport {
-        server_load: running + waiting,
-        sim_ms: finite(uptime_ms),
-        speedup: 1.0,
-        ranks: vec![RankLoad {
-            dp_rank,
-            running,
-            waiting,
-            restoring,
-            queued_prefill_tokens,
-            kv_usage: finite(kv_usage).clamp(0.0, 1.0),
-            kv_blocks,
-            retentions: ledger.inner.device_records(),
-        }],
-        residency: Some(ledger.summary(max_entries)),
-    };
-    let body = serde_json::to_vec(&report)
+    // Under the GIL only the snapshot: the scheduler thread runs on while the summary
+    // is sorted, encoded and written.
+    let entries = ledger.resident_entries();
+    let retentions = ledger.inner.device_records();
+    drop(ledger);
+    let body = py
+        .detach(|| {
+            let (resident, omitted) = Resident::from_entries(entries, max_entries);
+            // JSON has no NaN: a non-finite figure would make the reply unreadable.
+            let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
+            serde_json::to_vec(&LoadReport {
+                server_load: running + waiting,
+                sim_ms: finite(uptime_ms),
+                speedup: 1.0,
+                ranks: vec![RankLoad {
+                    dp_rank,
+                    running,
+                    waiting,
+                    restoring,
+                    queued_prefill_tokens,
+                    kv_usage: finite(kv_usage).clamp(0.0, 1.0),
+                    kv_blocks,
+                    retentions,
+                }],
+                residency: Some(resident.encode(omitted)),
+            })
+        })
         .map_err(|e| CallerError::new_err(format!("load_report: {e}")))?;
     Ok(PyBytes::new(py, &body))
 }
