@@ -6,7 +6,7 @@
 use crate::CallerError;
 use crate::ledger::Ledger;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict};
 use tether_placement::load::report::{LoadReport, RankLoad};
 use tether_placement::residency::{MAX_ENTRIES, Resident};
 use tether_placement::{Held, resident_key};
@@ -88,48 +88,39 @@ pub fn load_report<'py>(
 }
 
 /// Reads a `/load` reply as a router does (`LoadReport`, then the summary decoded
-/// and checked by `Resident::decode`): a dict with `server_load`, `sim_ms`, `speedup`,
-/// `ranks` (dicts) and `residency` (None, or `version`, `omitted` and `entries`:
-/// resident key → `(tokens, "device" | "host")`). A reply a router would refuse
-/// raises `CallerError` saying why. For tests and tools.
+/// and checked by `Resident::decode`): the report as a dict, its `residency` None or
+/// `version`, `omitted` and `entries` (resident key → `(tokens, "device" | "host")`).
+/// A reply a router would refuse raises `CallerError` saying why. For tests and tools.
 #[pyfunction]
-pub fn read_load_report<'py>(py: Python<'py>, body: &[u8]) -> PyResult<Bound<'py, PyDict>> {
+pub fn read_load_report<'py>(py: Python<'py>, body: &[u8]) -> PyResult<Bound<'py, PyAny>> {
     let r: LoadReport = serde_json::from_slice(body)
         .map_err(|e| CallerError::new_err(format!("not a load report: {e}")))?;
-    let d = PyDict::new(py);
-    d.set_item("server_load", r.server_load)?;
-    d.set_item("sim_ms", r.sim_ms)?;
-    d.set_item("speedup", r.speedup)?;
-    let ranks = PyList::empty(py);
-    for rank in &r.ranks {
-        let x = PyDict::new(py);
-        x.set_item("dp_rank", rank.dp_rank)?;
-        x.set_item("running", rank.running)?;
-        x.set_item("waiting", rank.waiting)?;
-        x.set_item("restoring", rank.restoring)?;
-        x.set_item("queued_prefill_tokens", rank.queued_prefill_tokens)?;
-        x.set_item("kv_usage", rank.kv_usage)?;
-        x.set_item("kv_blocks", rank.kv_blocks)?;
-        x.set_item("retentions", rank.retentions)?;
-        ranks.append(x)?;
+    let residency = r
+        .residency
+        .as_ref()
+        .map(|s| Resident::decode(s).map(|d| (s, d)))
+        .transpose()
+        .map_err(|e| CallerError::new_err(format!("residency: {e}")))?;
+    // Every member as the router's type holds it, through one JSON round trip.
+    let text = serde_json::to_string(&LoadReport {
+        residency: None,
+        ..r
+    })
+    .map_err(|e| CallerError::new_err(format!("load report: {e}")))?;
+    let d = py.import("json")?.call_method1("loads", (text,))?;
+    let Some((summary, resident)) = residency else {
+        d.set_item("residency", py.None())?;
+        return Ok(d);
+    };
+    let entries = PyDict::new(py);
+    for (key, held) in resident.iter() {
+        let tier = if held.device { "device" } else { "host" };
+        entries.set_item(key, (held.tokens, tier))?;
     }
-    d.set_item("ranks", ranks)?;
-    match &r.residency {
-        None => d.set_item("residency", py.None())?,
-        Some(s) => {
-            let resident =
-                Resident::decode(s).map_err(|e| CallerError::new_err(format!("residency: {e}")))?;
-            let entries = PyDict::new(py);
-            for (key, held) in resident.iter() {
-                let tier = if held.device { "device" } else { "host" };
-                entries.set_item(key, (held.tokens, tier))?;
-            }
-            let x = PyDict::new(py);
-            x.set_item("version", s.version)?;
-            x.set_item("omitted", s.omitted)?;
-            x.set_item("entries", entries)?;
-            d.set_item("residency", x)?;
-        }
-    }
+    let x = PyDict::new(py);
+    x.set_item("version", summary.version)?;
+    x.set_item("omitted", summary.omitted)?;
+    x.set_item("entries", entries)?;
+    d.set_item("residency", x)?;
     Ok(d)
 }

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -23,8 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway import free_port, render, running
 from harness import Engine
-from test_connector import BS, flood, sid, tether, tokens
+from test_connector import BS, flood, tether, tokens
 from tether_vllm import CallerError, parse_marker, read_load_report
 
 LOCAL = {"residency_port": 0, "residency_host": "127.0.0.1"}
@@ -238,8 +238,6 @@ def test_no_port_no_listener_and_a_taken_port_fails_at_start_by_name():
 
 # ---------------------------------------------------------------- through Envoy
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 def _stat(admin: int, name: str) -> int:
     with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats?filter={name}", timeout=2) as r:
@@ -251,13 +249,6 @@ def test_the_filter_in_envoy_polls_the_connector_port(engines):
     """docs/vllm.md's deployment: the filter's ``load.cluster`` is an ORIGINAL_DST
     cluster that keeps the endpoint's address and overrides its port with the
     connector's; the real filter reads each reply as its load view."""
-    from test_gateway_markers import _free_port, _path
-
-    envoy = _path("TETHER_ENVOY", ROOT / ".venv/bin/envoy")
-    wasm = _path(
-        "TETHER_FILTER_WASM", ROOT / "target/wasm32-wasip1/wasm-release/tether_filter.wasm"
-    )
-    cli = _path("TETHER_CLI", ROOT / "target/debug/tether")
     e = engines({"host_bytes": 0}, num_blocks=32)
     e.serve("g1", tokens(60, 3 * BS + 1), tether("gw"))
     polls = 0
@@ -269,21 +260,11 @@ def test_the_filter_in_envoy_polls_the_connector_port(engines):
         return report()
 
     e.sched_connector.residency._report = counted
-    vllm_port = _free_port()  # where vLLM's API server would listen (nothing here)
+    vllm_port = free_port()  # where vLLM's API server would listen (nothing here)
     with tempfile.TemporaryDirectory(prefix="tether-residency-") as work:
-        listen, admin = _free_port(), _free_port()
-        plugin = Path(work, "plugin.json")
-        plugin.write_text(
-            json.dumps({"outputs": ["pick", "vllm"], "load": {"cluster": "tether-load", "poll_ms": 100}})
-        )
-        bootstrap = Path(work, "envoy.yaml")
-        subprocess.run(
-            [str(cli), "gateway", "--ranks", f"127.0.0.1:{vllm_port}", "--mode", "pick",
-             "--plugin-config", str(plugin), "--listen", f"127.0.0.1:{listen}",
-             "--admin", f"127.0.0.1:{admin}", "--filter-wasm", str(wasm),
-             "--output", str(bootstrap)],
-            check=True, cwd=ROOT, capture_output=True,
-        )
+        listen, admin = free_port(), free_port()
+        plugin = {"outputs": ["pick", "vllm"], "load": {"cluster": "tether-load", "poll_ms": 100}}
+        bootstrap = render(work, f"127.0.0.1:{vllm_port}", plugin, listen, admin)
         cfg = yaml.safe_load(bootstrap.read_text())
         cfg["static_resources"]["clusters"].append(
             {
@@ -300,29 +281,10 @@ def test_the_filter_in_envoy_polls_the_connector_port(engines):
         )
         bootstrap.write_text(yaml.safe_dump(cfg))
         log = Path(work, "envoy.log")
-        with open(log, "w") as out:
-            proc = subprocess.Popen(
-                [str(envoy), "-c", str(bootstrap), "--concurrency", "1", "-l", "warning",
-                 "--use-dynamic-base-id"],
-                stdout=out, stderr=subprocess.STDOUT,
-            )
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                assert proc.poll() is None, f"envoy exited: {log.read_text()[-3000:]}"
-                try:
-                    if _stat(admin, "tether_load_poll_ok") >= 2:
-                        break
-                except (urllib.error.URLError, OSError):
-                    pass
+        with running(bootstrap, admin, log):
+            deadline = time.monotonic() + 30
+            while _stat(admin, "tether_load_poll_ok") < 2:
                 assert time.monotonic() < deadline, f"no polls read: {log.read_text()[-3000:]}"
                 time.sleep(0.1)
             assert _stat(admin, "tether_load_poll_bad") == 0
             assert polls >= 2
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
