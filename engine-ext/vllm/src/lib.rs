@@ -1,4 +1,5 @@
-//! `tether_vllm._native`: the Python face of tether's retention ledger and KV-copy engine.
+//! `tether_vllm._native`: the Python face of tether's retention ledger and KV-copy engine,
+//! and of the `/load` report with the residency summary the connector serves.
 //!
 //! Only block hashes, block ids, tensor addresses, strides and sizes cross this
 //! boundary, never per-element loops; copies run with the GIL released. Errors carry

@@ -20,6 +20,11 @@ attention KV and the state block at that boundary — so the next turn resumes t
 never past a snapshot; the host tier holds the state pages beside the KV, and hybrid
 restores are asynchronous loads (docs/vllm.md, "Hybrid models").
 
+Residency endpoint (``residency_port``): the scheduler side serves a ``/load`` reply
+(``LoadReport``) from the engine-core process, listing what the ledger retains by
+resident key, tokens and tier, so a gateway can place sessions where their state is
+(docs/vllm.md, "Residency endpoint").
+
 Every public behaviour is documented in docs/vllm.md.
 """
 
