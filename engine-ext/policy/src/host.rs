@@ -96,11 +96,6 @@ impl HostTier {
         self.evicted_records
     }
 
-    /// Every record held, in no order.
-    pub fn records(&self) -> impl Iterator<Item = &HostRecord> {
-        self.records.values()
-    }
-
     /// The record of `key`.
     pub fn record(&self, key: &RetentionKey) -> Option<&HostRecord> {
         self.records.get(key)

@@ -10,7 +10,8 @@ pub struct ResidencyConfig {
     pub candidates: usize,
     /// KV-cache bytes per token of the served model.
     pub kv_bytes_per_token: f64,
-    /// KV link between ranks, Gbit/s (0: never migrate).
+    /// KV link between ranks, GB/s (10⁹ bytes/s, as `tether-rank
+    /// --kv-link-gbps`; 0: never migrate).
     pub link_gbps: f64,
     /// Fixed cost of one transfer, ms.
     pub transfer_setup_ms: f64,
@@ -19,13 +20,14 @@ pub struct ResidencyConfig {
 }
 
 impl Default for ResidencyConfig {
-    /// The bundled Llama-3.1-8B FP8 H200 profile on a 400 Gbit/s link.
+    /// The bundled Llama-3.1-8B FP8 H200 profile on a 50 GB/s link: the
+    /// defaults of `tether replay --route resident` and `tether-rank`.
     fn default() -> Self {
         Self {
             candidates: 2,
             kv_bytes_per_token: 131_072.0,
-            link_gbps: 400.0,
-            transfer_setup_ms: 2.0,
+            link_gbps: 50.0,
+            transfer_setup_ms: 5.0,
             prefill_tokens_per_s: 20_000.0,
         }
     }
