@@ -4,8 +4,8 @@
 
 use super::{GenerateOptions, Rng};
 
-/// The largest session `sized` draws (a log-normal has no upper bound).
-const MAX_SESSION_REQUESTS: f64 = 20_000.0;
+/// The largest session [`Shape::sized`] draws (a log-normal has no upper bound).
+pub(super) const MAX_SESSION_REQUESTS: f64 = 20_000.0;
 
 /// Who makes a session's requests.
 #[derive(Clone, Debug, PartialEq)]
@@ -124,32 +124,4 @@ fn split(rng: &mut Rng, total: u32, k: u32) -> Vec<u32> {
         *first += total - given;
     }
     calls
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_sized_session_has_exactly_its_drawn_requests() {
-        let o = GenerateOptions {
-            subagent_share: 1.0,
-            subagents_mean: 3.0,
-            ..GenerateOptions::default()
-        };
-        for seed in 0..300 {
-            let mut rng = Rng(seed);
-            let mut again = Rng(seed);
-            let total = again
-                .lognormal(43.0, o.session_requests_sigma)
-                .round()
-                .clamp(1.0, MAX_SESSION_REQUESTS) as u32;
-            let shape = Shape::sized(&mut rng, &o, 43.0);
-            assert_eq!(shape.requests(), Some(total), "{shape:?}");
-            for ((u, c), calls) in &shape.spawns {
-                assert!(*c + 1 < shape.turns[*u as usize], "{shape:?}");
-                assert!(calls.is_some_and(|n| n >= 1));
-            }
-        }
-    }
 }
