@@ -176,36 +176,23 @@ fn a_coding_agent_corpus_generates_and_simulates() {
         .find(|l| l.starts_with("tether / retention"))
         .unwrap_or_else(|| panic!("{out}"));
     assert!(row.ends_with(" 0"), "refused requests: {row}");
+    let refused = |flags: &[&str], says: &str| {
+        let args = [&["trace", "generate", "--output", trace.as_str()], flags].concat();
+        let o = tether(&args);
+        assert!(
+            !o.status.success() && text(&o).contains(says),
+            "{}",
+            text(&o)
+        );
+    };
     // Turns and subagent calls follow from the session's size in this preset.
-    let o = tether(&[
-        "trace",
-        "generate",
-        "--preset",
-        "coding-agent",
-        "--user-turns",
-        "3",
-        "--output",
-        &trace,
-    ]);
-    assert!(!o.status.success());
-    assert!(
-        text(&o).contains("--user-turns does not apply"),
-        "{}",
-        text(&o)
+    refused(
+        &["--preset", "coding-agent", "--user-turns", "3"],
+        "--user-turns does not apply",
     );
-    let o = tether(&[
-        "trace",
-        "generate",
-        "--subagent-share",
-        "2",
-        "--output",
-        &trace,
-    ]);
-    assert!(!o.status.success());
-    assert!(
-        text(&o).contains("--subagent-share must be a share"),
-        "{}",
-        text(&o)
+    refused(
+        &["--subagent-share", "2"],
+        "--subagent-share must be a share",
     );
 }
 
