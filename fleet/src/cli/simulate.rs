@@ -105,6 +105,12 @@ pub struct FleetArgs {
     /// tether-resident: rendezvous candidates a key may live on (d).
     #[arg(long, default_value_t = 3)]
     pub candidates: usize,
+    /// tether-resident: bounded-load factor c over running + waiting (> 1).
+    #[arg(long, default_value_t = 1.5)]
+    pub resident_factor: f64,
+    /// tether-resident: below this load a holder always keeps its keys.
+    #[arg(long, default_value_t = 1.0)]
+    pub resident_floor: f64,
     /// tether-resident: fixed cost of one KV transfer in the migrate rule, ms.
     #[arg(long, default_value_t = 5.0)]
     pub transfer_setup_ms: f64,
@@ -169,6 +175,10 @@ impl FleetArgs {
             fallbacks: a.fallbacks,
             load_poll_ms: a.load_poll_ms,
             candidates: a.candidates,
+            resident_bound: tether_placement::LoadBound {
+                factor: a.resident_factor,
+                floor: a.resident_floor,
+            },
             transfer_setup_ms: a.transfer_setup_ms,
             prefix: PrefixOptions {
                 cache_threshold: a.prefix_threshold,

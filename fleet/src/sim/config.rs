@@ -256,6 +256,10 @@ pub struct SimConfig {
     pub load_poll_ms: f64,
     /// `tether-resident`: rendezvous candidates a key may live on (*d* ≥ 1).
     pub candidates: usize,
+    /// `tether-resident`'s load bound (over running + waiting): tighter than
+    /// `tether-load`'s, because a key over it moves with its state instead
+    /// of losing it.
+    pub resident_bound: tether_placement::LoadBound,
     /// `tether-resident`: fixed cost of one KV transfer (the migrate rule), ms.
     pub transfer_setup_ms: f64,
     /// SGLang cache-aware thresholds of `prefix`.
@@ -289,6 +293,10 @@ impl Default for SimConfig {
             fallbacks: 8,
             load_poll_ms: 200.0,
             candidates: 3,
+            resident_bound: tether_placement::LoadBound {
+                factor: 1.5,
+                floor: 1.0,
+            },
             transfer_setup_ms: 5.0,
             prefix: PrefixOptions::default(),
             identity: IdentityModel::default(),

@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use tether_engine::cache::snapshot_boundaries;
 use tether_engine::{BlockHash, TurnMarker};
-use tether_placement::{Held, How, Knows, LoadBound, MoveCost, Rule, disaggregate};
+use tether_placement::{Held, How, Knows, MoveCost, Rule, disaggregate};
 use tether_rank_engine::engine::{
     ContextLimit, Engine, EngineConfig, Event, Outcome, SimMs, SimRequest,
 };
@@ -210,6 +210,18 @@ pub fn simulate(
             "balance factor {} must be greater than 1",
             cfg.balance_factor
         )));
+    }
+    let rb = cfg.resident_bound;
+    if rb.factor.is_nan() || rb.factor <= 1.0 || rb.floor.is_nan() || rb.floor < 0.0 {
+        return Err(SimError::Setting(format!(
+            "tether-resident's bound: factor {} must be greater than 1 and floor {} non-negative",
+            rb.factor, rb.floor
+        )));
+    }
+    if cfg.candidates == 0 {
+        return Err(SimError::Setting(
+            "tether-resident needs at least 1 candidate".into(),
+        ));
     }
     if cfg.load_poll_ms.is_nan() || cfg.load_poll_ms <= 0.0 {
         return Err(SimError::Setting(
@@ -836,10 +848,7 @@ impl Sim<'_> {
         };
         let rule = Rule {
             candidates: self.cfg.candidates.max(1),
-            bound: LoadBound {
-                factor: self.cfg.balance_factor,
-                floor: self.cfg.balance_floor,
-            },
+            bound: self.cfg.resident_bound,
             cost: MoveCost::from_link(kv_bytes, link, self.cfg.transfer_setup_ms, tps),
         };
         let pool = &mut self.pools[p];

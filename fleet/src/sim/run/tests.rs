@@ -312,8 +312,10 @@ fn an_overloaded_holder_hands_its_sessions_on_with_their_state() {
     let t = agent_trace(24, 10, 100, 5, 64);
     let mut c = cfg(Policy::TetherResident, CacheMode::Retention, 4);
     c.candidates = 4;
-    c.balance_factor = 1.1;
-    c.balance_floor = 1.0;
+    c.resident_bound = tether_placement::LoadBound {
+        factor: 1.1,
+        floor: 1.0,
+    };
     c.load_poll_ms = 20.0;
     c.engine.device_kv_tokens = Some(64 * 1024);
     let r = run(&t, &c).report;
@@ -353,4 +355,18 @@ fn session_affine_prefill_finds_the_session_on_its_prefill_rank() {
     assert!(
         counts.stay + counts.least + counts.migrate + counts.recompute > affine.report.requests
     );
+}
+
+#[test]
+fn resident_settings_out_of_range_are_refused() {
+    let t = agent_trace(2, 2, 100, 10, 64);
+    let mut c = cfg(Policy::TetherResident, CacheMode::Retention, 2);
+    c.candidates = 0;
+    let oracle = oracle_hits(&t, 64);
+    let e = simulate(&t, &profile(), &c, &oracle, false, None).unwrap_err();
+    assert!(e.to_string().contains("candidate"), "{e}");
+    c.candidates = 2;
+    c.resident_bound.factor = 1.0;
+    let e = simulate(&t, &profile(), &c, &oracle, false, None).unwrap_err();
+    assert!(e.to_string().contains("factor"), "{e}");
 }
