@@ -325,6 +325,8 @@ pub struct RawResidency {
     link_gbps: Option<f64>,
     transfer_setup_ms: Option<f64>,
     prefill_tokens_per_s: Option<f64>,
+    factor: Option<f64>,
+    floor: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -696,6 +698,8 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
         link_gbps: raw.link_gbps.unwrap_or(d.link_gbps),
         transfer_setup_ms: raw.transfer_setup_ms.unwrap_or(d.transfer_setup_ms),
         prefill_tokens_per_s: raw.prefill_tokens_per_s.unwrap_or(d.prefill_tokens_per_s),
+        factor: raw.factor.unwrap_or(d.factor),
+        floor: raw.floor.unwrap_or(d.floor),
     };
     let n = cfg.endpoints.len();
     if r.candidates == 0 || r.candidates > n {
@@ -720,6 +724,12 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
     }
     if !positive(r.prefill_tokens_per_s) {
         return Err(err("prefill_tokens_per_s", "must be a positive number"));
+    }
+    if !(r.factor.is_finite() && r.factor > 1.0) {
+        return Err(err("factor", "must be a number above 1"));
+    }
+    if !(r.floor.is_finite() && r.floor >= 1.0) {
+        return Err(err("floor", "must be a number of at least 1"));
     }
     cfg.residency = Some(r);
     // A migration names the old home in the prefiller header.

@@ -218,10 +218,9 @@ fn resident(
         snap.residency
             .knows(i, req.resident, snap.now_ms, lc.max_age_ms)
     };
-    let c =
-        pools
-            .decode
-            .place_resident(req.key, cfg.fallbacks, &rc.rule(lc.bound()), &loads, knows)?;
+    let c = pools
+        .decode
+        .place_resident(req.key, cfg.fallbacks, &rc.rule(), &loads, knows)?;
     if req.keep_rank && c.pick.rank != home.rank {
         return None;
     }

@@ -17,11 +17,17 @@ pub struct ResidencyConfig {
     pub transfer_setup_ms: f64,
     /// A rank's prefill rate, tokens/s (what a recompute costs).
     pub prefill_tokens_per_s: f64,
+    /// Bounded-load factor of the holder (> 1): tighter than `load.factor`,
+    /// since a key over it moves with its state instead of losing it.
+    pub factor: f64,
+    /// Below this many requests in flight a holder always keeps its keys (≥ 1).
+    pub floor: f64,
 }
 
 impl Default for ResidencyConfig {
     /// The bundled Llama-3.1-8B FP8 H200 profile on a 50 GB/s link: the
-    /// defaults of `tether replay --route resident` and `tether-rank`.
+    /// defaults of `tether replay --route resident` and `tether-rank`; the
+    /// bound of `tether simulate --policy tether-resident`.
     fn default() -> Self {
         Self {
             candidates: 2,
@@ -29,16 +35,21 @@ impl Default for ResidencyConfig {
             link_gbps: 50.0,
             transfer_setup_ms: 5.0,
             prefill_tokens_per_s: 20_000.0,
+            factor: 1.5,
+            floor: 1.0,
         }
     }
 }
 
 impl ResidencyConfig {
-    /// The placement rule, with the load view's bound.
-    pub fn rule(&self, bound: LoadBound) -> Rule {
+    /// The placement rule.
+    pub fn rule(&self) -> Rule {
         Rule {
             candidates: self.candidates,
-            bound,
+            bound: LoadBound {
+                factor: self.factor,
+                floor: self.floor,
+            },
             cost: MoveCost::from_link(
                 self.kv_bytes_per_token,
                 self.link_gbps,

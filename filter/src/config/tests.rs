@@ -315,7 +315,7 @@ fn residency_config_defaults_and_refusals_name_the_field() {
     assert!(
         c.residency
             .unwrap()
-            .rule(c.load.unwrap().bound())
+            .rule()
             .cost
             .transfer_ms(1)
             .is_infinite()
@@ -340,6 +340,8 @@ fn residency_config_defaults_and_refusals_name_the_field() {
             serde_json::json!({"prefill_tokens_per_s": "fast"}),
             "residency.prefill_tokens_per_s",
         ),
+        (serde_json::json!({"factor": 1}), "residency.factor"),
+        (serde_json::json!({"floor": 0.5}), "residency.floor"),
         (serde_json::json!({"bogus": 1}), "residency.bogus"),
         (serde_json::json!([2]), "residency"),
     ] {

@@ -173,7 +173,7 @@ fn a_stale_or_missing_summary_keeps_the_bounded_pick() {
 fn a_rank_claiming_to_hold_everything_stays_under_the_bound() {
     let c = rcfg(json!({}));
     let pools = Pools::new(&c);
-    let lc = c.load.clone().unwrap();
+    let bound = c.residency.clone().unwrap().rule().bound;
     let mut loads = [0.0f64; 4];
     let n = 2000u64;
     for k in 0..n {
@@ -215,7 +215,7 @@ fn a_rank_claiming_to_hold_everything_stays_under_the_bound() {
         loads[p.primary().unwrap()] += 1.0;
     }
     let total: f64 = loads.iter().sum();
-    let cap = lc.bound().capacity(total, 0.25);
+    let cap = bound.capacity(total, 0.25);
     assert!(
         loads[0] <= cap + 1.0,
         "the claimer got {} of {n} (bound {cap})",
