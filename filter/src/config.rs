@@ -693,7 +693,10 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
     }
     let d = ResidencyConfig::default();
     let r = ResidencyConfig {
-        candidates: raw.candidates.unwrap_or(d.candidates),
+        // The default never asks for more candidates than there are endpoints.
+        candidates: raw
+            .candidates
+            .unwrap_or(d.candidates.min(cfg.endpoints.len().max(1))),
         kv_bytes_per_token: raw.kv_bytes_per_token.unwrap_or(d.kv_bytes_per_token),
         link_gbps: raw.link_gbps.unwrap_or(d.link_gbps),
         transfer_setup_ms: raw.transfer_setup_ms.unwrap_or(d.transfer_setup_ms),
