@@ -643,6 +643,8 @@ enum Op {
     Tick(u32),
     /// Corrupt one host payload byte (of a block, or with `state` of a linear-state snapshot).
     Corrupt { i: u8, state: bool },
+    /// Prefetch session `s`'s host retention, with `fail` a failing copy.
+    Prefetch { s: u8, fail: bool },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -652,6 +654,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => any::<bool>().prop_map(|prompt_end| Op::Finish { prompt_end }),
         2 => (0u32..200_000).prop_map(Op::Tick),
         1 => (any::<u8>(), any::<bool>()).prop_map(|(i, state)| Op::Corrupt { i, state }),
+        2 => (0u8..6, proptest::bool::weighted(0.15)).prop_map(|(s, fail)| Op::Prefetch { s, fail }),
     ]
 }
 
@@ -710,6 +713,14 @@ proptest! {
                     }
                 }
                 Op::Tick(d) => now += u64::from(d),
+                Op::Prefetch { s, fail } => {
+                    m.fail_scatter = fail;
+                    let before = c.device_records();
+                    match c.prefetch(&key(u128::from(s)), now, &mut m) {
+                        Ok(_) => prop_assert_eq!(c.device_records(), before + 1),
+                        Err(_) => prop_assert_eq!(c.device_records(), before, "a skipped prefetch moved a record"),
+                    }
+                }
                 Op::Corrupt { i, state } => {
                     // One byte of a payload the host tier actually holds.
                     let kind = if state { HostKind::State } else { HostKind::Block };
@@ -1157,4 +1168,169 @@ fn hybrid_snapshots_align_to_the_engine_block_and_a_mid_block_return_resumes_the
     let e = RetentionCache::try_new(bad).expect_err("unaligned");
     assert!(e.to_string().contains("state_align_tokens"), "{e}");
     c.check().expect("invariants");
+}
+
+/// Sessions 1 and 2 retained on a 12-block device; a 6-block request without a
+/// prompt end then pushes session 1 (least recently used) to the host tier and
+/// leaves its own blocks unpinned: free room a prefetch may take.
+fn session_one_on_the_host() -> (RetentionCache, VecMover, Vec<BlockHash>) {
+    let mut c = RetentionCache::try_new(cfg(12, 32)).expect("cfg");
+    let mut m = VecMover::new(12, 0);
+    let s1 = chain(1, 5);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 6),
+        Some(marker(2, TurnKind::Tool)),
+        5,
+    );
+    turn(&mut c, &mut m, 3, &chain(3, 6), None, 10);
+    assert_eq!(c.stats().offloaded, 1);
+    assert!(c.host().record(&key(1)).is_some());
+    assert_eq!(c.peek_prefix(&s1), 0, "session 1 left the device");
+    assert_eq!(c.pool().evictable(), 6);
+    (c, m, s1)
+}
+
+#[test]
+fn a_prefetched_state_is_on_the_device_when_its_session_returns() {
+    let (mut c, mut m, s1) = session_one_on_the_host();
+    let p = c.prefetch(&key(1), 1_000, &mut m).expect("room for it");
+    assert_eq!(
+        p,
+        Prefetched {
+            blocks: 5,
+            state: false
+        }
+    );
+    c.check().expect("invariants");
+    assert_eq!(c.peek_prefix(&s1), 5);
+    assert!(
+        c.device_record(&key(2)).is_some(),
+        "a live retention was evicted"
+    );
+    let mut next = s1.clone();
+    next.extend(chain(11, 1));
+    let a = turn(
+        &mut c,
+        &mut m,
+        4,
+        &next,
+        Some(marker(1, TurnKind::Tool)),
+        4_000,
+    );
+    assert_eq!(
+        (a.cached_blocks, a.restored_blocks),
+        (5, 0),
+        "served from the device, bit-exact"
+    );
+    let s = c.stats();
+    assert_eq!(
+        (
+            s.prefetched,
+            s.prefetched_blocks,
+            s.prefetch_used,
+            s.prefetch_wasted
+        ),
+        (1, 5, 1, 0)
+    );
+    assert_eq!(s.restored_blocks, 0, "no demand restore was needed");
+}
+
+#[test]
+fn no_prefetch_when_only_retentions_or_running_work_could_give_room() {
+    let (mut c, mut m, _) = session_one_on_the_host();
+    // A running 6-block request takes the free room and holds it.
+    let a = c
+        .admit(RequestId(9), &chain(9, 6), None, 20, &mut m)
+        .expect("admit");
+    m.prefill(&a, &chain(9, 6));
+    let before = c.stats();
+    assert_eq!(
+        c.prefetch(&key(1), 1_000, &mut m),
+        Err(PrefetchSkip::NoRoom { need: 5, free: 0 })
+    );
+    c.check().expect("invariants");
+    assert!(
+        c.device_record(&key(2)).is_some(),
+        "the live retention stays"
+    );
+    assert_eq!(c.stats(), before, "nothing moved, nothing counted");
+    assert!(c.host().record(&key(1)).is_some());
+}
+
+#[test]
+fn a_prefetch_unused_before_expiry_is_counted_wasted_and_yields() {
+    let (mut c, mut m, s1) = session_one_on_the_host();
+    c.prefetch(&key(1), 1_000, &mut m).expect("room");
+    // Past both tool intervals (120 s); a flood needs the device.
+    turn(&mut c, &mut m, 5, &chain(5, 12), None, 200_000);
+    let s = c.stats();
+    assert_eq!(
+        (s.prefetched, s.prefetch_used, s.prefetch_wasted),
+        (1, 0, 1)
+    );
+    assert_eq!(c.peek_prefix(&s1), 0);
+    c.check().expect("invariants");
+}
+
+#[test]
+fn prefetch_skips_what_it_cannot_or_need_not_move() {
+    let (mut c, mut m, _) = session_one_on_the_host();
+    assert_eq!(c.prefetch(&key(2), 20, &mut m), Err(PrefetchSkip::OnDevice));
+    assert_eq!(
+        c.prefetch(&key(7), 20, &mut m),
+        Err(PrefetchSkip::NotOnHost)
+    );
+    assert_eq!(
+        c.prefetch(&key(1), 120_000, &mut m),
+        Err(PrefetchSkip::Expired)
+    );
+    // A corrupt host byte: a miss, nothing restored, the record dropped.
+    let h = chain(1, 5)[2];
+    if let Some(b) = c
+        .host_mut()
+        .payload_mut(HostKind::Block, h)
+        .and_then(|p| p.bytes_mut_unchecked().first_mut())
+    {
+        *b ^= 1;
+    }
+    assert_eq!(
+        c.prefetch(&key(1), 30, &mut m),
+        Err(PrefetchSkip::Miss(RestoreMiss::Checksum))
+    );
+    assert!(c.host().record(&key(1)).is_none());
+    assert_eq!(c.stats().prefetched, 0);
+    c.check().expect("invariants");
+}
+
+#[test]
+fn a_hybrid_prefetch_brings_back_the_prompt_end_snapshot() {
+    let mut conf = cfg(16, 64);
+    conf.state_bytes = BB as u64;
+    let mut c = RetentionCache::try_new(conf).expect("cfg");
+    let mut m = VecMover::new(16, 16);
+    let s1 = chain(1, 6);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 6),
+        Some(marker(2, TurnKind::Tool)),
+        1,
+    );
+    turn(&mut c, &mut m, 3, &chain(3, 8), None, 2);
+    assert!(c.host().record(&key(1)).is_some());
+    let p = c.prefetch(&key(1), 3, &mut m).expect("room");
+    assert!(p.state, "the snapshot crossed the host link");
+    c.check().expect("invariants");
+    let a = turn(&mut c, &mut m, 4, &s1, Some(marker(1, TurnKind::Tool)), 4);
+    assert_eq!(
+        (a.cached_blocks, a.restored_blocks, a.state_restored),
+        (6, 0, false)
+    );
+    assert_eq!(c.stats().prefetch_used, 1);
 }
