@@ -96,6 +96,9 @@ pub struct Admission {
     pub state_restored: bool,
     /// Set when host-tier data existed but could not be used.
     pub miss: Option<RestoreMiss>,
+    /// True when the key's retention had been prefetched and this request is its
+    /// first hit (an engine whose prefetch copy is still in flight waits for it).
+    pub prefetch_hit: bool,
 }
 
 /// Snapshots the engine must write after [`RetentionCache::finish_prefill`] retained a prompt end.
@@ -286,9 +289,7 @@ impl RetentionCache {
         if self.running.contains_key(&id) {
             return Err(CacheError::Duplicate(id));
         }
-        if let Some(k) = key {
-            self.refresh(&k, now);
-        }
+        let prefetch_hit = key.is_some_and(|k| self.refresh(&k, now));
         let mut miss = None;
         let mut plan = self.plan(hashes, true);
         // Fetch and verify host payloads before any eviction can touch the host tier.
@@ -379,6 +380,7 @@ impl RetentionCache {
             state,
             state_restored,
             miss,
+            prefetch_hit,
         };
         self.running.insert(id, run);
         Ok(adm)
@@ -611,11 +613,14 @@ impl RetentionCache {
         out
     }
 
-    /// A hit on `key`: refresh its retention on whichever tier holds it.
-    fn refresh(&mut self, key: &RetentionKey, now: Millis) {
+    /// A hit on `key`: refresh its retention on whichever tier holds it. True when
+    /// the retention was prefetched and this is its first hit.
+    fn refresh(&mut self, key: &RetentionKey, now: Millis) -> bool {
+        let mut prefetched = false;
         if let Some(mut r) = self.take_record(key) {
             if r.prefetched {
                 r.prefetched = false;
+                prefetched = true;
                 self.stats.prefetch_used += 1;
             }
             r.meta.refresh(now, r.interval_ms);
@@ -625,6 +630,7 @@ impl RetentionCache {
         } else if self.host.refresh(key, now) {
             self.stats.refreshed += 1;
         }
+        prefetched
     }
 
     fn insert_record(&mut self, rec: DeviceRecord) {
