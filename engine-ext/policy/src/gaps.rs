@@ -63,6 +63,14 @@ impl ReturnGaps {
         (s.samples > 0).then(|| s.mean.round() as Millis)
     }
 
+    /// When a session of `kind` is overdue: mean + 4 × deviation (RFC 6298's
+    /// retransmission timeout); `None` before any gap of that kind was observed.
+    /// One not back by then is, on the evidence, not coming back soon.
+    pub fn overdue_ms(&self, kind: TurnKind) -> Option<Millis> {
+        let s = self.by_kind[slot(kind)];
+        (s.samples > 0).then(|| (s.mean + 4.0 * s.dev).round() as Millis)
+    }
+
     /// The early return of `kind`: mean − 2 × deviation, at least 0; `None` before
     /// any gap of that kind was observed (no evidence, no prefetch).
     pub fn early_return_ms(&self, kind: TurnKind) -> Option<Millis> {
@@ -96,6 +104,7 @@ mod tests {
         // One sample: deviation g/2, so the early return is 0 (prefetch at once).
         assert_eq!(g.early_return_ms(TurnKind::Handoff), Some(0));
         assert_eq!(g.early_return_ms(TurnKind::User), None);
+        assert_eq!(g.overdue_ms(TurnKind::Handoff), Some(90_000));
     }
 
     #[test]

@@ -1,15 +1,25 @@
 //! Prefetch: a retention on the host tier brought back to the device before its key returns.
 //!
 //! The caller (the engine, which knows when a turn ended and how long its kind's
-//! gaps run, `crate::gaps`) decides *when*; this module decides *whether there is
-//! room* and moves the state. Priority, lowest first: a prefetch takes only slots
-//! that hold nothing retained or running — empty slots, unpinned cached blocks,
-//! unpinned snapshots — and refuses when those are too few; it never evicts a
-//! running request's blocks or any retention. Once back, the record is an ordinary
-//! device retention ranked as used at the prefetch (it is expected within
-//! seconds), with its expiry unchanged: unused, it expires and goes in the policy's
-//! order (offloaded while live, dropped once expired). The host copy is kept, as a
-//! demand restore keeps it, so yielding the record again costs no copy.
+//! gaps run, `crate::gaps`) decides *when*, and which retentions it expects back
+//! later than this one; this module decides *whether there is room* and moves the
+//! state. Room, in this order:
+//! 1. slots that hold nothing retained or running: empty slots, unpinned cached
+//!    blocks, unpinned snapshots;
+//! 2. expired retentions, dropped (the policy drops them first anyway);
+//! 3. live retentions the caller says are expected back later (`may_displace`),
+//!    least recently used first — each *offloaded* to the host tier, and only when
+//!    the host tier has free room for it without evicting anything, so a prefetch
+//!    never costs a recompute.
+//!
+//! Never a running request's blocks, never a retention the caller expects back
+//! sooner. If those three cannot give the room, nothing moves. Once back, the
+//! record is an ordinary device retention that keeps its last use and expiry: a
+//! prefetch is a guess, so under demand it is the first live retention to yield
+//! (offloaded again, at no copy: the host copy is kept, as a demand restore keeps
+//! it), and unused it expires and goes in the policy's order. Ranking it as used
+//! at the prefetch instead measured more recompute under load: the retentions it
+//! then outranked were pushed to the host tier, which evicted for them.
 
 use super::{RestoreMiss, RetentionCache, Room};
 use crate::config::Millis;
@@ -18,6 +28,7 @@ use crate::host::HostKind;
 use crate::marker::RetentionKey;
 use crate::payload::{Mover, SlotId};
 use crate::record::DeviceRecord;
+use crate::victims::Class;
 
 /// What a prefetch moved (its bytes cross the host link: the engine times them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,11 +51,13 @@ pub enum PrefetchSkip {
     /// The host tier cannot serve the whole record (a hybrid record without its
     /// prompt-end snapshot, or a payload gone).
     Unusable,
-    /// Too few free slots: taking more would evict running work or retentions.
+    /// Too few slots: taking more would evict running work or retentions
+    /// expected back sooner.
     NoRoom {
         /// Slots the record needs.
         need: usize,
-        /// Slots free of retained and running state.
+        /// Slots free of retained and running state, plus those the retentions
+        /// it may displace would free.
         free: usize,
     },
     /// A payload failed its checksum or the copy failed; nothing was restored.
@@ -60,6 +73,7 @@ impl RetentionCache {
         key: &RetentionKey,
         now: Millis,
         mover: &mut dyn Mover,
+        may_displace: &mut dyn FnMut(&RetentionKey) -> bool,
     ) -> Result<Prefetched, PrefetchSkip> {
         if self.records.contains_key(key) {
             return Err(PrefetchSkip::OnDevice);
@@ -90,7 +104,14 @@ impl RetentionCache {
             chain.push(s);
         }
         let need = (n - m) + need_state.map_or(0, |_| self.cfg.state_blocks());
-        let free = self.pool.empty_slots() + self.pool.evictable();
+        let mut free = self.pool.empty_slots() + self.pool.evictable();
+        if chain.len() == m && need > free {
+            let (yielding, frees) = self.displaceable(key, need - free, now, may_displace);
+            free += frees;
+            if need <= free && !self.displace(&yielding, now, mover) {
+                free = 0;
+            }
+        }
         if chain.len() < m || need > free {
             self.release_slots(&chain);
             return Err(PrefetchSkip::NoRoom { need, free });
@@ -164,7 +185,6 @@ impl RetentionCache {
             self.pool.retain(*s);
         }
         self.release_slots(&chain);
-        meta.last_use_ms = now;
         meta.bytes =
             n as u64 * self.cfg.block_bytes + u64::from(snapshot.is_some()) * self.cfg.state_bytes;
         self.insert_record(DeviceRecord {
@@ -182,6 +202,69 @@ impl RetentionCache {
             blocks: n - m,
             state: need_state.is_some(),
         })
+    }
+
+    /// Retentions that may yield to `target`'s prefetch, in eviction order, until
+    /// they would free `short` slots: expired ones, then live ones `may_displace`
+    /// accepts whose blocks the host tier has free room for. Counts only slots
+    /// nothing else pins (shared prefixes stay), so it never overstates the room.
+    fn displaceable(
+        &self,
+        target: &RetentionKey,
+        short: usize,
+        now: Millis,
+        may_displace: &mut dyn FnMut(&RetentionKey) -> bool,
+    ) -> (Vec<RetentionKey>, usize) {
+        let mut host_free = self.host.capacity() - self.host.used();
+        let (mut out, mut frees) = (Vec::new(), 0);
+        let expired = self.victims.expired(now);
+        let live = self.victims.by_recency().filter(|k| !expired.contains(k));
+        for k in expired.iter().copied().chain(live) {
+            if frees >= short {
+                break;
+            }
+            let Some(r) = self.records.get(&k).filter(|_| k != *target) else {
+                continue;
+            };
+            if r.meta.expires_ms > now {
+                if r.meta.bytes > host_free || !may_displace(&k) {
+                    continue;
+                }
+                host_free -= r.meta.bytes;
+            }
+            frees += r
+                .chain
+                .iter()
+                .filter(|s| self.pool.retains(**s) == 1 && self.pool.refs(**s) == 0)
+                .count();
+            out.push(k);
+        }
+        (out, frees)
+    }
+
+    /// Gives up the retentions `displaceable` chose: expired ones dropped, live
+    /// ones offloaded. Stops (false) at a live one the host tier refuses, which
+    /// stays on the device.
+    fn displace(&mut self, keys: &[RetentionKey], now: Millis, mover: &mut dyn Mover) -> bool {
+        for k in keys {
+            match self.victims.class_of(k, now) {
+                Class::Expired => {
+                    self.evict_key(Class::Expired, *k, now, mover);
+                }
+                Class::Live => {
+                    let Some(rec) = self.take_record(k) else {
+                        continue;
+                    };
+                    if self.offload(&rec, now, mover).is_err() {
+                        self.insert_record(rec);
+                        return false;
+                    }
+                    self.stats.offloaded += 1;
+                    self.drop_device_record_cold(rec);
+                }
+            }
+        }
+        true
     }
 
     /// Verified copies of the host payloads of `blocks` and of the snapshot at `state`.

@@ -643,8 +643,9 @@ enum Op {
     Tick(u32),
     /// Corrupt one host payload byte (of a block, or with `state` of a linear-state snapshot).
     Corrupt { i: u8, state: bool },
-    /// Prefetch session `s`'s host retention, with `fail` a failing copy.
-    Prefetch { s: u8, fail: bool },
+    /// Prefetch session `s`'s host retention, with `fail` a failing copy; with
+    /// `displace`, every live retention may yield to it.
+    Prefetch { s: u8, fail: bool, displace: bool },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -654,7 +655,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => any::<bool>().prop_map(|prompt_end| Op::Finish { prompt_end }),
         2 => (0u32..200_000).prop_map(Op::Tick),
         1 => (any::<u8>(), any::<bool>()).prop_map(|(i, state)| Op::Corrupt { i, state }),
-        2 => (0u8..6, proptest::bool::weighted(0.15)).prop_map(|(s, fail)| Op::Prefetch { s, fail }),
+        2 => (0u8..6, proptest::bool::weighted(0.15), any::<bool>())
+            .prop_map(|(s, fail, displace)| Op::Prefetch { s, fail, displace }),
     ]
 }
 
@@ -713,12 +715,14 @@ proptest! {
                     }
                 }
                 Op::Tick(d) => now += u64::from(d),
-                Op::Prefetch { s, fail } => {
+                Op::Prefetch { s, fail, displace } => {
                     m.fail_scatter = fail;
-                    let before = c.device_records();
-                    match c.prefetch(&key(u128::from(s)), now, &mut m) {
-                        Ok(_) => prop_assert_eq!(c.device_records(), before + 1),
-                        Err(_) => prop_assert_eq!(c.device_records(), before, "a skipped prefetch moved a record"),
+                    let k = key(u128::from(s));
+                    let on_device = c.device_record(&k).is_some();
+                    let r = c.prefetch(&k, now, &mut m, &mut |_| displace);
+                    prop_assert_eq!(c.device_record(&k).is_some(), r.is_ok() || on_device);
+                    if r.is_ok() {
+                        prop_assert!(c.host().record(&k).is_some(), "the host copy is kept");
                     }
                 }
                 Op::Corrupt { i, state } => {
@@ -1174,7 +1178,11 @@ fn hybrid_snapshots_align_to_the_engine_block_and_a_mid_block_return_resumes_the
 /// prompt end then pushes session 1 (least recently used) to the host tier and
 /// leaves its own blocks unpinned: free room a prefetch may take.
 fn session_one_on_the_host() -> (RetentionCache, VecMover, Vec<BlockHash>) {
-    let mut c = RetentionCache::try_new(cfg(12, 32)).expect("cfg");
+    session_one_on_a_host_of(32)
+}
+
+fn session_one_on_a_host_of(host_blocks: u64) -> (RetentionCache, VecMover, Vec<BlockHash>) {
+    let mut c = RetentionCache::try_new(cfg(12, host_blocks)).expect("cfg");
     let mut m = VecMover::new(12, 0);
     let s1 = chain(1, 5);
     turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
@@ -1197,7 +1205,9 @@ fn session_one_on_the_host() -> (RetentionCache, VecMover, Vec<BlockHash>) {
 #[test]
 fn a_prefetched_state_is_on_the_device_when_its_session_returns() {
     let (mut c, mut m, s1) = session_one_on_the_host();
-    let p = c.prefetch(&key(1), 1_000, &mut m).expect("room for it");
+    let p = c
+        .prefetch(&key(1), 1_000, &mut m, &mut |_| false)
+        .expect("room for it");
     assert_eq!(
         p,
         Prefetched {
@@ -1249,7 +1259,7 @@ fn no_prefetch_when_only_retentions_or_running_work_could_give_room() {
     m.prefill(&a, &chain(9, 6));
     let before = c.stats();
     assert_eq!(
-        c.prefetch(&key(1), 1_000, &mut m),
+        c.prefetch(&key(1), 1_000, &mut m, &mut |_| false),
         Err(PrefetchSkip::NoRoom { need: 5, free: 0 })
     );
     c.check().expect("invariants");
@@ -1264,7 +1274,8 @@ fn no_prefetch_when_only_retentions_or_running_work_could_give_room() {
 #[test]
 fn a_prefetch_unused_before_expiry_is_counted_wasted_and_yields() {
     let (mut c, mut m, s1) = session_one_on_the_host();
-    c.prefetch(&key(1), 1_000, &mut m).expect("room");
+    c.prefetch(&key(1), 1_000, &mut m, &mut |_| false)
+        .expect("room");
     // Past both tool intervals (120 s); a flood needs the device.
     turn(&mut c, &mut m, 5, &chain(5, 12), None, 200_000);
     let s = c.stats();
@@ -1279,13 +1290,16 @@ fn a_prefetch_unused_before_expiry_is_counted_wasted_and_yields() {
 #[test]
 fn prefetch_skips_what_it_cannot_or_need_not_move() {
     let (mut c, mut m, _) = session_one_on_the_host();
-    assert_eq!(c.prefetch(&key(2), 20, &mut m), Err(PrefetchSkip::OnDevice));
     assert_eq!(
-        c.prefetch(&key(7), 20, &mut m),
+        c.prefetch(&key(2), 20, &mut m, &mut |_| false),
+        Err(PrefetchSkip::OnDevice)
+    );
+    assert_eq!(
+        c.prefetch(&key(7), 20, &mut m, &mut |_| false),
         Err(PrefetchSkip::NotOnHost)
     );
     assert_eq!(
-        c.prefetch(&key(1), 120_000, &mut m),
+        c.prefetch(&key(1), 120_000, &mut m, &mut |_| false),
         Err(PrefetchSkip::Expired)
     );
     // A corrupt host byte: a miss, nothing restored, the record dropped.
@@ -1298,7 +1312,7 @@ fn prefetch_skips_what_it_cannot_or_need_not_move() {
         *b ^= 1;
     }
     assert_eq!(
-        c.prefetch(&key(1), 30, &mut m),
+        c.prefetch(&key(1), 30, &mut m, &mut |_| false),
         Err(PrefetchSkip::Miss(RestoreMiss::Checksum))
     );
     assert!(c.host().record(&key(1)).is_none());
@@ -1324,7 +1338,9 @@ fn a_hybrid_prefetch_brings_back_the_prompt_end_snapshot() {
     );
     turn(&mut c, &mut m, 3, &chain(3, 8), None, 2);
     assert!(c.host().record(&key(1)).is_some());
-    let p = c.prefetch(&key(1), 3, &mut m).expect("room");
+    let p = c
+        .prefetch(&key(1), 3, &mut m, &mut |_| false)
+        .expect("room");
     assert!(p.state, "the snapshot crossed the host link");
     c.check().expect("invariants");
     let a = turn(&mut c, &mut m, 4, &s1, Some(marker(1, TurnKind::Tool)), 4);
@@ -1333,4 +1349,61 @@ fn a_hybrid_prefetch_brings_back_the_prompt_end_snapshot() {
         (6, 0, false)
     );
     assert_eq!(c.stats().prefetch_used, 1);
+}
+
+#[test]
+fn a_prefetch_displaces_only_retentions_expected_back_later_and_only_to_the_host() {
+    let (mut c, mut m, s1) = session_one_on_the_host();
+    // Running work takes the free room; session 2's retention is all that could give way.
+    let a = c
+        .admit(RequestId(9), &chain(9, 6), None, 20, &mut m)
+        .expect("admit");
+    m.prefill(&a, &chain(9, 6));
+    let mut asked = Vec::new();
+    assert_eq!(
+        c.prefetch(&key(1), 1_000, &mut m, &mut |k| {
+            asked.push(*k);
+            false
+        }),
+        Err(PrefetchSkip::NoRoom { need: 5, free: 0 })
+    );
+    assert_eq!(
+        asked,
+        vec![key(2)],
+        "only live retentions are offered, never the target"
+    );
+    let offloaded = c.stats().offloaded;
+    let p = c.prefetch(&key(1), 1_000, &mut m, &mut |k| *k == key(2));
+    assert_eq!(
+        p,
+        Ok(Prefetched {
+            blocks: 5,
+            state: false
+        })
+    );
+    assert_eq!(
+        c.stats().offloaded,
+        offloaded + 1,
+        "session 2 went to the host tier"
+    );
+    assert!(c.host().record(&key(2)).is_some() && c.device_record(&key(2)).is_none());
+    assert_eq!(c.peek_prefix(&s1), 5);
+    c.check().expect("invariants");
+}
+
+#[test]
+fn a_live_retention_never_yields_to_a_prefetch_without_free_host_room() {
+    // The host tier holds exactly session 1: session 2 could only go there by evicting.
+    let (mut c, mut m, _) = session_one_on_a_host_of(5);
+    let a = c
+        .admit(RequestId(9), &chain(9, 6), None, 20, &mut m)
+        .expect("admit");
+    m.prefill(&a, &chain(9, 6));
+    assert!(matches!(
+        c.prefetch(&key(1), 1_000, &mut m, &mut |_| true),
+        Err(PrefetchSkip::NoRoom { .. })
+    ));
+    assert!(c.device_record(&key(2)).is_some());
+    assert_eq!(c.host().evicted_records(), 0);
+    c.check().expect("invariants");
 }

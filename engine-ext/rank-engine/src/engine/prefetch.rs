@@ -1,17 +1,23 @@
 //! Prefetch in tool gaps: when to bring a session's host-tier state back before it returns.
 //!
-//! A turn that ends at a retained prompt end of kind `tool` or `handoff` (the
-//! session is waiting on a tool or a subagent, usually seconds) gets a plan: at
-//! `end + early return − restore time − margin` the engine asks the cache to bring
-//! the key's retention back from the host tier (`RetentionCache::prefetch`, which
-//! takes only room free of retained and running state). The early return is the
-//! rank's smoothed gap of that kind (`tether_engine::gaps`: mean − 2 × deviation,
-//! RFC 6298 smoothing); before any gap of the kind was seen, the plan only
-//! observes. A plan whose record is still on the device when it fires, or that
-//! found no room, stays armed and is retried, oldest first, whenever a step
-//! starts or ends (a retry that finds no room ends that round), until the record
-//! expires or the session returns. No retry runs while a request that has arrived
-//! waits for admission: free room goes to demand first.
+//! Every turn that ends at a retained prompt end gets a plan, so the rank observes
+//! the gap to the key's next arrival by the prompt end's kind
+//! (`tether_engine::gaps`: RFC 6298 smoothing of mean and deviation). A `tool` or
+//! `handoff` prompt end (the session waits on a tool or a subagent, usually
+//! seconds) is also due for a prefetch at `end + early return − restore time −
+//! margin`, the early return being its kind's mean − 2 × deviation; before any gap
+//! of the kind was seen the plan only observes. From its due time the plan is
+//! armed: whenever a step starts or ends, the engine asks the cache to bring the
+//! key's retention back from the host tier (`RetentionCache::prefetch`) — once: a
+//! success disarms it, and so does the session becoming overdue (its turn ended
+//! longer ago than the kind's mean + 4 × deviation), the record expiring or the
+//! session returning. A plan whose record is still on the device, or that found no
+//! room, stays armed. No attempt runs while a request that has arrived waits for
+//! admission: room goes to demand first.
+//!
+//! Room (the cache's rule): free slots, expired retentions, and live retentions
+//! this module says are expected back later ([`Prefetcher::expected_later`]),
+//! offloaded only into free host room.
 //!
 //! The copy uses the same host link as demand restores at lower priority: it
 //! starts when the link is free of them, and a demand restore that starts while
@@ -56,7 +62,8 @@ pub(super) struct Prefetcher {
     timers: BTreeSet<(u64, RetentionKey)>,
     /// Expiry times of the plans, µs (swept lazily; no wake-up).
     forgets: BTreeSet<(u64, RetentionKey)>,
-    /// Plans past due, by due time: retried until they succeed or are forgotten.
+    /// Plans past due, by due time: tried until one succeeds, the session is
+    /// overdue or the plan is forgotten.
     armed: BTreeSet<(u64, RetentionKey)>,
     /// Prefetch copies on the host link: when each lands.
     inflight: HashMap<RetentionKey, SimMs>,
@@ -75,9 +82,6 @@ impl Prefetcher {
         model: &LatencyModel,
     ) {
         self.drop_plan(&key);
-        if !matches!(kind, TurnKind::Tool | TurnKind::Handoff) {
-            return;
-        }
         let Some(meta) = cache
             .device_record(&key)
             .map(|r| &r.meta)
@@ -89,10 +93,15 @@ impl Prefetcher {
         if forget <= us(at) {
             return;
         }
-        let due = self.gaps.early_return_ms(kind).map(|early| {
-            let t = at + early as f64 - model.restore_ms(meta.bytes) - MARGIN_MS;
-            us(t.max(at)).min(forget)
-        });
+        let prefetched = matches!(kind, TurnKind::Tool | TurnKind::Handoff);
+        let due = self
+            .gaps
+            .early_return_ms(kind)
+            .filter(|_| prefetched)
+            .map(|early| {
+                let t = at + early as f64 - model.restore_ms(meta.bytes) - MARGIN_MS;
+                us(t.max(at)).min(forget)
+            });
         let plan = Plan {
             ended: at,
             kind,
@@ -172,7 +181,12 @@ impl Prefetcher {
         }
         let mut done = Vec::new();
         for &(d, key) in &self.armed {
-            match cache.prefetch(&key, now as u64, mover) {
+            if self.overdue(&key, now) {
+                done.push((d, key));
+                continue;
+            }
+            let later = |k: &RetentionKey| self.expected_later(k, &key, now);
+            match cache.prefetch(&key, now as u64, mover, &mut { later }) {
                 Ok(got) => {
                     let bytes = bytes_of(cache.config(), got.blocks, got.state);
                     let start = now.max(demand_free_at).max(self.link_free_at);
@@ -181,13 +195,45 @@ impl Prefetcher {
                     done.push((d, key));
                 }
                 Err(PrefetchSkip::OnDevice) => {}
-                Err(PrefetchSkip::NoRoom { .. }) => break,
+                Err(PrefetchSkip::NoRoom { .. }) => {}
                 Err(_) => done.push((d, key)),
             }
         }
         for e in done {
             self.armed.remove(&e);
         }
+    }
+
+    /// True when `key`'s session is overdue: its turn ended longer ago than its
+    /// kind's mean + 4 × deviation (the plan stays, to observe the gap).
+    fn overdue(&self, key: &RetentionKey, now: SimMs) -> bool {
+        self.plans.get(key).is_some_and(|p| {
+            self.gaps
+                .overdue_ms(p.kind)
+                .is_some_and(|o| now - p.ended > o as f64)
+        })
+    }
+
+    /// The prefetch priority: whether `other`'s retention may yield to `target`'s
+    /// prefetch at `now` — it is overdue (its turn ended longer ago than its kind's
+    /// mean + 4 × deviation), or expected back (turn end + mean gap of its kind)
+    /// after `target` is. A retention whose session is in flight, or whose kind has
+    /// no observed gap yet, never yields.
+    fn expected_later(&self, other: &RetentionKey, target: &RetentionKey, now: SimMs) -> bool {
+        let expected = |k: &RetentionKey| {
+            let p = self.plans.get(k)?;
+            Some((
+                p.ended,
+                self.gaps.mean_ms(p.kind)?,
+                self.gaps.overdue_ms(p.kind)?,
+            ))
+        };
+        let (Some((ended, mean, overdue)), Some((t_ended, t_mean, _))) =
+            (expected(other), expected(target))
+        else {
+            return false;
+        };
+        now - ended > overdue as f64 || ended + mean as f64 > t_ended + t_mean as f64
     }
 
     fn drop_plan(&mut self, key: &RetentionKey) {
@@ -204,4 +250,59 @@ impl Prefetcher {
 /// Bytes a prefetch moves over the host link.
 fn bytes_of(cfg: &PolicyConfig, blocks: usize, state: bool) -> u64 {
     blocks as u64 * cfg.block_bytes + u64::from(state) * cfg.state_bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tether_wire::HexId;
+
+    fn key(s: u128) -> RetentionKey {
+        RetentionKey {
+            tenant: HexId(0),
+            session: HexId(s),
+            subagent: HexId(0),
+        }
+    }
+
+    /// Tool gaps of exactly 2 s, user gaps of exactly 20 s (deviation decayed away).
+    fn learned() -> Prefetcher {
+        let mut p = Prefetcher::default();
+        for _ in 0..100 {
+            p.gaps.observe(TurnKind::Tool, 2_000);
+            p.gaps.observe(TurnKind::User, 20_000);
+        }
+        p
+    }
+
+    fn plan(p: &mut Prefetcher, k: u128, kind: TurnKind, ended: SimMs) {
+        let plan = Plan {
+            ended,
+            kind,
+            due: None,
+            forget: u64::MAX,
+        };
+        p.plans.insert(key(k), plan);
+    }
+
+    #[test]
+    fn only_retentions_expected_back_later_or_overdue_yield() {
+        let mut p = learned();
+        let now = 10_000.0;
+        plan(&mut p, 1, TurnKind::Tool, 9_000.0); // the target: back at ~11 s
+        plan(&mut p, 2, TurnKind::User, 8_000.0); // back at ~28 s: later
+        plan(&mut p, 3, TurnKind::Tool, 9_500.0); // back at ~11.5 s: later
+        plan(&mut p, 4, TurnKind::Tool, 8_500.0); // back at ~10.5 s: sooner
+        plan(&mut p, 5, TurnKind::Tool, 7_000.0); // 3 s since its end: overdue (2 s + 4 × 0)
+        let yields = |k| p.expected_later(&key(k), &key(1), now);
+        assert!(yields(2));
+        assert!(yields(3));
+        assert!(!yields(4));
+        assert!(yields(5));
+        assert!(
+            !yields(6),
+            "a key with no plan (its request in flight) never yields"
+        );
+        assert!(!Prefetcher::default().expected_later(&key(2), &key(1), now));
+    }
 }
