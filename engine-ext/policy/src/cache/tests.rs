@@ -331,6 +331,20 @@ fn least_recently_used_retention_is_evicted_first() {
     assert!(c.device_record(&key(2)).is_some());
 }
 
+/// Session 1 returns (request `id`) with one block more than `s1`, at `now`.
+fn session_one_returns(
+    c: &mut RetentionCache,
+    m: &mut VecMover,
+    s1: &[BlockHash],
+    id: u64,
+    kind: TurnKind,
+    now: Millis,
+) -> Admission {
+    let mut next = s1.to_vec();
+    next.extend(chain(11, 1));
+    turn(c, m, id, &next, Some(marker(1, kind)), now)
+}
+
 #[test]
 fn pressure_offloads_to_host_and_the_return_restores_bit_exactly() {
     let mut c = RetentionCache::try_new(cfg(8, 16)).expect("cfg");
@@ -351,16 +365,7 @@ fn pressure_offloads_to_host_and_the_return_restores_bit_exactly() {
     assert_eq!((c.host().len(), c.host().is_empty()), (1, false));
     assert!(c.host().used() <= c.host().capacity());
     assert_eq!(c.peek_prefix(&s1), 2, "device lost part of session 1");
-    let mut next = s1.clone();
-    next.extend(chain(11, 1));
-    let a = turn(
-        &mut c,
-        &mut m,
-        3,
-        &next,
-        Some(marker(1, TurnKind::User)),
-        60_000,
-    );
+    let a = session_one_returns(&mut c, &mut m, &s1, 3, TurnKind::User, 60_000);
     assert_eq!(a.cached_blocks, 5);
     assert_eq!(a.restored_blocks, 3, "the 3 blocks the device lost");
     assert_eq!(c.stats().restored_blocks, 3);
@@ -525,12 +530,17 @@ fn hybrid_prefix_is_usable_only_at_a_snapshot_boundary() {
     c.check().expect("invariants");
 }
 
+/// A hybrid cache of `device` blocks whose snapshots take one block each, and its mover.
+fn hybrid(device: usize, host_blocks: u64) -> (RetentionCache, VecMover) {
+    let mut conf = cfg(device, host_blocks);
+    conf.state_bytes = BB as u64;
+    let c = RetentionCache::try_new(conf).expect("cfg");
+    (c, VecMover::new(device, device))
+}
+
 #[test]
 fn hybrid_state_offloads_and_restores_with_its_blocks() {
-    let mut conf = cfg(12, 64);
-    conf.state_bytes = BB as u64;
-    let mut c = RetentionCache::try_new(conf).expect("cfg");
-    let mut m = VecMover::new(12, 12);
+    let (mut c, mut m) = hybrid(12, 64);
     let s1 = chain(1, 6);
     turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
     // Session 2 needs the only state slot: session 1's record moves to the host.
@@ -1181,20 +1191,19 @@ fn session_one_on_the_host() -> (RetentionCache, VecMover, Vec<BlockHash>) {
     session_one_on_a_host_of(32)
 }
 
+/// Tool turns of sessions 1 (`s1`) and 2 (6 blocks), then a `flood`-block request
+/// without a prompt end: session 1, least recently used, yields to the host tier.
+fn push_session_one_out(c: &mut RetentionCache, m: &mut VecMover, s1: &[BlockHash], flood: usize) {
+    turn(c, m, 1, s1, Some(marker(1, TurnKind::Tool)), 0);
+    turn(c, m, 2, &chain(2, 6), Some(marker(2, TurnKind::Tool)), 5);
+    turn(c, m, 3, &chain(3, flood), None, 10);
+}
+
 fn session_one_on_a_host_of(host_blocks: u64) -> (RetentionCache, VecMover, Vec<BlockHash>) {
     let mut c = RetentionCache::try_new(cfg(12, host_blocks)).expect("cfg");
     let mut m = VecMover::new(12, 0);
     let s1 = chain(1, 5);
-    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
-    turn(
-        &mut c,
-        &mut m,
-        2,
-        &chain(2, 6),
-        Some(marker(2, TurnKind::Tool)),
-        5,
-    );
-    turn(&mut c, &mut m, 3, &chain(3, 6), None, 10);
+    push_session_one_out(&mut c, &mut m, &s1, 6);
     assert_eq!(c.stats().offloaded, 1);
     assert!(c.host().record(&key(1)).is_some());
     assert_eq!(c.peek_prefix(&s1), 0, "session 1 left the device");
@@ -1221,16 +1230,7 @@ fn a_prefetched_state_is_on_the_device_when_its_session_returns() {
         c.device_record(&key(2)).is_some(),
         "a live retention was evicted"
     );
-    let mut next = s1.clone();
-    next.extend(chain(11, 1));
-    let a = turn(
-        &mut c,
-        &mut m,
-        4,
-        &next,
-        Some(marker(1, TurnKind::Tool)),
-        4_000,
-    );
+    let a = session_one_returns(&mut c, &mut m, &s1, 4, TurnKind::Tool, 4_000);
     assert_eq!(
         (a.cached_blocks, a.restored_blocks),
         (5, 0),
@@ -1322,21 +1322,9 @@ fn prefetch_skips_what_it_cannot_or_need_not_move() {
 
 #[test]
 fn a_hybrid_prefetch_brings_back_the_prompt_end_snapshot() {
-    let mut conf = cfg(16, 64);
-    conf.state_bytes = BB as u64;
-    let mut c = RetentionCache::try_new(conf).expect("cfg");
-    let mut m = VecMover::new(16, 16);
+    let (mut c, mut m) = hybrid(16, 64);
     let s1 = chain(1, 6);
-    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
-    turn(
-        &mut c,
-        &mut m,
-        2,
-        &chain(2, 6),
-        Some(marker(2, TurnKind::Tool)),
-        1,
-    );
-    turn(&mut c, &mut m, 3, &chain(3, 8), None, 2);
+    push_session_one_out(&mut c, &mut m, &s1, 8);
     assert!(c.host().record(&key(1)).is_some());
     let p = c
         .prefetch(&key(1), 3, &mut m, &mut |_| false)

@@ -123,18 +123,23 @@ async fn cache_salt_separates_tenants() {
     );
 }
 
-#[tokio::test]
-async fn host_tier_restores_show_in_usage_and_metrics() {
-    // 4096 device tokens; each session retains ~1280; the fourth pushes the first out.
-    let s = Server::start(&[
+/// A rank with 4096 device tokens and a 2 GiB host tier.
+async fn host_tier_server(extra: &[&str]) -> Server {
+    let base = [
         "--cache",
         "retention-host",
         "--kv-tokens",
         "4096",
         "--host-gib",
         "2",
-    ])
-    .await;
+    ];
+    Server::start(&[&base[..], extra].concat()).await
+}
+
+#[tokio::test]
+async fn host_tier_restores_show_in_usage_and_metrics() {
+    // 4096 device tokens; each session retains ~1280; the fourth pushes the first out.
+    let s = host_tier_server(&[]).await;
     let first = words("first", 1270);
     turn(&s, Some("c1"), &chat(&first, &["a"], 1)).await;
     for i in 2..6 {
@@ -184,16 +189,7 @@ async fn a_prefetched_tool_turn_returns_to_its_state_on_the_device() {
     // 4096 device tokens: a 2,900-token request without a marker pushes session e1's
     // ~1,300 retained tokens to the host tier; when it finishes, its blocks are free
     // room, and e1's tool turn (its gap learned from e1's first return) comes back.
-    let s = Server::start(&[
-        "--cache",
-        "retention-host",
-        "--kv-tokens",
-        "4096",
-        "--host-gib",
-        "2",
-        "--prefetch",
-    ])
-    .await;
+    let s = host_tier_server(&["--prefetch"]).await;
     let c = s.get("/tether/config").await.json();
     assert_eq!(c["serving"]["prefetch"], true);
     let first = words("first", 1270);
