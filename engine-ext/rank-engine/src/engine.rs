@@ -545,7 +545,7 @@ impl Engine {
         l.cancelled = true;
         self.metrics.aborted += 1;
         if self.in_flight.is_none() {
-            self.purge();
+            let _ = self.purge();
         }
         true
     }
@@ -670,6 +670,7 @@ impl Engine {
                 l.phase = Phase::Prefill;
             }
         }
+        let mut admitted = false;
         while !self.blocked && self.running.len() < self.cfg.max_num_seqs {
             match self.waiting.front() {
                 Some(w) if w.arrival <= start => {}
@@ -685,6 +686,7 @@ impl Engine {
                 .admit(id, &w.req.hashes, key, start as u64, &mut self.mover)
             {
                 Ok(adm) => {
+                    admitted = true;
                     let p = w.req.prompt_tokens;
                     let cap = cached_cap(p, bs);
                     let raw = adm.cached_blocks * bs;
@@ -778,7 +780,7 @@ impl Engine {
                 }
             }
         }
-        self.run_prefetch(start);
+        self.run_prefetch(start, admitted);
         let decodes: Vec<usize> = (0..self.running.len())
             .filter(|&i| {
                 let l = &self.running[i];
@@ -1011,21 +1013,26 @@ impl Engine {
                 outcome: o,
             });
         }
-        self.purge();
+        let released = self.purge();
         if let Some(p) = self.prefetch.as_mut() {
             for (key, kind) in ended {
                 p.turn_ended(key, kind, at, &self.cache, &self.model);
             }
         }
-        self.run_prefetch(at);
+        // A prompt computed (retained, maybe evicting) or a request gone: room changed.
+        self.run_prefetch(at, released || !step.chunks.is_empty());
     }
 
-    /// Fires due prefetch plans and retries armed ones at `now` (prefetch on only).
-    fn run_prefetch(&mut self, now: SimMs) {
+    /// Fires due prefetch plans and, when a plan fired or `changed` says the
+    /// device's contents did, tries the armed ones at `now` (prefetch on only).
+    /// Only then: a decode run's inner steps change nothing, so results do not
+    /// depend on how a run is split (how often the engine is advanced).
+    fn run_prefetch(&mut self, now: SimMs, changed: bool) {
         let demand_waits = self.waiting.front().is_some_and(|w| w.arrival <= now);
         if let Some(p) = self.prefetch.as_mut() {
             p.run(
                 now,
+                changed,
                 demand_waits,
                 self.link_free_at,
                 &mut self.cache,
@@ -1035,8 +1042,8 @@ impl Engine {
         }
     }
 
-    /// Releases finished and cancelled requests.
-    fn purge(&mut self) {
+    /// Releases finished and cancelled requests; true if any was released.
+    fn purge(&mut self) -> bool {
         let mut released = false;
         let cache = &mut self.cache;
         let live = &mut self.live;
@@ -1054,6 +1061,7 @@ impl Engine {
         if released {
             self.blocked = false;
         }
+        released
     }
 
     /// Point-in-time gauges (running, waiting, queued prefill, KV usage).

@@ -7,7 +7,8 @@
 //! seconds) is also due for a prefetch at `end + early return − restore time −
 //! margin`, the early return being its kind's mean − 2 × deviation; before any gap
 //! of the kind was seen the plan only observes. From its due time the plan is
-//! armed: whenever a step starts or ends, the engine asks the cache to bring the
+//! armed: when it fires and whenever the device's contents change (a request
+//! admitted, a prompt computed, a request gone), the engine asks the cache to bring the
 //! key's retention back from the host tier (`RetentionCache::prefetch`) — once: a
 //! success disarms it, and so does the session becoming overdue (its turn ended
 //! longer ago than the kind's mean + 4 × deviation), the record expiring or the
@@ -147,12 +148,14 @@ impl Prefetcher {
         self.timers.first().map(|(t, _)| *t as f64 / 1000.0)
     }
 
-    /// Fires the timers due by `now` and, unless `demand_waits` (a request that has
-    /// arrived is not admitted yet: room goes to it first), retries the armed plans;
-    /// `demand_free_at` is when the host link is free of demand restores.
+    /// Fires the timers due by `now` and, when one fired or the device `changed`,
+    /// unless `demand_waits` (a request that has arrived is not admitted yet: room
+    /// goes to it first), tries the armed plans; `demand_free_at` is when the host
+    /// link is free of demand restores.
     pub(super) fn run(
         &mut self,
         now: SimMs,
+        changed: bool,
         demand_waits: bool,
         demand_free_at: SimMs,
         cache: &mut RetentionCache,
@@ -169,14 +172,16 @@ impl Prefetcher {
                 self.drop_plan(&key);
             }
         }
+        let mut fired = false;
         while let Some(&(t, key)) = self.timers.first() {
             if t as f64 / 1000.0 > now {
                 break;
             }
             self.timers.pop_first();
             self.armed.insert((t, key));
+            fired = true;
         }
-        if demand_waits {
+        if demand_waits || !(changed || fired) {
             return;
         }
         let mut done = Vec::new();

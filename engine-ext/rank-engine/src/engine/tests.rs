@@ -754,3 +754,57 @@ fn demand_restores_take_the_host_link_before_prefetch_copies() {
     );
     e.cache().check().unwrap();
 }
+
+#[test]
+fn prefetch_results_do_not_depend_on_how_often_time_is_advanced() {
+    // Six tool sessions of four turns (prompts growing by 320 tokens) and requests
+    // without a marker between them, on a device that holds about two sessions.
+    let mut schedule: Vec<(u64, SimMs, Vec<u32>, Option<TurnMarker>)> = Vec::new();
+    for turn in 0..4u32 {
+        for s in 0..6u32 {
+            let mut t = Vec::new();
+            for k in 0..=turn {
+                t.extend(toks(100 * s + k, 320));
+            }
+            let at = f64::from(turn) * 1500.0 + f64::from(s) * 97.0;
+            schedule.push((schedule.len() as u64 + 1, at, t, marker(u128::from(s) + 1)));
+        }
+        let at = f64::from(turn) * 1500.0 + 700.0;
+        schedule.push((schedule.len() as u64 + 1, at, toks(900 + turn, 1200), None));
+    }
+    schedule.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let outcomes = |step: f64| {
+        let mut e = engine_prefetching(160, true);
+        let mut out = Vec::new();
+        let (mut t, mut next) = (0.0, 0);
+        while next < schedule.len() || e.next_wakeup().is_some() {
+            while next < schedule.len() && schedule[next].1 <= t {
+                let (id, at, toks, mk) = &schedule[next];
+                e.submit(req(*id, toks, 40, *mk), at.max(e.clock().min(t)))
+                    .unwrap();
+                next += 1;
+            }
+            e.advance(t, &mut out);
+            t += step;
+        }
+        let mut d: Vec<(u64, u64, usize)> = out
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Done { id, outcome } => Some((
+                    *id,
+                    (outcome.ttft_ms() * 1e6) as u64,
+                    outcome.restored_tokens,
+                )),
+                _ => None,
+            })
+            .collect();
+        d.sort();
+        (d, e.cache().stats())
+    };
+    let (fine, stats) = outcomes(0.5);
+    assert_eq!(fine.len(), 28);
+    assert!(stats.prefetched > 0 && stats.prefetch_used > 0, "{stats:?}");
+    let (coarse, stats_coarse) = outcomes(7.0);
+    assert_eq!(fine, coarse);
+    assert_eq!(stats, stats_coarse);
+}
