@@ -47,7 +47,7 @@
 
 use crate::latency::{LatencyModel, StepShape};
 use crate::metrics::{EngineGauges, EngineMetrics};
-use prefetch::Prefetcher;
+use prefetch::{Moment, Prefetcher};
 use std::collections::{HashSet, VecDeque};
 use tether_engine::{
     BlockHash, CacheError, MetadataOnly, PolicyConfig, RequestId, RetentionCache, TurnMarker,
@@ -1030,15 +1030,13 @@ impl Engine {
     fn run_prefetch(&mut self, now: SimMs, changed: bool) {
         let demand_waits = self.waiting.front().is_some_and(|w| w.arrival <= now);
         if let Some(p) = self.prefetch.as_mut() {
-            p.run(
+            let at = Moment {
                 now,
                 changed,
                 demand_waits,
-                self.link_free_at,
-                &mut self.cache,
-                &mut self.mover,
-                &self.model,
-            );
+                demand_free_at: self.link_free_at,
+            };
+            p.run(at, &mut self.cache, &mut self.mover, &self.model);
         }
     }
 

@@ -54,6 +54,20 @@ struct Plan {
     forget: u64,
 }
 
+/// What the engine tells [`Prefetcher::run`] about the moment it runs at.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Moment {
+    /// The engine's time.
+    pub now: SimMs,
+    /// The device's contents changed (a request admitted, a prompt computed, a
+    /// request gone); a decode run's inner steps change nothing.
+    pub changed: bool,
+    /// A request that has arrived is not admitted yet.
+    pub demand_waits: bool,
+    /// When the host link is free of demand restores.
+    pub demand_free_at: SimMs,
+}
+
 /// The engine's prefetch state. See the module docs.
 #[derive(Debug, Default)]
 pub(super) struct Prefetcher {
@@ -148,20 +162,21 @@ impl Prefetcher {
         self.timers.first().map(|(t, _)| *t as f64 / 1000.0)
     }
 
-    /// Fires the timers due by `now` and, when one fired or the device `changed`,
-    /// unless `demand_waits` (a request that has arrived is not admitted yet: room
-    /// goes to it first), tries the armed plans; `demand_free_at` is when the host
-    /// link is free of demand restores.
+    /// Fires the timers due by `at.now` and, when one fired or the device changed,
+    /// unless demand waits (room goes to it first), tries the armed plans.
     pub(super) fn run(
         &mut self,
-        now: SimMs,
-        changed: bool,
-        demand_waits: bool,
-        demand_free_at: SimMs,
+        at: Moment,
         cache: &mut RetentionCache,
         mover: &mut MetadataOnly,
         model: &LatencyModel,
     ) {
+        let Moment {
+            now,
+            changed,
+            demand_waits,
+            demand_free_at,
+        } = at;
         self.inflight.retain(|_, t| *t > now);
         while let Some(&(t, key)) = self.forgets.first() {
             if t as f64 / 1000.0 > now {
