@@ -193,8 +193,10 @@ impl Prefetcher {
                 break;
             }
             self.timers.pop_first();
-            self.armed.insert((t, key));
-            fired = true;
+            if self.plans.get(&key).is_some_and(|p| p.due == Some(t)) {
+                self.armed.insert((t, key));
+                fired = true;
+            }
         }
         if demand_waits || !(changed || fired) {
             return;
