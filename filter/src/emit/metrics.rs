@@ -108,6 +108,22 @@ pub const FIXED: &[(&str, &str)] = &[
         "tether_endpoint_ejected",
         "pick mode: an endpoint failed `eject.failures` times in a row and was taken out",
     ),
+    (
+        "tether_body_decompressed",
+        "a gzip/deflate/zstd request body was decoded and read",
+    ),
+    (
+        "tether_chain_hit",
+        "a Responses continuation took the key of the response it continues",
+    ),
+    (
+        "tether_chain_unseen",
+        "a Responses continuation of a response not in this gateway's table: keyed by that response id",
+    ),
+    (
+        "tether_chain_learned",
+        "a Responses answer's id was written to the chain table",
+    ),
 ];
 
 /// The [`FIXED`] counters by position, so a request counts by index instead
@@ -134,10 +150,14 @@ pub enum Fixed {
     ServedByFallback,
     PrimaryEjected,
     EndpointEjected,
+    BodyDecompressed,
+    ChainHit,
+    ChainUnseen,
+    ChainLearned,
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 20] = [
+    pub const ALL: [Fixed; 24] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
@@ -158,6 +178,10 @@ impl Fixed {
         Fixed::ServedByFallback,
         Fixed::PrimaryEjected,
         Fixed::EndpointEjected,
+        Fixed::BodyDecompressed,
+        Fixed::ChainHit,
+        Fixed::ChainUnseen,
+        Fixed::ChainLearned,
     ];
 
     /// The counter's name (its row in [`FIXED`]).
@@ -187,13 +211,13 @@ pub enum Counter {
 /// failed. Names that sanitize alike share one id, as they share one counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CounterIds {
-    pub fixed: [Option<u32>; 20],
+    pub fixed: [Option<u32>; 24],
     /// By index into `session_sources`.
     pub source: Vec<Option<u32>>,
     pub head: Option<u32>,
     pub fallback_source: Option<u32>,
     /// By [`Reason::index`].
-    pub fallback: [Option<u32>; 8],
+    pub fallback: [Option<u32>; 10],
     /// By endpoint index.
     pub pick: Vec<Option<u32>>,
 }
