@@ -316,7 +316,21 @@ pub fn body(
     if let encoding::ContentEncoding::Decodable(enc) = encoding::of(headers) {
         return (decoded(cfg, input, enc, fetch, mark), None);
     }
-    let limits = ReadLimits {
+    let (view, doc, stats) = match scan::read_doc(api, size, read_limits(cfg), fetch) {
+        Ok(x) => x,
+        Err(e) => {
+            let p = prefix(fetch);
+            return (fallback(cfg, api, headers, &p, scan_reason(e)), None);
+        }
+    };
+    mark(Step::Scan);
+    let reading = conversation(cfg, input, &doc, &view, stats, mark);
+    (reading, Some(Body { doc, view }))
+}
+
+/// How much of a body the scanner may read.
+fn read_limits(cfg: &Config) -> ReadLimits {
+    ReadLimits {
         // Only an exact turn count needs the whole conversation of a body
         // the two ends would not cover.
         full_max: if cfg.outputs.has(Output::Turn) {
@@ -325,21 +339,15 @@ pub fn body(
             0
         },
         ..ReadLimits::default()
-    };
-    let (view, doc, stats) = match scan::read_doc(api, size, limits, fetch) {
-        Ok(x) => x,
-        Err(e) => {
-            let r = match e {
-                ScanError::Malformed => Reason::MalformedJson,
-                ScanError::Truncated | ScanError::Unavailable => Reason::Truncated,
-            };
-            let p = prefix(fetch);
-            return (fallback(cfg, api, headers, &p, r), None);
-        }
-    };
-    mark(Step::Scan);
-    let reading = conversation(cfg, input, &doc, &view, stats, mark);
-    (reading, Some(Body { doc, view }))
+    }
+}
+
+/// The fallback reason of a body that does not scan.
+fn scan_reason(e: ScanError) -> Reason {
+    match e {
+        ScanError::Malformed => Reason::MalformedJson,
+        ScanError::Truncated | ScanError::Unavailable => Reason::Truncated,
+    }
 }
 
 /// The reading of a compressed body: decoded within `max_decompressed_bytes`
@@ -373,18 +381,12 @@ fn decoded(
         size: plain.len(),
         ..input
     };
-    let mut reading = match scan::read_doc(api, plain.len(), ReadLimits::default(), &mut over) {
+    let mut reading = match scan::read_doc(api, plain.len(), read_limits(cfg), &mut over) {
         Ok((view, doc, stats)) => {
             mark(Step::Scan);
             conversation(cfg, input, &doc, &view, stats, mark)
         }
-        Err(e) => {
-            let r = match e {
-                ScanError::Malformed => Reason::MalformedJson,
-                ScanError::Truncated | ScanError::Unavailable => Reason::Truncated,
-            };
-            fallback(cfg, api, headers, &plain, r)
-        }
+        Err(e) => fallback(cfg, api, headers, &plain, scan_reason(e)),
     };
     reading.decoded = true;
     reading
