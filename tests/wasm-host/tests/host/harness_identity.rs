@@ -37,7 +37,11 @@ fn claude_code(turn: usize, cch: &str, agent_prompt: &str, user_id: Option<&str>
 }
 
 fn key_and_source(vm: &mut tether_wasm_host::FilterVm, body: &Value) -> (String, String) {
-    let out = send(vm, "/v1/messages", &[], body);
+    key_of(&send(vm, "/v1/messages", &[], body))
+}
+
+/// The (key, key source) the filter handed to Envoy as filter state.
+fn key_of(out: &tether_wasm_host::Outcome) -> (String, String) {
     let get = |n: &str| {
         out.filter_state_value(&format!("wasm.tether.{n}"))
             .unwrap_or_default()
@@ -139,12 +143,7 @@ fn chain_turn(
     let out = vm.run(&req).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out.stalled, None, "{out:#?}");
     assert!(out.downstream.is_some(), "the answer reaches the client");
-    let get = |n: &str| {
-        out.filter_state_value(&format!("wasm.tether.{n}"))
-            .unwrap_or_default()
-            .to_owned()
-    };
-    (get("x-tether-key"), get("x-tether-key-source"))
+    key_of(&out)
 }
 
 #[test]
@@ -283,12 +282,7 @@ fn compressed_bodies_keep_their_key_turn_after_turn() {
             .map(|u| u.body.clone())
             .unwrap_or_default();
         assert_eq!(up, packed, "forwarded as sent");
-        let get = |n: &str| {
-            out.filter_state_value(&format!("wasm.tether.{n}"))
-                .unwrap_or_default()
-                .to_owned()
-        };
-        (get("x-tether-key"), get("x-tether-key-source"))
+        key_of(&out)
     };
     let main = "You are Claude Code, Anthropic's official CLI for Claude.";
     let plain = key_and_source(&mut vm, &claude_code(1, "00000", main, None));
