@@ -182,6 +182,25 @@ pub fn response_id(prefix: &[u8]) -> Option<Vec<u8>> {
     string_member(response.bytes(), "id")
 }
 
+/// [`response_id`] of an answer's first bytes as they arrive: coded with
+/// `content-encoding` when the upstream compressed it (the bytes decoded so
+/// far are searched; a cut stream decodes up to the cut).
+pub fn coded_response_id(
+    enc: crate::read::encoding::ContentEncoding,
+    first: &[u8],
+) -> Option<Vec<u8>> {
+    use crate::read::encoding::{ContentEncoding, DecodeError, decode};
+    match enc {
+        ContentEncoding::Identity => response_id(first),
+        ContentEncoding::Decodable(e) => match decode(e, first, ID_WINDOW) {
+            Ok(plain)
+            | Err(DecodeError::TooLarge { prefix: plain })
+            | Err(DecodeError::Corrupt { prefix: plain }) => response_id(&plain),
+        },
+        ContentEncoding::Other => None,
+    }
+}
+
 /// Top-level string member `key` of an object that may be cut after it.
 fn string_member(obj: &[u8], key: &str) -> Option<Vec<u8>> {
     let v = crate::json::Value(obj).get_head(key)?;

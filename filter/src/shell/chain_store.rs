@@ -4,6 +4,7 @@
 
 use super::host;
 use crate::read::chain::{self, ChainConfig, SlotStore, Table};
+use crate::read::encoding::ContentEncoding;
 use proxy_wasm::types::BufferType;
 
 /// Shared data as a [`SlotStore`].
@@ -34,6 +35,8 @@ pub fn table(cfg: ChainConfig) -> Table<'static, SharedSlots> {
 #[derive(Debug)]
 pub struct Learner {
     pub session: Vec<u8>,
+    /// The answer's `content-encoding` (set from its headers).
+    pub coding: ContentEncoding,
     /// The answer's first bytes so far (up to [`chain::ID_WINDOW`]).
     seen: Vec<u8>,
 }
@@ -53,6 +56,7 @@ impl Learner {
     pub fn new(session: Vec<u8>) -> Self {
         Self {
             session,
+            coding: ContentEncoding::Identity,
             seen: Vec::new(),
         }
     }
@@ -65,7 +69,7 @@ impl Learner {
         {
             self.seen.extend_from_slice(&bytes);
         }
-        match chain::response_id(&self.seen) {
+        match chain::coded_response_id(self.coding, &self.seen) {
             Some(id) => Learned::Done(table(cfg).learn(&id, &self.session)),
             None if end_of_stream || self.seen.len() >= chain::ID_WINDOW => Learned::GaveUp,
             None => Learned::More,

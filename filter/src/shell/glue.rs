@@ -391,16 +391,6 @@ impl Http {
     }
 }
 
-impl Http {
-    /// A 2xx response status.
-    fn response_ok(&self) -> bool {
-        host::header_pairs(MapType::HttpResponseHeaders, |n| n == b":status")
-            .unwrap_or_default()
-            .first()
-            .is_some_and(|(_, v)| v.first() == Some(&b'2'))
-    }
-}
-
 impl HttpContext for Http {
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let Some(learner) = self.learner.as_mut() else {
@@ -509,8 +499,17 @@ impl HttpContext for Http {
             self.shared.observe(first);
         }
         // Only a successful answer has a response id to continue from.
-        if self.learner.is_some() && (end_of_stream || !self.response_ok()) {
-            self.learner = None;
+        if let Some(learner) = self.learner.as_mut() {
+            let wanted = |n: &[u8]| n == b":status" || n == b"content-encoding";
+            let headers =
+                host::header_pairs(MapType::HttpResponseHeaders, wanted).unwrap_or_default();
+            let ok = headers
+                .iter()
+                .any(|(n, v)| n == ":status" && v.first() == Some(&b'2'));
+            learner.coding = crate::read::encoding::of(&headers);
+            if end_of_stream || !ok {
+                self.learner = None;
+            }
         }
         if self.shared.cfg.outputs.has(Output::Debug)
             && let Some(plan) = &self.plan

@@ -386,3 +386,31 @@ fn a_body_that_must_be_rewritten_is_not_decoded() {
     assert_eq!(p.read.source, "fallback:compressed");
     assert!(p.reject.is_some());
 }
+
+#[test]
+fn response_ids_from_compressed_answers_and_their_first_bytes() {
+    use crate::read::encoding::ContentEncoding;
+    let answer =
+        br#"{"id":"resp_zz9","object":"response","status":"completed","output":[]}"#.repeat(40);
+    for enc in [Encoding::Gzip, Encoding::Deflate, Encoding::Zstd] {
+        let packed = compress(enc, &answer);
+        let coded = ContentEncoding::Decodable(enc);
+        assert_eq!(
+            coded_response_id(coded, &packed),
+            Some(b"resp_zz9".to_vec()),
+            "{enc:?}"
+        );
+        // Only the first bytes have arrived: what decodes is searched.
+        let first = packed.get(..packed.len().min(60)).unwrap_or_default();
+        let got = coded_response_id(coded, first);
+        assert!(
+            got.is_none() || got == Some(b"resp_zz9".to_vec()),
+            "{enc:?}: {got:?}"
+        );
+    }
+    assert_eq!(coded_response_id(ContentEncoding::Other, &answer), None);
+    assert_eq!(
+        coded_response_id(ContentEncoding::Identity, &answer),
+        Some(b"resp_zz9".to_vec())
+    );
+}

@@ -325,3 +325,35 @@ fn compressed_bodies_keep_their_key_turn_after_turn() {
         Some(4)
     );
 }
+
+#[test]
+fn a_compressed_answer_is_learned_too() {
+    let mut vm = plugin()
+        .start(options(&json!({"outputs": "all"}).to_string()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (enc, pack) in [("gzip", gzip as fn(&[u8]) -> Vec<u8>), ("zstd", zstd)] {
+        let first_id = format!("resp_{enc}_1");
+        let mut answer = responses_answer(&first_id, false);
+        let body = pack(&answer.body_chunks.concat());
+        answer.body_chunks = tether_wasm_host::Request::chunked(&body, 32);
+        answer.headers.add(b"content-encoding", enc.as_bytes());
+        let bytes = responses_turn(1, enc, None, false).to_string().into_bytes();
+        let req = tether_wasm_host::Request {
+            body_chunks: vec![bytes],
+            response: answer,
+            ..tether_wasm_host::Request::post(
+                RESPONSES,
+                &[("content-type", "application/json")],
+                &[],
+            )
+        };
+        let first = key_of(&vm.run(&req).unwrap_or_else(|e| panic!("{e}")));
+        let next = chain_turn(
+            &mut vm,
+            &responses_turn(2, enc, Some(&first_id), false),
+            "resp_n",
+            false,
+        );
+        assert_eq!(next, (first.0, "chain".to_owned()), "{enc}");
+    }
+}
