@@ -15,6 +15,7 @@ mod pd;
 mod pick;
 mod removal;
 mod replay;
+mod residency;
 mod responses_chains;
 mod support;
 mod topology;
