@@ -3,6 +3,7 @@
 //! that learns each answer's id ([`crate::read::chain`]).
 
 use super::host;
+use crate::api::Api;
 use crate::read::chain::{self, ChainConfig, SlotStore, Table};
 use crate::read::encoding::ContentEncoding;
 use proxy_wasm::types::BufferType;
@@ -24,10 +25,25 @@ impl SlotStore for SharedSlots {
 
 /// The table now.
 pub fn table(cfg: ChainConfig) -> Table<'static, SharedSlots> {
+    table_at(cfg, host::now_ms().unwrap_or(0))
+}
+
+/// The table a request body of `api` consults: only a Responses request
+/// continues a chain, so only it pays the host call that reads the clock
+/// (any other API never looks up an entry, whose age is all the clock decides).
+pub fn table_for(cfg: ChainConfig, api: Api) -> Table<'static, SharedSlots> {
+    if api == Api::Responses {
+        table(cfg)
+    } else {
+        table_at(cfg, 0)
+    }
+}
+
+fn table_at(cfg: ChainConfig, now_ms: u64) -> Table<'static, SharedSlots> {
     Table {
         store: &SharedSlots,
         cfg,
-        now_ms: host::now_ms().unwrap_or(0),
+        now_ms,
     }
 }
 

@@ -388,7 +388,7 @@ impl Http {
         let mut fetch = |start: usize, len: usize| {
             probe.fetching(|| host::get_buffer(BufferType::HttpRequestBody, start, len).ok())
         };
-        let chains = chain_store::table(s.cfg.chains);
+        let chains = chain_store::table_for(s.cfg.chains, api);
         let call = BodyCall {
             reason,
             chains: &chains,

@@ -50,6 +50,11 @@ enum Mode {
     BodyState {
         key: String,
     },
+    /// `body-state` plus the header-map copy and the body-end reads of
+    /// tether's body path.
+    BodyRead {
+        key: String,
+    },
     Probe,
     Pause,
     /// Answer locally from the request headers (`true`) or at the body's end.
@@ -140,14 +145,19 @@ fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
                 },
             })
         }
-        "body-state" => {
+        "body-state" | "body-read" => {
             let key = value
                 .get("key")
                 .and_then(|k| k.as_str())
                 .filter(|k| !k.is_empty())
-                .ok_or("field `key` is missing or not a non-empty string (mode `body-state`)")?;
-            Ok(Mode::BodyState {
-                key: key.to_owned(),
+                .ok_or_else(|| {
+                    format!("field `key` is missing or not a non-empty string (mode `{mode}`)")
+                })?
+                .to_owned();
+            Ok(if mode == "body-state" {
+                Mode::BodyState { key }
+            } else {
+                Mode::BodyRead { key }
             })
         }
         "body" => {
@@ -162,7 +172,7 @@ fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
             })
         }
         other => Err(format!(
-            "field `mode` has unknown value {other:?} (expected header, body, body-state, probe, pause or local)"
+            "field `mode` has unknown value {other:?} (expected header, body, body-state, body-read, probe, pause or local)"
         )),
     }
 }
@@ -175,6 +185,24 @@ struct FloorHttp {
     body_size: usize,
     /// Response body bytes seen by the response body callback (local mode).
     response_body: usize,
+}
+
+/// The first read of tether's scanner with its default outputs: the two
+/// 16 KiB ends of the body, or the whole body when the ends would cover it.
+fn read_body_ends(size: usize) {
+    const END: usize = 16 * 1024;
+    let ranges = if size <= 2 * END {
+        vec![(0, size)]
+    } else {
+        vec![(0, END), (size - END, END)]
+    };
+    for (start, len) in ranges {
+        if let Err(s) =
+            hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpRequestBody, start, len)
+        {
+            log_status("get request body", s);
+        }
+    }
 }
 
 /// The local reply of mode `local`.
@@ -204,6 +232,13 @@ impl HttpContext for FloorHttp {
             } => {
                 send_local(details, body, headers);
                 Action::Pause
+            }
+            Mode::BodyRead { .. } => {
+                // The whole map in one call, as tether's header callback reads it.
+                if let Err(s) = hostcalls::get_map_bytes(MapType::HttpRequestHeaders) {
+                    log_status("get request headers", s);
+                }
+                Action::Continue
             }
             Mode::Body { .. } | Mode::BodyState { .. } | Mode::Probe | Mode::Local { .. } => {
                 Action::Continue
@@ -247,6 +282,15 @@ impl HttpContext for FloorHttp {
                     hostcalls::call_foreign_function("set_envoy_filter_state", Some(&args))
                 {
                     log_status("set_envoy_filter_state", s);
+                }
+                Action::Continue
+            }
+            Mode::BodyRead { key } => {
+                read_body_ends(body_size);
+                if let Err(s) =
+                    hostcalls::set_property(vec!["tether.x-tether-key"], Some(key.as_bytes()))
+                {
+                    log_status("set_property", s);
                 }
                 Action::Continue
             }

@@ -146,6 +146,10 @@ pub struct Outcome {
     /// Wall time spent inside the module during this exchange (host calls
     /// included, the harness's own bookkeeping excluded), in nanoseconds.
     pub wasm_nanos: u64,
+    /// `env.proxy_*` calls the guest made during this exchange, by import name.
+    pub host_calls: BTreeMap<String, u64>,
+    /// Bytes the host copied into guest memory during this exchange.
+    pub bytes_to_guest: u64,
 }
 
 impl Outcome {
@@ -174,6 +178,8 @@ struct Marks {
     http: usize,
     fuel: BTreeMap<String, u64>,
     nanos: u64,
+    host_calls: BTreeMap<&'static str, u64>,
+    bytes_to_guest: u64,
 }
 
 enum Stop {
@@ -193,6 +199,8 @@ impl FilterVm {
             http: s.http_calls.len(),
             fuel: s.fuel.by_callback.clone(),
             nanos: s.fuel.nanos_by_callback.values().sum(),
+            host_calls: s.host_calls.clone(),
+            bytes_to_guest: s.bytes_to_guest,
         };
         let ctx = self.create_http_context()?;
         let mut out = Outcome::default();
@@ -255,6 +263,18 @@ impl FilterVm {
             .filter(|(_, v)| *v > 0)
             .collect();
         out.wasm_nanos = s.fuel.nanos_by_callback.values().sum::<u64>() - marks.nanos;
+        out.host_calls = s
+            .host_calls
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    v - marks.host_calls.get(k).copied().unwrap_or(0),
+                )
+            })
+            .filter(|(_, v)| *v > 0)
+            .collect();
+        out.bytes_to_guest = s.bytes_to_guest - marks.bytes_to_guest;
         Ok(out)
     }
 

@@ -102,6 +102,7 @@ pub(crate) fn copy_out(c: &mut Ctx<'_>, data: &[u8], ptr_out: i32, size_out: i32
         return Err(Status::InternalFailure.into());
     }
     write(c, addr, data)?;
+    c.data_mut().bytes_to_guest += data.len() as u64;
     write_u32(c, ptr_out, addr as u32)?;
     write_u32(c, size_out, len as u32)
 }

@@ -26,6 +26,7 @@ pub(crate) fn define(linker: &mut Linker<HostState>, defined: &mut HashSet<Strin
         ($name:literal, |$c:ident $(, $a:ident : $t:ty)*| $body:expr) => {{
             defined.insert(concat!("env.", $name).to_owned());
             linker.func_wrap("env", $name, |mut $c: Ctx<'_> $(, $a: $t)*| -> wasmtime::Result<i32> {
+                *$c.data_mut().host_calls.entry($name).or_default() += 1;
                 finish((|| -> HostResult { $body })())
             })?;
         }};

@@ -208,6 +208,11 @@ pub struct HostState {
     pub deferred: VecDeque<Deferred>,
     pub done_called: bool,
     pub fuel: FuelLedger,
+    /// `env.proxy_*` calls made by the guest, by import name.
+    pub host_calls: BTreeMap<&'static str, u64>,
+    /// Bytes the host copied into guest memory (`copy_out`: buffers, maps,
+    /// properties).
+    pub bytes_to_guest: u64,
     pub(crate) rng: u64,
     pub(crate) stdout: Vec<u8>,
     pub(crate) stderr: Vec<u8>,
@@ -238,6 +243,8 @@ impl HostState {
             deferred: VecDeque::new(),
             done_called: false,
             fuel: FuelLedger::default(),
+            host_calls: BTreeMap::new(),
+            bytes_to_guest: 0,
             stdout: Vec::new(),
             stderr: Vec::new(),
         }

@@ -45,8 +45,9 @@ struct Args {
     /// g the header floor inside tether's chain (d's floor),
     /// h the body floor inside tether's chain (e's floor),
     /// i (diagnostic) d with every header output, j (diagnostic) e with every
-    /// header output, k (diagnostic) e for a vLLM connector (outputs vllm).
-    #[arg(long, default_value = "a,b,c,d,e,f,g,h,i,j,k")]
+    /// header output, k (diagnostic) e for a vLLM connector (outputs vllm),
+    /// l (diagnostic) h plus the host calls of tether's body path.
+    #[arg(long, default_value = "a,b,c,d,e,f,g,h,i,j,k,l")]
     variants: String,
     /// Print the phase timings a diagnostic filter build logs (`cargo build
     /// --features phase-timing`, given as `TETHER_FILTER_WASM`), per variant:
@@ -91,10 +92,10 @@ impl Args {
         {
             let mut chars = part.chars();
             let (Some(c), None) = (chars.next(), chars.next()) else {
-                bail!("variant {part:?} is not one letter a-k")
+                bail!("variant {part:?} is not one letter a-l")
             };
             let v =
-                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-k)"))?;
+                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-l)"))?;
             if !out.contains(&v) {
                 out.push(v);
             }
@@ -135,6 +136,7 @@ fn envoy_key(v: Variant) -> &'static str {
         Variant::AllHeader => "tether-all-header",
         Variant::AllBody => "tether-all-body",
         Variant::VllmBody => "tether-vllm-body",
+        Variant::BodyReadInChain => "body-read-chain",
     }
 }
 
@@ -201,6 +203,11 @@ fn start_envoy(v: Variant, upstream: &upstream::Upstream) -> Result<Envoy> {
         Variant::BodyFloorInChain => {
             paths::require_floor_wasm()?;
             let config = serde_json::json!({"mode": "body-state", "key": BODY_FLOOR_KEY});
+            (bootstraps::BODY_FLOOR_CHAIN, builder.plugin_config(&config))
+        }
+        Variant::BodyReadInChain => {
+            paths::require_floor_wasm()?;
+            let config = serde_json::json!({"mode": "body-read", "key": BODY_FLOOR_KEY});
             (bootstraps::BODY_FLOOR_CHAIN, builder.plugin_config(&config))
         }
     };
@@ -274,7 +281,7 @@ fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
             header("x-up-x-tether-key").as_deref() == Some(body::SESSION_ID),
             "json_to_metadata did not deliver prompt_cache_key as x-tether-key"
         ),
-        Variant::BodyFloorInChain => ensure!(
+        Variant::BodyFloorInChain | Variant::BodyReadInChain => ensure!(
             header("x-up-x-tether-key").as_deref() == Some(BODY_FLOOR_KEY),
             "the body floor's filter state did not reach the upstream as x-tether-key"
         ),
@@ -463,6 +470,11 @@ fn main() -> Result<()> {
                 Variant::VllmBody,
                 Variant::TetherBody,
                 "body path, markers in the body vs default (k vs e)",
+            ),
+            (
+                Variant::TetherBody,
+                Variant::BodyReadInChain,
+                "body path, tether vs the floor making its host calls (e vs l)",
             ),
         ] {
             if let (Some(r), Some(dp)) = (

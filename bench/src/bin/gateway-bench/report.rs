@@ -36,10 +36,15 @@ pub enum Variant {
     /// k. (diagnostic) tether's body path for a vLLM connector (`"outputs":
     /// "vllm"`): the markers written into the body's `kv_transfer_params`.
     VllmBody,
+    /// l. (diagnostic) h plus the host calls tether's body path makes with
+    /// its default outputs (the header map, the body's two 16 KiB ends),
+    /// without its computation: l − h is what those calls cost in Envoy,
+    /// e − l what tether computes.
+    BodyReadInChain,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 11] = [
+    pub const ALL: [Variant; 12] = [
         Variant::NoFilter,
         Variant::HeaderFloor,
         Variant::BodyFloor,
@@ -51,6 +56,7 @@ impl Variant {
         Variant::AllHeader,
         Variant::AllBody,
         Variant::VllmBody,
+        Variant::BodyReadInChain,
     ];
 
     /// The one-letter name used on the command line (`--variants a,b,c`).
@@ -67,6 +73,7 @@ impl Variant {
             Variant::AllHeader => 'i',
             Variant::AllBody => 'j',
             Variant::VllmBody => 'k',
+            Variant::BodyReadInChain => 'l',
         }
     }
 
@@ -87,6 +94,7 @@ impl Variant {
             Variant::AllHeader => "tether, header key, all outputs",
             Variant::AllBody => "tether, body key, all outputs",
             Variant::VllmBody => "tether, body key, outputs vllm",
+            Variant::BodyReadInChain => "body floor + tether's reads, in chain",
         }
     }
 
@@ -97,9 +105,10 @@ impl Variant {
     pub fn floor(self) -> Option<Variant> {
         match self {
             Variant::TetherHeader | Variant::AllHeader => Some(Variant::FloorInChain),
-            Variant::TetherBody | Variant::AllBody | Variant::VllmBody => {
-                Some(Variant::BodyFloorInChain)
-            }
+            Variant::TetherBody
+            | Variant::AllBody
+            | Variant::VllmBody
+            | Variant::BodyReadInChain => Some(Variant::BodyFloorInChain),
             Variant::FloorInChain => Some(Variant::HeaderFloor),
             Variant::NativeJson | Variant::BodyFloorInChain => Some(Variant::BodyFloor),
             _ => None,

@@ -5,6 +5,7 @@ mod cli;
 mod common;
 mod floor;
 mod harness_identity;
+mod host_calls;
 mod load;
 mod residency;
 mod scan;
