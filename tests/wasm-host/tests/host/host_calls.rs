@@ -96,6 +96,28 @@ fn tether_makes_the_body_floors_host_calls_and_copies_no_more() {
                 out.bytes_to_guest
             );
         }
+        // Wasm operators per callback (metered modules): where the VM's work is.
+        for (name, var, module, config) in [
+            (
+                "tether",
+                "TETHER_FILTER_WASM",
+                "tether_filter.wasm",
+                json!({"mode": "hash"}),
+            ),
+            (
+                "l body-read",
+                "TETHER_FLOOR_WASM",
+                "tether_floor_filter.wasm",
+                json!({"mode": "body-read", "key": "k"}),
+            ),
+        ] {
+            let path = tether_wasm_host::module_path(var, module).unwrap();
+            let metered = Plugin::new(&std::fs::read(path).unwrap(), true).unwrap();
+            println!(
+                "  {name}, wasm operators by callback: {:?}",
+                run(&metered, config, &body).fuel
+            );
+        }
         // Same callbacks: every floor and tether pause each chunk until the end.
         assert_eq!(body_callbacks(&tether), body_callbacks(&state));
         assert_eq!(body_callbacks(&tether), body_callbacks(&read));
