@@ -322,11 +322,15 @@ fn envoy(
         trace.requests().len(),
         oracle.ttft_ms.p90
     );
+    // Both settings send the turn markers the ranks retain by.
     for (label, extra) in [
-        ("pick + load", json!({"load": {}})),
+        (
+            "pick + load",
+            json!({"load": {}, "outputs": ["pick", "retain"]}),
+        ),
         (
             "pick + load + residency",
-            json!({"load": {}, "residency": {}}),
+            json!({"load": {}, "residency": {}, "outputs": ["pick", "retain"]}),
         ),
     ] {
         let mut spec = StackSpec::new(ranks, Mode::Pick, &[]);
