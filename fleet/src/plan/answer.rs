@@ -214,6 +214,15 @@ fn changes(variants: &[Variant], chosen: &Variant) -> Vec<Change> {
 
 fn waterfall(variants: &[Variant], chosen: Option<&Variant>) -> Vec<WaterfallStep> {
     let find = |n: &str| variants.iter().find(|v| v.name == n);
+    let cheapest = variants
+        .iter()
+        .filter(|v| v.meets() && v.usd_per_mtok().is_some())
+        .min_by(|a, b| {
+            a.usd_per_mtok()
+                .unwrap_or(f64::MAX)
+                .total_cmp(&b.usd_per_mtok().unwrap_or(f64::MAX))
+        });
+    let spent = chosen.filter(|c| cheapest.is_some_and(|x| x.name != c.name));
     let stages = [
         (
             "no reuse (Dynamo SLA-planner sizing, round-robin + lru)",
@@ -225,9 +234,10 @@ fn waterfall(variants: &[Variant], chosen: Option<&Variant>) -> Vec<WaterfallSte
         ),
         ("+ retention (turns retained at prompt end)", find("plan")),
         (
-            "+ P/D split or coupling, and tuning (the chosen configuration)",
-            chosen,
+            "+ P/D split or coupling, and tuning (the cheapest meeting every objective)",
+            cheapest,
         ),
+        ("+ headroom spent (the chosen configuration)", spent),
     ];
     let mut out: Vec<WaterfallStep> = Vec::new();
     for (step, v) in stages {

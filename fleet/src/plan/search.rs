@@ -12,9 +12,8 @@ use crate::sim::{CacheMode, Policy, Step};
 use serde::Serialize;
 use std::collections::HashMap;
 
-/// A candidate whose profile-only cost exceeds the best simulated cost by
-/// this factor is not simulated (the profile's guess is within tens of
-/// percent of the simulation once corrected).
+/// A candidate whose profile-only cost exceeds the profile-only cost of the
+/// best configuration so far by this factor is not simulated.
 const PRUNE_FACTOR: f64 = 1.5;
 
 /// Routing policies the search tries: those a real gateway can run (`oracle`
@@ -59,6 +58,7 @@ pub(super) struct Search<'p, 'a> {
     p: &'p Planner<'a>,
     hits: HashMap<(Policy, CacheMode), Vec<Work>>,
     by_settings: HashMap<Settings, usize>,
+    guesses: HashMap<Settings, Option<f64>>,
     /// Every variant sized (and, unless infeasible, simulated).
     pub evaluated: Vec<Variant>,
     /// The steps taken.
@@ -91,6 +91,7 @@ impl<'p, 'a> Search<'p, 'a> {
             p,
             hits: HashMap::new(),
             by_settings: HashMap::new(),
+            guesses: HashMap::new(),
             evaluated: Vec::new(),
             steps: Vec::new(),
             pruned: 0,
@@ -123,15 +124,20 @@ impl<'p, 'a> Search<'p, 'a> {
 
     /// The profile's cost of `s` without simulating it; `None` when no fleet fits.
     fn analytic(&mut self, s: &Settings) -> Result<Option<f64>, PlanError> {
+        if let Some(x) = self.guesses.get(s) {
+            return Ok(*x);
+        }
         let work = self.work(s)?;
-        Ok(self
+        let x = self
             .p
             .size(&work, s, &self.p.cfg.slo)
             .ok()
             .map(|(steps, _)| {
                 let (a, b) = self.p.gpu_hours(&steps);
                 self.p.predicted_usd(a + b)
-            }))
+            });
+        self.guesses.insert(*s, x);
+        Ok(x)
     }
 
     /// The baselines: the starting P/D configuration, coupled at its best
@@ -209,10 +215,15 @@ impl<'p, 'a> Search<'p, 'a> {
                 continue;
             }
             if !self.by_settings.contains_key(&s) {
-                let bar = self
-                    .best()
-                    .filter(|&b| self.evaluated[b].meets())
-                    .and_then(|b| self.evaluated[b].usd_per_mtok());
+                // Profile-only guesses compared with each other (the
+                // simulation trims both alike).
+                let bar = match self.best().filter(|&b| self.evaluated[b].meets()) {
+                    Some(b) => {
+                        let settings = self.evaluated[b].settings;
+                        self.analytic(&settings)?
+                    }
+                    None => None,
+                };
                 if let (Some(bar), Some(guess)) = (bar, self.analytic(&s)?)
                     && guess > bar * PRUNE_FACTOR
                 {
