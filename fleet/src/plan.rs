@@ -13,11 +13,13 @@
 //! - [`baseline`]: the no-reuse fleet by Dynamo's SLA-planner formulas;
 //! - [`search`]: the search over configurations, and spending headroom;
 //! - [`answer`]: verdict, waterfall, ranked changes, API price;
-//! - [`output`]: the report, replica counts, plot and deployable manifests.
+//! - [`output`]: the report, replica counts and plot;
+//! - [`deploy`]: Dynamo and llm-d manifests of the chosen configuration.
 
 pub mod answer;
 pub mod baseline;
 pub mod demand;
+pub mod deploy;
 pub mod fit;
 pub mod output;
 pub mod search;

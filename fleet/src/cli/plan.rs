@@ -5,7 +5,7 @@
 use super::simulate::{FleetArgs, load_profile};
 use crate::cli::input::TraceArgs;
 use crate::plan::size::Slo;
-use crate::plan::{ApiPrice, PlanConfig, Spend, Target, output, plan};
+use crate::plan::{ApiPrice, PlanConfig, Spend, Target, deploy, output, plan};
 use crate::report::Report;
 use crate::report::observe::Observation;
 use crate::sim::{CacheMode, FleetShape, Policy};
@@ -77,9 +77,18 @@ pub struct Args {
     /// Write the replica counts per interval as JSON here.
     #[arg(long)]
     pub replicas: Option<PathBuf>,
-    /// Write a Kubernetes-style YAML snippet of the plan here.
+    /// Write the chosen configuration as a Dynamo DynamoGraphDeployment here.
     #[arg(long)]
-    pub yaml: Option<PathBuf>,
+    pub dynamo: Option<PathBuf>,
+    /// Write the chosen configuration as llm-d-style LeaderWorkerSets here.
+    #[arg(long)]
+    pub llm_d: Option<PathBuf>,
+    /// The engine image of the manifests (required with --dynamo or --llm-d).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Name of the deployment (a DNS label).
+    #[arg(long, default_value = "tether")]
+    pub name: String,
     /// Write the tokens-per-GPU-second vs interactivity chart (SVG) here.
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -205,6 +214,21 @@ pub fn run(a: Args) -> Result<()> {
             "give at least one objective: --ttft-p90-ms, --ttft-p99-ms, --itl-p99-ms or --min-interactivity"
         );
     }
+    if (a.dynamo.is_some() || a.llm_d.is_some()) && a.image.is_none() {
+        bail!("--dynamo and --llm-d need --image (the engine image the pods run)");
+    }
+    let dns = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if a.name.is_empty()
+        || a.name.len() > 40
+        || !a.name.chars().all(dns)
+        || a.name.starts_with('-')
+        || a.name.ends_with('-')
+    {
+        bail!(
+            "--name {:?}: must be a DNS label of at most 40 characters (a-z, 0-9, -)",
+            a.name
+        );
+    }
     let observed = a
         .replay
         .as_deref()
@@ -251,12 +275,27 @@ pub fn run(a: Args) -> Result<()> {
         )
         .with_context(|| format!("writing {}", p.display()))?;
     }
-    if let Some(p) = &a.yaml {
-        std::fs::write(
-            p,
-            output::yaml(&report, &profile.model, profile.gpus_per_engine),
-        )
-        .with_context(|| format!("writing {}", p.display()))?;
+    for (path, render) in [
+        (&a.dynamo, deploy::dynamo as fn(&_, &_) -> Option<String>),
+        (&a.llm_d, deploy::llm_d),
+    ] {
+        let Some(p) = path else { continue };
+        let Some(image) = &a.image else { continue };
+        let o = deploy::DeployOptions {
+            name: a.name.clone(),
+            model: profile.model.clone(),
+            image: image.clone(),
+            gpus_per_engine: profile.gpus_per_engine,
+            max_model_len: profile.max_model_len,
+            host_bytes: cfg.sim.host_bytes,
+        };
+        match render(&report, &o) {
+            Some(y) => std::fs::write(p, y).with_context(|| format!("writing {}", p.display()))?,
+            None => eprintln!(
+                "{}: not written, no configuration meets the objectives",
+                p.display()
+            ),
+        }
     }
     if let Some(p) = &a.svg {
         std::fs::write(p, output::svg(&report))

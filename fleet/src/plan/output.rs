@@ -1,5 +1,5 @@
-//! What an operator reads and applies: the plan as text, its replica counts
-//! as JSON, and a Kubernetes-style YAML snippet per pool.
+//! What an operator reads: the plan as text, its replica counts as JSON and
+//! the throughput-per-GPU vs interactivity chart (manifests: [`super::deploy`]).
 
 use super::PlanReport;
 use serde_json::{Value, json};
@@ -229,41 +229,4 @@ pub fn replicas_json(r: &PlanReport) -> Value {
         })
         .collect();
     json!({"interval_s": r.interval_s, "variants": variants})
-}
-
-/// A Kubernetes-style snippet for the plan: one Deployment per pool, replicas
-/// at the plan's peak, the per-interval schedule in an annotation (apply it
-/// with a scheduled scaler, or keep the peak).
-pub fn yaml(r: &PlanReport, model: &str, gpus_per_engine: u32) -> String {
-    let Some(v) = r.chosen() else {
-        return format!(
-            "# tether plan: no configuration meets the objectives ({})\n",
-            r.verdict
-        );
-    };
-    let mut s = String::new();
-    let _ = writeln!(s, "# tether plan: {} (verdict: {})", v.what, r.verdict);
-    let pools: Vec<(&str, Vec<usize>)> = if v.disaggregated {
-        vec![
-            ("prefill", v.steps.iter().map(|x| x.prefill).collect()),
-            ("decode", v.steps.iter().map(|x| x.decode).collect()),
-        ]
-    } else {
-        vec![("aggregated", v.steps.iter().map(|x| x.decode).collect())]
-    };
-    for (pool, counts) in pools {
-        let peak = counts.iter().copied().max().unwrap_or(0);
-        let schedule: Vec<String> = v
-            .steps
-            .iter()
-            .zip(&counts)
-            .map(|(st, c)| format!("{}s={c}", (st.start_ms / 1000.0).round()))
-            .collect();
-        let _ = write!(
-            s,
-            "---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: llm-{pool}\n  labels:\n    app.kubernetes.io/component: {pool}\n  annotations:\n    tether.dev/model: \"{model}\"\n    tether.dev/replica-schedule: \"{}\"\nspec:\n  replicas: {peak}\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: {pool}\n  template:\n    metadata:\n      labels:\n        app.kubernetes.io/component: {pool}\n    spec:\n      containers:\n      - name: engine\n        resources:\n          limits:\n            nvidia.com/gpu: {gpus_per_engine}\n",
-            schedule.join(",")
-        );
-    }
-    s
 }

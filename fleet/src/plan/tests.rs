@@ -97,8 +97,21 @@ fn the_chosen_configuration_is_the_cheapest_that_meets_and_is_verified() {
     assert!(api.ratio > 1.0 && api.api_usd > 0.0);
     finite_everywhere(&r);
     // The outputs an operator applies.
-    let y = output::yaml(&r, "m", 1);
-    assert!(y.contains("kind: Deployment"), "{y}");
+    let o = deploy::DeployOptions {
+        name: "agents".into(),
+        model: "m".into(),
+        image: "img".into(),
+        gpus_per_engine: 1,
+        max_model_len: None,
+        host_bytes: 1 << 34,
+    };
+    let y = deploy::dynamo(&r, &o).unwrap();
+    assert!(y.contains("kind: DynamoGraphDeployment"), "{y}");
+    let l = deploy::llm_d(&r, &o).unwrap();
+    assert!(
+        l.contains("kind: LeaderWorkerSet") && l.contains("llm-d.ai/role"),
+        "{l}"
+    );
     let j = output::replicas_json(&r);
     assert!(
         j["variants"]

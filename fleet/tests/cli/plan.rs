@@ -68,7 +68,7 @@ fn simulate_writes_its_table_json_and_chart() {
 }
 
 #[test]
-fn plan_writes_replicas_and_yaml_and_gives_a_verdict() {
+fn plan_writes_replicas_manifests_and_chart_and_gives_a_verdict() {
     let dir = TempDir::new("plan");
     let o = tether(&[
         "plan",
@@ -91,8 +91,12 @@ fn plan_writes_replicas_and_yaml_and_gives_a_verdict() {
         "3",
         "--replicas",
         &dir.path("r.json"),
-        "--yaml",
-        &dir.path("p.yaml"),
+        "--dynamo",
+        &dir.path("dgd.yaml"),
+        "--llm-d",
+        &dir.path("lws.yaml"),
+        "--image",
+        "vllm/vllm-openai:v0.11.0",
         "--json",
         &dir.path("p.json"),
         "--svg",
@@ -122,9 +126,14 @@ fn plan_writes_replicas_and_yaml_and_gives_a_verdict() {
             .contains("<svg")
     );
     assert!(
-        std::fs::read_to_string(dir.path("p.yaml"))
+        std::fs::read_to_string(dir.path("dgd.yaml"))
             .unwrap()
-            .contains("kind: Deployment")
+            .contains("kind: DynamoGraphDeployment")
+    );
+    assert!(
+        std::fs::read_to_string(dir.path("lws.yaml"))
+            .unwrap()
+            .contains("kind: LeaderWorkerSet")
     );
 }
 
