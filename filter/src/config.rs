@@ -7,11 +7,13 @@ pub mod eject;
 pub mod load;
 pub mod outputs;
 pub mod pd;
+pub mod residency;
 
 use eject::EjectConfig;
 use load::LoadConfig;
 use outputs::{Output, Outputs};
 use pd::PdConfig;
+use residency::ResidencyConfig;
 use serde::Deserialize;
 use serde::de::{self, IgnoredAny};
 use std::collections::BTreeMap;
@@ -136,6 +138,9 @@ pub struct Config {
     pub load: Option<LoadConfig>,
     /// P/D in pick mode (`pd`): a prefill pool and the disaggregation threshold.
     pub pd: Option<PdConfig>,
+    /// Residency-aware placement (`residency`): the polled residency
+    /// summaries, *d* candidates, the migrate-or-recompute cost.
+    pub residency: Option<ResidencyConfig>,
     /// Pick mode: passive outlier detection on the response path (`eject`).
     pub eject: EjectConfig,
 }
@@ -208,6 +213,7 @@ impl Default for Config {
             turn_count_max_bytes: 32 * 1024,
             load: None,
             pd: None,
+            residency: None,
             eject: EjectConfig::default(),
         }
     }
@@ -273,6 +279,7 @@ pub struct RawConfig {
     turn_count_max_bytes: Option<usize>,
     load: Option<Obj<RawLoad>>,
     pd: Option<Obj<RawPd>>,
+    residency: Option<Obj<RawResidency>>,
     eject: Option<Obj<RawEject>>,
 }
 
@@ -306,6 +313,18 @@ pub struct RawLoad {
     poll_ms: Option<u64>,
     timeout_ms: Option<u64>,
     max_age_ms: Option<u64>,
+    factor: Option<f64>,
+    floor: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResidency {
+    candidates: Option<usize>,
+    kv_bytes_per_token: Option<f64>,
+    link_gbps: Option<f64>,
+    transfer_setup_ms: Option<f64>,
+    prefill_tokens_per_s: Option<f64>,
     factor: Option<f64>,
     floor: Option<f64>,
 }
@@ -443,12 +462,17 @@ impl TryFrom<RawConfig> for Config {
             turn_count_max_bytes: raw.turn_count_max_bytes.unwrap_or(d.turn_count_max_bytes),
             load: raw.load.map(|Obj(l)| LoadConfig::try_from(l)).transpose()?,
             pd: None,
+            residency: None,
             eject: raw
                 .eject
                 .map(|Obj(e)| eject_config(e))
                 .transpose()?
                 .unwrap_or_default(),
             endpoints,
+        };
+        let cfg = match raw.residency {
+            Some(Obj(r)) => residency_config(cfg, r)?,
+            None => cfg,
         };
         pick_features(cfg, raw.pd.map(|Obj(p)| p))
     }
@@ -482,10 +506,10 @@ fn pick_features(mut cfg: Config, pd: Option<RawPd>) -> Result<Config, ConfigErr
         cfg.pd = Some(prefill_config(raw_pd, &cfg.endpoints)?);
         // The prefiller header is what `pd` is for.
         cfg.outputs = cfg.outputs.with(Output::Prefiller);
-    } else if cfg.outputs.has(Output::Prefiller) {
+    } else if cfg.outputs.has(Output::Prefiller) && cfg.residency.is_none() {
         return Err(ConfigError::new(
             "outputs",
-            "\"prefiller\" needs a pd configuration (the prefill pool)",
+            "\"prefiller\" needs a pd or residency configuration",
         ));
     }
     Ok(cfg)
@@ -648,6 +672,69 @@ impl TryFrom<RawLoad> for LoadConfig {
         }
         Ok(c)
     }
+}
+
+/// The `residency` object, checked against the rest: it places pick-mode
+/// keys on the load view's samples, and a migration names the old home in
+/// `x-prefiller-host-port`.
+fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, ConfigError> {
+    let err = |f: &str, why: &str| ConfigError::new(format!("residency.{f}"), why);
+    if cfg.mode != Mode::Pick {
+        return Err(ConfigError::new(
+            "residency",
+            "needs mode \"pick\" (the filter must choose the endpoint)",
+        ));
+    }
+    if cfg.load.is_none() {
+        return Err(ConfigError::new(
+            "residency",
+            "needs a load configuration (residency is polled with the load view)",
+        ));
+    }
+    let d = ResidencyConfig::default();
+    let r = ResidencyConfig {
+        candidates: raw.candidates.unwrap_or(d.candidates),
+        kv_bytes_per_token: raw.kv_bytes_per_token.unwrap_or(d.kv_bytes_per_token),
+        link_gbps: raw.link_gbps.unwrap_or(d.link_gbps),
+        transfer_setup_ms: raw.transfer_setup_ms.unwrap_or(d.transfer_setup_ms),
+        prefill_tokens_per_s: raw.prefill_tokens_per_s.unwrap_or(d.prefill_tokens_per_s),
+        factor: raw.factor.unwrap_or(d.factor),
+        floor: raw.floor.unwrap_or(d.floor),
+    };
+    let n = cfg.endpoints.len();
+    if r.candidates == 0 || r.candidates > n {
+        return Err(err(
+            "candidates",
+            &format!("must be between 1 and the number of endpoints ({n})"),
+        ));
+    }
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    let non_negative = |v: f64| v.is_finite() && v >= 0.0;
+    if !positive(r.kv_bytes_per_token) {
+        return Err(err("kv_bytes_per_token", "must be a positive number"));
+    }
+    if !non_negative(r.link_gbps) {
+        return Err(err(
+            "link_gbps",
+            "must be a number of at least 0 (0: never migrate)",
+        ));
+    }
+    if !non_negative(r.transfer_setup_ms) {
+        return Err(err("transfer_setup_ms", "must be a number of at least 0"));
+    }
+    if !positive(r.prefill_tokens_per_s) {
+        return Err(err("prefill_tokens_per_s", "must be a positive number"));
+    }
+    if !(r.factor.is_finite() && r.factor > 1.0) {
+        return Err(err("factor", "must be a number above 1"));
+    }
+    if !(r.floor.is_finite() && r.floor >= 1.0) {
+        return Err(err("floor", "must be a number of at least 1"));
+    }
+    cfg.residency = Some(r);
+    // A migration names the old home in the prefiller header.
+    cfg.outputs = cfg.outputs.with(Output::Prefiller);
+    Ok(cfg)
 }
 
 /// The `pd` object; `decode` are the pick-mode `endpoints`: a prefill

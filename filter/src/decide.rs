@@ -147,8 +147,18 @@ fn placement(
     rewritten: bool,
 ) -> Placed {
     let refused = r.reject.is_some();
+    let id = &r.identity;
     let req = place::Request {
         key: r.key,
+        resident: if cfg.residency.is_some() {
+            tether_placement::resident_key(
+                u128::from(id.tenant_hash()),
+                u128::from(id.session_hash()),
+                u128::from(id.subagent_hash()),
+            )
+        } else {
+            0
+        },
         prompt: (!r.header_path && !refused).then_some(Prompt {
             bytes: r.body_bytes,
             new_bytes: r.new_bytes,

@@ -13,17 +13,25 @@
 //!   the bound, then takes its next rendezvous choice with room. When the body
 //!   is rewritten a spill never changes the key's DP rank (endpoints of
 //!   different `dp_size`; `docs/gateway.md`, "Load-aware pick").
+//! - Residency-aware pick (`residency`): when the view has a fresh sample, the
+//!   key is placed by [`tether_placement::Placement::place_resident`] on the
+//!   polled loads and what each of its *d* candidates says it holds
+//!   ([`residency_view`]); a key moved off an overloaded holder names that
+//!   holder as its prefiller ([`Prefill::Holder`]) when pulling its state is
+//!   cheaper than recomputing it (`docs/gateway.md`, "Residency-aware placement").
 //! - P/D (`pd`, body path): [`pd::prefiller`] on the prompt estimate and the
 //!   prefill endpoints' queued prefill tokens.
 
 pub mod eject;
 pub mod load_view;
 pub mod pd;
+pub mod residency_view;
 
 use crate::config::{Config, Mode};
 use eject::Health;
 use load_view::LoadView;
-use tether_placement::{Pick, Placement};
+use residency_view::ResidencyView;
+use tether_placement::{How, Pick, Placement};
 
 /// The endpoint pools of a configuration, built once per VM.
 #[derive(Debug, Clone)]
@@ -48,6 +56,8 @@ impl Pools {
 #[derive(Debug, Clone, Copy)]
 pub struct Snapshot<'a> {
     pub view: &'a LoadView,
+    /// What the decode endpoints hold (`residency`), by decode endpoint index.
+    pub residency: &'a ResidencyView,
     /// Pick mode: the VM's ejection table ([`eject`]), when it keeps one.
     pub health: Option<&'a Health>,
     /// Host clock, ms since the epoch (what the samples' `at_ms` count from).
@@ -56,11 +66,14 @@ pub struct Snapshot<'a> {
 
 /// A view with no samples: placement is the plain rendezvous pick.
 static NO_VIEW: LoadView = LoadView::EMPTY;
+/// No residency known.
+static NO_RESIDENCY: ResidencyView = ResidencyView::EMPTY;
 
 impl Snapshot<'_> {
     /// No load known.
     pub const NONE: Snapshot<'static> = Snapshot {
         view: &NO_VIEW,
+        residency: &NO_RESIDENCY,
         health: None,
         now_ms: 0,
     };
@@ -70,6 +83,9 @@ impl Snapshot<'_> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     pub key: u64,
+    /// The key's retention key as a residency summary lists it
+    /// ([`tether_placement::resident_key`] of its marker hashes).
+    pub resident: u64,
     /// Body path: the prompt's size, for P/D; `None` on the header path.
     pub prompt: Option<Prompt>,
     /// The body is rewritten: a spill must keep the key's DP rank.
@@ -94,6 +110,9 @@ pub enum Prefill {
     Local,
     /// On this prefill endpoint (index into `pd.prefill_endpoints`).
     Remote(usize),
+    /// On the key's old home, decode endpoint `i`, whose retained state the
+    /// chosen endpoint pulls over the KV link (a residency migration).
+    Holder(usize),
 }
 
 /// Where one request goes.
@@ -106,6 +125,8 @@ pub struct Placed {
     /// Load-aware pick moved the key off its rendezvous primary.
     pub spilled: bool,
     pub prefill: Prefill,
+    /// Placed by residency: why the key went where it went.
+    pub how: Option<How>,
 }
 
 impl Placed {
@@ -115,6 +136,7 @@ impl Placed {
         ejected: false,
         spilled: false,
         prefill: Prefill::Off,
+        how: None,
     };
 
     /// The primary endpoint's index.
@@ -135,6 +157,9 @@ pub fn place(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> 
         Some(moved) => (moved, true),
         None => (plain, false),
     };
+    if !ejected && let Some(placed) = resident(cfg, pools, req, snap, &home) {
+        return placed;
+    }
     let (pick, spilled) = match bounded(cfg, pools, req, snap) {
         Some(b)
             if b.order.first() != home.order.first() && !(req.keep_rank && b.rank != home.rank) =>
@@ -152,6 +177,7 @@ pub fn place(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> 
         ejected,
         spilled,
         prefill,
+        how: None,
     }
 }
 
@@ -168,6 +194,48 @@ fn healthy(pools: &Pools, req: &Request, snap: Snapshot<'_>, plain: &Pick) -> Op
     (health.reorder(&pools.decode, req.key, &mut moved, snap.now_ms)
         && !(req.keep_rank && moved.rank != plain.rank))
         .then_some(moved)
+}
+
+/// The residency-aware placement, when `residency` is configured and some
+/// decode endpoint has a fresh load sample; `None` leaves the key to the
+/// plain and bounded picks (also when a rewritten body would change its DP
+/// rank). A migrated key's prefill leg goes to its old home; otherwise P/D
+/// decides as usual, expecting the prompt uncached unless the key stays.
+fn resident(
+    cfg: &Config,
+    pools: &Pools,
+    req: &Request,
+    snap: Snapshot<'_>,
+    home: &Pick,
+) -> Option<Placed> {
+    let (rc, lc) = (cfg.residency.as_ref()?, cfg.load.as_ref()?);
+    let n = pools.decode.endpoints().len();
+    if !snap.view.any_fresh(0..n, snap.now_ms, lc.max_age_ms) {
+        return None;
+    }
+    let loads = snap.view.requests(0..n, snap.now_ms, lc.max_age_ms);
+    let knows = |i| {
+        snap.residency
+            .knows(i, req.resident, snap.now_ms, lc.max_age_ms)
+    };
+    let c = pools
+        .decode
+        .place_resident(req.key, cfg.fallbacks, &rc.rule(), &loads, knows)?;
+    if req.keep_rank && c.pick.rank != home.rank {
+        return None;
+    }
+    let prefill = match (c.how, req.prompt) {
+        (How::Migrate { from }, _) => Prefill::Holder(from),
+        (_, Some(p)) => prefill(cfg, pools, req.key, p, c.how != How::Stay, snap),
+        (_, None) => Prefill::Off,
+    };
+    Some(Placed {
+        spilled: false,
+        ejected: false,
+        prefill,
+        how: Some(c.how),
+        pick: Some(c.pick),
+    })
 }
 
 /// The bounded-load pick on the view's requests in flight, when `load` is

@@ -13,8 +13,15 @@
 //! trace: the generator has its own small PRNG and distributions, so no
 //! dependency update can change a committed example.
 //!
-//! Defaults and where they come from are in `docs/trace-format.md`
-//! ("Generated traces").
+//! Defaults, the `coding-agent` preset ([`Preset`]) and where their figures
+//! come from are in `docs/trace-format.md` ("Generated traces").
+
+mod preset;
+mod shape;
+
+pub use preset::Preset;
+
+use shape::Shape;
 
 use crate::trace::{
     AgentSpec, Api, EndReason, Header, ModelError, RequestSpec, SessionSpec, Trace, TraceBuilder,
@@ -33,6 +40,10 @@ pub struct GenerateOptions {
     pub sessions: u32,
     /// Mean gap between session starts, ms (Poisson arrivals).
     pub session_gap_ms: f64,
+    /// When set, sessions start uniformly at random over this span, ms
+    /// (a Poisson process of `sessions` arrivals in it), drawn from a stream
+    /// of their own: the sessions are the same at any span.
+    pub session_span_ms: Option<f64>,
     /// Tokens per block.
     pub block_size: u32,
     /// API of every request.
@@ -45,10 +56,24 @@ pub struct GenerateOptions {
     /// Every session's planner uses the same system prompt and tools (and
     /// every subagent of a type the same ones), so they share those blocks.
     pub shared_system_prompt: bool,
+    /// Distinct harness preambles (system prompt and tools of the planner
+    /// and of every subagent type) shared across sessions; a session picks
+    /// harness `k` with weight 1/(k+1). Needs `shared_system_prompt`.
+    pub harnesses: u32,
     /// Planner system prompt, tokens.
     pub system_tokens: u32,
     /// Planner tool schemas, tokens.
     pub tool_tokens: u32,
+    /// When set, a session's size is drawn first: its requests (planner and
+    /// subagents together) are log-normal with this median, and user turns
+    /// and subagent calls follow from it (`user_turns_mean` and
+    /// `subagent_calls_mean` are then unused).
+    pub session_requests_median: Option<f64>,
+    /// σ of the log of the session size (with `session_requests_median`).
+    pub session_requests_sigma: f64,
+    /// Share of a subagent-using session's requests that its subagents make
+    /// (with `session_requests_median`).
+    pub subagent_request_share: f64,
     /// Mean user turns per session (≥ 1).
     pub user_turns_mean: f64,
     /// Mean model calls per user turn (≥ 1): a tool loop.
@@ -69,6 +94,10 @@ pub struct GenerateOptions {
     pub user_message_tokens: f64,
     /// Median tool result, tokens.
     pub tool_result_tokens: f64,
+    /// A tool result's median is at least this share of the room left below
+    /// `max_context_tokens` (0 = off): agents read whole files early and make
+    /// small edits late, so contexts grow fast and then level off.
+    pub tool_result_headroom: f64,
     /// Median subagent task message, tokens.
     pub task_tokens: f64,
     /// Median output, tokens.
@@ -79,6 +108,8 @@ pub struct GenerateOptions {
     pub tool_ms: f64,
     /// Median user think time between turns, ms.
     pub think_ms: f64,
+    /// σ of the log of the user think time.
+    pub think_sigma: f64,
     /// When a prompt would exceed this, the harness compacts: the context
     /// restarts from the preamble plus a summary.
     pub max_context_tokens: u32,
@@ -96,13 +127,18 @@ impl Default for GenerateOptions {
             seed: 1,
             sessions: 8,
             session_gap_ms: 20_000.0,
+            session_span_ms: None,
             block_size: 64,
             api: Api::Chat,
             model: None,
             tenants: 0,
             shared_system_prompt: true,
+            harnesses: 1,
             system_tokens: 3_000,
             tool_tokens: 9_000,
+            session_requests_median: None,
+            session_requests_sigma: 0.8,
+            subagent_request_share: 0.35,
             user_turns_mean: 4.0,
             calls_per_turn_mean: 11.0,
             subagent_share: 0.44,
@@ -113,16 +149,111 @@ impl Default for GenerateOptions {
             first_message_tokens: 300.0,
             user_message_tokens: 150.0,
             tool_result_tokens: 4_000.0,
+            tool_result_headroom: 0.0,
             task_tokens: 400.0,
             output_tokens: 444.0,
             sigma: 1.0,
             tool_ms: 1_500.0,
             think_ms: 30_000.0,
+            think_sigma: 1.0,
             max_context_tokens: 200_000,
             summary_tokens: 8_000.0,
             response_ms_per_token: 12.0,
             response_ms_fixed: 400.0,
         }
+    }
+}
+
+/// A generator option out of its range, or a trace the model refuses.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// An option is out of range; `flag` is its `tether trace generate` flag.
+    #[error("{flag} {why}")]
+    Option {
+        /// The option's flag.
+        flag: &'static str,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The trace model refused what was generated.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+impl GenerateOptions {
+    /// Refuses options the generator cannot honour, naming the flag.
+    pub fn check(&self) -> Result<(), GenerateError> {
+        let bad = |flag, why| Err(GenerateError::Option { flag, why });
+        let positive = [
+            ("--first-message-tokens", self.first_message_tokens),
+            ("--user-message-tokens", self.user_message_tokens),
+            ("--tool-result-tokens", self.tool_result_tokens),
+            ("--task-tokens", self.task_tokens),
+            ("--output-tokens", self.output_tokens),
+            ("--summary-tokens", self.summary_tokens),
+        ];
+        let non_negative = [
+            ("--session-gap-ms", self.session_gap_ms),
+            ("--span-s", self.session_span_ms.unwrap_or(0.0)),
+            ("--session-requests-sigma", self.session_requests_sigma),
+            ("--sigma", self.sigma),
+            ("--think-sigma", self.think_sigma),
+            ("--tool-ms", self.tool_ms),
+            ("--think-ms", self.think_ms),
+            ("--response-ms-per-token", self.response_ms_per_token),
+            ("--response-ms-fixed", self.response_ms_fixed),
+            ("--user-turns", self.user_turns_mean),
+            ("--calls-per-turn", self.calls_per_turn_mean),
+            ("--subagents", self.subagents_mean),
+            ("--subagent-calls", self.subagent_calls_mean),
+        ];
+        let shares = [
+            ("--subagent-share", self.subagent_share),
+            ("--subagent-request-share", self.subagent_request_share),
+            ("--tool-result-headroom", self.tool_result_headroom),
+        ];
+        if let Some((flag, _)) = positive.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
+            return bad(flag, "must be a positive number");
+        }
+        if let Some((flag, _)) = non_negative
+            .iter()
+            .find(|(_, v)| !(v.is_finite() && *v >= 0.0))
+        {
+            return bad(flag, "must be a number ≥ 0");
+        }
+        if let Some((flag, _)) = shares.iter().find(|(_, v)| !(0.0..=1.0).contains(v)) {
+            return bad(flag, "must be a share between 0 and 1");
+        }
+        if self.tool_result_headroom >= 1.0 {
+            return bad("--tool-result-headroom", "must be below 1");
+        }
+        if self
+            .session_requests_median
+            .is_some_and(|m| !(m.is_finite() && m >= 1.0))
+        {
+            return bad("--session-requests", "must be a number ≥ 1");
+        }
+        if self.block_size == 0 {
+            return bad("--block-size", "must be at least 1");
+        }
+        if self.harnesses == 0 {
+            return bad("--harnesses", "must be at least 1");
+        }
+        if self.harnesses > 1 && !self.shared_system_prompt {
+            return bad(
+                "--harnesses",
+                "needs shared system prompts (not --own-system-prompts)",
+            );
+        }
+        let preamble = u64::from(self.system_tokens) + u64::from(self.tool_tokens);
+        let sub = u64::from(self.subagent_system_tokens) + u64::from(self.subagent_tool_tokens);
+        if u64::from(self.max_context_tokens) <= preamble.max(sub) {
+            return bad(
+                "--max-context-tokens",
+                "must exceed the system prompt and tools it compacts down to",
+            );
+        }
+        Ok(())
     }
 }
 
@@ -297,13 +428,28 @@ impl Gen<'_> {
         self.o.response_ms_fixed + self.o.response_ms_per_token * f64::from(output)
     }
 
-    fn preamble(&mut self, session: u32, kind: &str, system: u32, tools: u32) -> Context {
+    /// The preamble of an agent of type `kind`: shared by every session of
+    /// the same harness, or the session's own.
+    fn preamble(
+        &mut self,
+        session: u32,
+        harness: u32,
+        kind: &str,
+        system: u32,
+        tools: u32,
+    ) -> Context {
         let mut c = Context::default();
         let bs = u64::from(self.o.block_size);
+        // Harness 0 keeps the names of a single shared preamble.
+        let h = if harness == 0 {
+            String::new()
+        } else {
+            format!("/h{harness}")
+        };
         let (sys, tl) = if self.o.shared_system_prompt {
             (
-                Contents::named(&format!("system/{kind}")),
-                Contents::named(&format!("tools/{kind}")),
+                Contents::named(&format!("system/{kind}{h}")),
+                Contents::named(&format!("tools/{kind}{h}")),
             )
         } else {
             (
@@ -317,6 +463,23 @@ impl Gen<'_> {
         c.push(sys, system, bs);
         c.preamble = c.len;
         c
+    }
+
+    /// The session's harness: `k` with weight 1/(k+1) (nothing is drawn for one).
+    fn harness(&mut self) -> u32 {
+        let n = self.o.harnesses;
+        if n <= 1 {
+            return 0;
+        }
+        let total: f64 = (1..=n).map(|k| 1.0 / f64::from(k)).sum();
+        let mut r = self.rng.unit() * total;
+        for k in 0..n {
+            r -= 1.0 / f64::from(k + 1);
+            if r < 0.0 {
+                return k;
+            }
+        }
+        n - 1
     }
 
     fn out_tokens(&mut self) -> u32 {
@@ -344,11 +507,15 @@ impl Gen<'_> {
         ctx.push(id, message, bs);
     }
 
-    /// A tool result's tokens.
-    fn result_tokens(&mut self) -> u32 {
+    /// A tool result's tokens, for a context of `len` tokens.
+    fn result_tokens(&mut self, len: u64) -> u32 {
         let cap = (self.o.max_context_tokens / 4).max(1);
-        self.rng
-            .tokens(self.o.tool_result_tokens, self.o.sigma, cap)
+        let room = u64::from(self.o.max_context_tokens).saturating_sub(len) as f64;
+        let median = self
+            .o
+            .tool_result_tokens
+            .max(self.o.tool_result_headroom * room);
+        self.rng.tokens(median, self.o.sigma, cap)
     }
 
     fn planned(
@@ -374,12 +541,21 @@ impl Gen<'_> {
         }
     }
 
-    /// A subagent's tool loop from `start` (ms after the session start);
-    /// returns its requests, its end time and its final output's tokens.
-    fn subagent(&mut self, session: u32, kind: &str, start: f64) -> (Vec<Planned>, f64, u32) {
+    /// A subagent's tool loop of `calls` model calls (drawn here when the
+    /// session's shape leaves it open) from `start` (ms after the session
+    /// start); returns its requests, its end time and its final output's tokens.
+    fn subagent(
+        &mut self,
+        session: u32,
+        harness: u32,
+        kind: &str,
+        start: f64,
+        calls: Option<u32>,
+    ) -> (Vec<Planned>, f64, u32) {
         let bs = u64::from(self.o.block_size);
         let preamble = self.preamble(
             session,
+            harness,
             kind,
             self.o.subagent_system_tokens,
             self.o.subagent_tool_tokens,
@@ -388,7 +564,10 @@ impl Gen<'_> {
         let task = self.rng.tokens(self.o.task_tokens, self.o.sigma, 20_000);
         let id = self.contents.unique();
         ctx.push(id, task, bs);
-        let calls = self.rng.count(self.o.subagent_calls_mean);
+        let calls = match calls {
+            Some(n) => n,
+            None => self.rng.count(self.o.subagent_calls_mean),
+        };
         let mut out = Vec::new();
         let (mut t, mut gap, mut opened) = (start, Some(SPAWN_MS), TurnKind::Handoff);
         let mut last_out = 0;
@@ -407,7 +586,7 @@ impl Gen<'_> {
             if last {
                 break;
             }
-            let result = self.result_tokens();
+            let result = self.result_tokens(ctx.len);
             self.append(&mut ctx, &preamble, output, result);
             let tool = self.rng.lognormal(self.o.tool_ms, 1.0);
             t += tool;
@@ -437,28 +616,14 @@ impl Gen<'_> {
                 ..AgentSpec::default()
             },
         )?;
-        // Plan: user turns, calls per turn, and which calls hand off to a subagent.
-        let turns = self.rng.count(o.user_turns_mean);
-        let calls: Vec<u32> = (0..turns)
-            .map(|_| self.rng.count(o.calls_per_turn_mean))
-            .collect();
-        let eligible: Vec<(u32, u32)> = calls
-            .iter()
-            .enumerate()
-            .flat_map(|(u, &n)| (0..n.saturating_sub(1)).map(move |c| (u as u32, c)))
-            .collect();
-        let mut spawn: Vec<(u32, u32)> = Vec::new();
-        if !eligible.is_empty() && self.rng.chance(o.subagent_share) {
-            let n = self.rng.count(o.subagents_mean).min(eligible.len() as u32);
-            while (spawn.len() as u32) < n {
-                let pick = eligible[(self.rng.next_u64() % eligible.len() as u64) as usize];
-                if !spawn.contains(&pick) {
-                    spawn.push(pick);
-                }
-            }
-        }
+        let harness = self.harness();
+        let shape = match o.session_requests_median {
+            Some(median) => Shape::sized(&mut self.rng, o, median),
+            None => Shape::counted(&mut self.rng, o),
+        };
+        let (calls, spawn) = (&shape.turns, &shape.spawns);
 
-        let preamble = self.preamble(s, "planner", o.system_tokens, o.tool_tokens);
+        let preamble = self.preamble(s, harness, "planner", o.system_tokens, o.tool_tokens);
         let mut ctx = preamble.clone();
         let first = self.rng.tokens(o.first_message_tokens, o.sigma, 50_000);
         let id = self.contents.unique();
@@ -470,7 +635,7 @@ impl Gen<'_> {
         let mut pending_output = 0;
         for (u, &n) in calls.iter().enumerate() {
             if u > 0 {
-                let think = self.rng.lognormal(o.think_ms, 1.0);
+                let think = self.rng.lognormal(o.think_ms, o.think_sigma);
                 t += think;
                 let m = self.rng.tokens(o.user_message_tokens, o.sigma, 20_000);
                 self.append(&mut ctx, &preamble, pending_output, m);
@@ -481,7 +646,8 @@ impl Gen<'_> {
                 let output = self.out_tokens();
                 let mut p = self.planned(&ctx, t, output, opened, gap);
                 let last = c + 1 == n;
-                let hands_off = spawn.contains(&(u as u32, c));
+                let spawned = spawn.iter().find(|(at, _)| *at == (u as u32, c));
+                let hands_off = spawned.is_some();
                 p.spec.ended_by = Some(if last {
                     EndReason::EndTurn
                 } else if hands_off {
@@ -495,7 +661,7 @@ impl Gen<'_> {
                     pending_output = output;
                     break;
                 }
-                let (result, wait) = if hands_off {
+                let (result, wait) = if let Some(&(_, sub_calls)) = spawned {
                     let r = self.rng.unit();
                     let mut acc = 0.0;
                     let kind = SUBAGENT_TYPES
@@ -506,7 +672,8 @@ impl Gen<'_> {
                         })
                         .map_or("explore", |(k, _)| k);
                     let spawn_at = t + SPAWN_MS;
-                    let (reqs, end, last_out) = self.subagent(s, kind, spawn_at);
+                    let (reqs, end, last_out) =
+                        self.subagent(s, harness, kind, spawn_at, sub_calls);
                     subs.push((
                         format!("agent-{:03}", subs.len() + 1),
                         kind.to_owned(),
@@ -515,7 +682,10 @@ impl Gen<'_> {
                     ));
                     (last_out.max(1), end - t + SPAWN_MS)
                 } else {
-                    (self.result_tokens(), self.rng.lognormal(o.tool_ms, 1.0))
+                    (
+                        self.result_tokens(ctx.len),
+                        self.rng.lognormal(o.tool_ms, 1.0),
+                    )
                 };
                 t += wait;
                 self.append(&mut ctx, &preamble, output, result);
@@ -550,8 +720,21 @@ impl Gen<'_> {
     }
 }
 
+/// Seeds the stream session arrivals are drawn from when they span a fixed
+/// time, apart from the sessions' own draws.
+const ARRIVAL_STREAM: u64 = 0xa77e_55a1;
+
+/// Session start times over `span` ms: sorted uniform draws.
+fn spread(o: &GenerateOptions, span: f64) -> Vec<f64> {
+    let mut rng = Rng(o.seed ^ ARRIVAL_STREAM);
+    let mut starts: Vec<f64> = (0..o.sessions).map(|_| rng.unit() * span).collect();
+    starts.sort_by(f64::total_cmp);
+    starts
+}
+
 /// Generates a trace.
-pub fn generate(o: &GenerateOptions) -> Result<Trace, ModelError> {
+pub fn generate(o: &GenerateOptions) -> Result<Trace, GenerateError> {
+    o.check()?;
     let b = TraceBuilder::with_header(Header {
         block_size: o.block_size,
         name: Some(format!("generated seed {} sessions {}", o.seed, o.sessions)),
@@ -570,14 +753,17 @@ pub fn generate(o: &GenerateOptions) -> Result<Trace, ModelError> {
         interner: Interner::default(),
         b,
     };
+    let spread = o.session_span_ms.map(|span| spread(o, span));
     let mut start = 0.0;
     for s in 0..o.sessions {
-        if s > 0 {
-            start += g.rng.exponential(o.session_gap_ms);
+        match &spread {
+            Some(starts) => start = starts.get(s as usize).copied().unwrap_or(start),
+            None if s > 0 => start += g.rng.exponential(o.session_gap_ms),
+            None => {}
         }
         g.session(s, start)?;
     }
-    g.b.build()
+    Ok(g.b.build()?)
 }
 
 #[cfg(test)]

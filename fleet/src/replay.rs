@@ -13,6 +13,7 @@
 pub mod assemble;
 pub mod client;
 pub mod plan;
+pub mod resident;
 pub mod response;
 pub mod run;
 pub mod scrape;

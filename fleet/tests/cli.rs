@@ -130,6 +130,72 @@ fn generate_is_reproducible() {
     assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
 }
 
+/// The coding-agent corpus as the benchmarks make it: generated at a chosen
+/// size and span, then served by `tether simulate` on a model whose window
+/// holds its prompts (up to 190 K tokens), nothing refused.
+#[test]
+fn a_coding_agent_corpus_generates_and_simulates() {
+    let dir = TempDir::new("corpus");
+    let trace = dir.path("c.jsonl");
+    let o = tether(&[
+        "trace",
+        "generate",
+        "--preset",
+        "coding-agent",
+        "--sessions",
+        "4",
+        "--span-s",
+        "60",
+        "--output",
+        &trace,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let profile = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/profiles/qwen3-coder-next-fp8-h200-tp1.json")
+        .display()
+        .to_string();
+    let o = tether(&[
+        "simulate",
+        &trace,
+        "--profile",
+        &profile,
+        "--ranks",
+        "2",
+        "--policy",
+        "tether",
+        "--cache",
+        "retention",
+        "--quiet",
+        "--threads",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("tether / retention"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(row.ends_with(" 0"), "refused requests: {row}");
+    let refused = |flags: &[&str], says: &str| {
+        let args = [&["trace", "generate", "--output", trace.as_str()], flags].concat();
+        let o = tether(&args);
+        assert!(
+            !o.status.success() && text(&o).contains(says),
+            "{}",
+            text(&o)
+        );
+    };
+    // Turns and subagent calls follow from the session's size in this preset.
+    refused(
+        &["--preset", "coding-agent", "--user-turns", "3"],
+        "--user-turns does not apply",
+    );
+    refused(
+        &["--subagent-share", "2"],
+        "--subagent-share must be a share",
+    );
+}
+
 #[test]
 fn bad_input_is_refused_by_name() {
     let dir = TempDir::new("bad");

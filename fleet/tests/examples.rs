@@ -25,7 +25,7 @@ fn examples_are_what_their_commands_generate() -> Result<()> {
         };
         let cmd = Cmd::try_parse_from(std::iter::once("generate").chain(rest.split_whitespace()))
             .with_context(|| format!("parsing `{line}`"))?;
-        let want = content_hash(&generate(&cmd.args.options())?);
+        let want = content_hash(&generate(&cmd.args.options()?)?);
         let file = root.join(&cmd.args.output);
         let have = content_hash(&read_trace(&file)?);
         assert_eq!(

@@ -41,16 +41,16 @@ pub struct MoveCost {
     /// Fixed cost of one transfer (connection set-up, the prefill leg's
     /// round trip), ms.
     pub transfer_setup_ms: f64,
-    /// ms per token over the link: KV bytes per token × 8 / link bit rate.
+    /// ms per token over the link: KV bytes per token / link bytes per ms.
     pub transfer_ms_per_token: f64,
     /// ms per token to recompute the state on the target (its prefill rate).
     pub recompute_ms_per_token: f64,
 }
 
 impl MoveCost {
-    /// From the model's KV bytes per token, the link's Gbit/s, the set-up ms
-    /// and the target's prefill tokens per second. A link of 0 Gbit/s (or
-    /// none) never migrates.
+    /// From the model's KV bytes per token, the link's GB/s (10⁹ bytes per
+    /// second, as `tether-rank --kv-link-gbps` counts it), the set-up ms and
+    /// the target's prefill tokens per second. A link of 0 GB/s never migrates.
     pub fn from_link(
         kv_bytes_per_token: f64,
         link_gbps: f64,
@@ -58,7 +58,7 @@ impl MoveCost {
         prefill_tps: f64,
     ) -> Self {
         let transfer = if link_gbps > 0.0 {
-            kv_bytes_per_token * 8.0 / (link_gbps * 1e9) * 1e3
+            kv_bytes_per_token / (link_gbps * 1e9) * 1e3
         } else {
             f64::INFINITY
         };

@@ -246,6 +246,21 @@ impl RetentionCache {
         self.records.get(key)
     }
 
+    /// Every retention held, on either tier: (key, prompt tokens it lets the
+    /// next turn skip, on the device). A key on both tiers appears twice. For a
+    /// rank's residency summary (`docs/rank.md` "Residency summary").
+    pub fn retained(&self) -> impl Iterator<Item = (RetentionKey, u64, bool)> + '_ {
+        let device = self
+            .records
+            .values()
+            .map(|r| (r.meta.key, r.meta.tokens, true));
+        let host = self
+            .host
+            .records()
+            .map(|r| (r.meta.key, r.meta.tokens, false));
+        device.chain(host)
+    }
+
     /// Device retentions held.
     pub fn device_records(&self) -> usize {
         self.records.len()

@@ -101,6 +101,11 @@ impl HostTier {
         self.records.get(key)
     }
 
+    /// Every record held, in no order.
+    pub fn records(&self) -> impl Iterator<Item = &HostRecord> {
+        self.records.values()
+    }
+
     /// A hit on `key`: refreshes its record's interval; false when there is none.
     pub(crate) fn refresh(&mut self, key: &RetentionKey, now: Millis) -> bool {
         let Some(r) = self.records.get_mut(key) else {

@@ -133,6 +133,22 @@ impl Ledger {
         self.held.get(key).map(|h| h.blocks.as_slice())
     }
 
+    /// Every retained turn state, in no order: its key, its record's tokens and whether
+    /// the device holds it (a device retention usually has a host copy too; `false`:
+    /// host tier only). What a residency summary lists.
+    pub fn resident(&self) -> impl Iterator<Item = (RetentionKey, u64, bool)> + '_ {
+        let device = self
+            .held
+            .values()
+            .map(|h| (h.meta.key, h.meta.tokens, true));
+        let host = self
+            .host
+            .records()
+            .filter(|r| !self.held.contains_key(&r.meta.key))
+            .map(|r| (r.meta.key, r.meta.tokens, false));
+        device.chain(host)
+    }
+
     /// Leading blocks of `chain` the host tier holds.
     pub fn host_prefix(&self, chain: &[BlockHash]) -> usize {
         if self.host.capacity() == 0 {

@@ -116,6 +116,11 @@ pub struct Args {
     /// KV-transfer link of a decode-role rank, GB/s (prefilled KV arriving from a prefiller).
     #[arg(long, default_value_t = 50.0)]
     pub kv_link_gbps: f64,
+    /// Most entries of the residency summary in `/load` (docs/rank.md
+    /// "Residency summary"); the largest retained states are listed first; 0
+    /// publishes none.
+    #[arg(long, default_value_t = tether_placement::residency::MAX_ENTRIES)]
+    pub residency_entries: usize,
 }
 
 /// A command line the rank cannot start with.
@@ -266,6 +271,15 @@ impl RankConfig {
         }
         if !(args.kv_link_gbps.is_finite() && args.kv_link_gbps > 0.0) {
             return Err(flag("kv-link-gbps", "must be a positive number"));
+        }
+        if args.residency_entries > tether_placement::residency::MAX_ENTRIES {
+            return Err(flag(
+                "residency-entries",
+                format!(
+                    "at most {} (what a reader accepts)",
+                    tether_placement::residency::MAX_ENTRIES
+                ),
+            ));
         }
         if args.max_body_bytes == 0 {
             return Err(flag("max-body-bytes", "must be positive"));

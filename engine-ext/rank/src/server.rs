@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use tether_engine::{BlockHasher, RequestKeys};
+use tether_placement::{Held, Resident, resident_key};
 use tether_wire::Api;
 use tether_wire::TurnMarker;
 use tokio::net::TcpListener;
@@ -142,20 +143,40 @@ impl Rank {
         }
     }
 
-    /// The load report (`GET /load`).
+    /// The load report (`GET /load`), with the residency summary: every
+    /// retention on every DP rank's device and host tier (a key held more than
+    /// once lists its largest state, on the device when any copy is).
     pub fn load(&self) -> LoadReport {
+        let max = self.cfg.args.residency_entries;
+        let mut held: HashMap<u64, Held> = HashMap::new();
         let ranks: Vec<RankLoad> = self
             .slots
             .iter()
             .enumerate()
-            .map(|(i, s)| rank_load(i, &lock(s).engine.gauges()))
+            .map(|(i, s)| {
+                let c = lock(s);
+                if max > 0 {
+                    for (k, tokens, device) in c.engine.cache().retained() {
+                        let key = resident_key(k.tenant.0, k.session.0, k.subagent.0);
+                        let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
+                        let e = held.entry(key).or_insert(Held { tokens, device });
+                        e.tokens = e.tokens.max(tokens);
+                        e.device |= device;
+                    }
+                }
+                rank_load(i, &c.engine.gauges())
+            })
             .collect();
+        let residency = (max > 0).then(|| {
+            let (r, omitted) = Resident::from_entries(held, max);
+            r.encode(omitted)
+        });
         LoadReport {
             server_load: ranks.iter().map(|r| r.running + r.waiting).sum(),
             sim_ms: (self.clock.now_ms() * 1000.0).round() / 1000.0,
             speedup: self.clock.speedup(),
             ranks,
-            residency: None,
+            residency,
         }
     }
 

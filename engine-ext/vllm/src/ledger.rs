@@ -33,6 +33,14 @@ impl Marker {
         self.inner.kind.name()
     }
 
+    /// The 64-bit key a residency summary lists this marker's retention under
+    /// (`tether_placement::resident_key`).
+    #[getter]
+    fn resident_key(&self) -> u64 {
+        let k = self.inner.key;
+        tether_placement::resident_key(k.tenant.0, k.session.0, k.subagent.0)
+    }
+
     /// The retention key as `tenant:session:subagent` (hex).
     #[getter]
     fn key(&self) -> String {
@@ -104,17 +112,26 @@ fn hashes(list: &[Bound<'_, PyBytes>]) -> Vec<BlockHash> {
 /// Retention decisions over vLLM's block pool (see `tether_engine::ledger`).
 #[pyclass(module = "tether_vllm._native")]
 pub struct Ledger {
-    inner: Inner,
+    pub(crate) inner: Inner,
+    /// KV cache groups whose blocks one retained block position holds: every
+    /// attention group's block, and (hybrid) one snapshot block per state group per
+    /// record — what turns a record's block count back into prompt tokens.
+    pub(crate) attention_groups: u64,
+    pub(crate) state_groups: u64,
 }
 
 #[pymethods]
 impl Ledger {
     /// `block_bytes`: bytes of one block across all layers (host accounting);
     /// `host_bytes`: host-tier capacity (0 = none); interval overrides in ms (None =
-    /// the wire contract's defaults); `max_interval_ms` clamps every interval.
+    /// the wire contract's defaults); `max_interval_ms` clamps every interval;
+    /// `attention_groups` / `state_groups`: the KV cache groups a record spans (a
+    /// hybrid record holds each attention group's blocks and one state block per
+    /// state group), so the residency summary counts prompt tokens, not blocks.
     #[new]
     #[pyo3(signature = (block_size, num_blocks, block_bytes, host_bytes, retention=true,
-        max_interval_ms=3_600_000, first_ms=None, user_ms=None, tool_ms=None, handoff_ms=None))]
+        max_interval_ms=3_600_000, first_ms=None, user_ms=None, tool_ms=None, handoff_ms=None,
+        attention_groups=1, state_groups=0))]
     #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         block_size: usize,
@@ -127,7 +144,14 @@ impl Ledger {
         user_ms: Option<u64>,
         tool_ms: Option<u64>,
         handoff_ms: Option<u64>,
+        attention_groups: u64,
+        state_groups: u64,
     ) -> PyResult<Self> {
+        if attention_groups == 0 {
+            return Err(CallerError::new_err(
+                "Ledger: attention_groups must be >= 1",
+            ));
+        }
         let d = RetentionMs::DEFAULT;
         let intervals = RetentionMs {
             first: first_ms.unwrap_or(d.first),
@@ -146,7 +170,11 @@ impl Ledger {
             ..PolicyConfig::default()
         };
         let inner = Inner::try_new(cfg).map_err(|e| fault_err(Fault::Caller, e))?;
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            attention_groups,
+            state_groups,
+        })
     }
 
     /// A turn of the marker's key arrived: refresh its retention on either tier.

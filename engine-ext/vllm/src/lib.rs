@@ -1,4 +1,5 @@
-//! `tether_vllm._native`: the Python face of tether's retention ledger and KV-copy engine.
+//! `tether_vllm._native`: the Python face of tether's retention ledger and KV-copy engine,
+//! and of the `/load` report with the residency summary the connector serves.
 //!
 //! Only block hashes, block ids, tensor addresses, strides and sizes cross this
 //! boundary, never per-element loops; copies run with the GIL released. Errors carry
@@ -8,6 +9,7 @@
 
 mod copier;
 mod ledger;
+mod residency;
 
 use pyo3::create_exception;
 use pyo3::prelude::*;
@@ -49,6 +51,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<copier::KvCopier>()?;
     m.add_function(wrap_pyfunction!(ledger::parse_marker, m)?)?;
     m.add_function(wrap_pyfunction!(copier::cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(residency::load_report, m)?)?;
+    m.add_function(wrap_pyfunction!(residency::read_load_report, m)?)?;
+    m.add(
+        "RESIDENCY_MAX_ENTRIES",
+        tether_placement::residency::MAX_ENTRIES,
+    )?;
     m.add("MARKER_KEY", tether_wire::params::KEY)?;
     Ok(())
 }

@@ -266,6 +266,11 @@ def test_parse_marker_contract():
         ("free_watermark", True),
         ("intervals_ms", {"lunch": 5}),
         ("intervals_ms", {"tool": -5}),
+        ("residency_port", 70_000),
+        ("residency_port", "8101"),
+        ("residency_host", ""),
+        ("residency_max_entries", 0),
+        ("residency_max_entries", 16_385),
         ("no_such_field", 1),
     ],
 )

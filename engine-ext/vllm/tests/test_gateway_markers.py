@@ -18,39 +18,22 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
-import socket
-import subprocess
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from gateway import free_port, render, running
 from harness import Engine
 from tether_vllm import parse_marker
 
-ROOT = Path(__file__).resolve().parents[3]
 BS = 16
 # The filter's own retention interval for a tool turn (tether-wire's default,
 # docs/wire.md): what the gateway writes for a conversation ending in a tool result.
 TOOL_MS = 120_000
-
-
-def _path(env: str, default: Path) -> Path:
-    p = Path(os.environ.get(env) or default)
-    if not p.is_file():
-        pytest.fail(f"{p} is missing ({env}); `make test-vllm` builds it first")
-    return p
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Echo(http.server.BaseHTTPRequestHandler):
@@ -86,66 +69,20 @@ class _Echo(http.server.BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def gateway():
     """Envoy + the tether filter (outputs pick + vllm) in front of an echo upstream."""
-    envoy = _path("TETHER_ENVOY", ROOT / ".venv/bin/envoy")
-    wasm = _path(
-        "TETHER_FILTER_WASM", ROOT / "target/wasm32-wasip1/wasm-release/tether_filter.wasm"
-    )
-    cli = _path("TETHER_CLI", ROOT / "target/debug/tether")
     echo = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
     threading.Thread(target=echo.serve_forever, daemon=True).start()
-    work = tempfile.TemporaryDirectory(prefix="tether-gw-vllm-")
-    listen, admin = _free_port(), _free_port()
-    plugin = Path(work.name, "plugin.json")
-    plugin.write_text(json.dumps({"outputs": ["pick", "vllm"]}))
-    bootstrap = Path(work.name, "envoy.yaml")
-    subprocess.run(
-        [
-            str(cli), "gateway",
-            "--ranks", f"127.0.0.1:{echo.server_address[1]}",
-            "--mode", "pick",
-            "--plugin-config", str(plugin),
-            "--listen", f"127.0.0.1:{listen}",
-            "--admin", f"127.0.0.1:{admin}",
-            "--filter-wasm", str(wasm),
-            "--output", str(bootstrap),
-        ],
-        check=True,
-        cwd=ROOT,
-        capture_output=True,
-    )
-    log = open(Path(work.name, "envoy.log"), "w")
-    proc = subprocess.Popen(
-        [str(envoy), "-c", str(bootstrap), "--concurrency", "1", "-l", "warning",
-         "--use-dynamic-base-id"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"envoy exited: {Path(work.name, 'envoy.log').read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=2) as r:
-                    if r.read().strip() == b"LIVE":
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("envoy not ready after 60 s")
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{listen}"
+        with tempfile.TemporaryDirectory(prefix="tether-gw-vllm-") as work:
+            listen, admin = free_port(), free_port()
+            bootstrap = render(
+                work, f"127.0.0.1:{echo.server_address[1]}", {"outputs": ["pick", "vllm"]},
+                listen, admin,
+            )
+            with running(bootstrap, admin, Path(work, "envoy.log")):
+                yield f"http://127.0.0.1:{listen}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
         echo.shutdown()
         echo.server_close()
-        work.cleanup()
 
 
 def _chat(kv_transfer_params=None) -> dict:

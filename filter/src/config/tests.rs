@@ -293,3 +293,64 @@ fn the_eject_config_is_checked_by_field() {
         assert_eq!(eject(v.clone()).unwrap_err().field, field, "{v}");
     }
 }
+
+fn residency(v: serde_json::Value, load: bool) -> Result<Config, ConfigError> {
+    let mut c = serde_json::json!({"mode": "pick", "residency": v,
+        "endpoints": [{"address": "10.0.0.1:8000"}, {"address": "10.0.0.2:8000"}]});
+    if load {
+        c["load"] = serde_json::json!({});
+    }
+    Config::parse(c.to_string().as_bytes())
+}
+
+#[test]
+fn residency_config_defaults_and_refusals_name_the_field() {
+    let c = residency(serde_json::json!({}), true).unwrap();
+    assert_eq!(c.residency, Some(residency::ResidencyConfig::default()));
+    assert!(
+        c.outputs.has(Output::Prefiller),
+        "a migration names the old home"
+    );
+    let c = residency(serde_json::json!({"link_gbps": 0, "candidates": 1}), true).unwrap();
+    assert!(
+        c.residency
+            .unwrap()
+            .rule()
+            .cost
+            .transfer_ms(1)
+            .is_infinite()
+    );
+    for (v, field) in [
+        (serde_json::json!({"candidates": 0}), "residency.candidates"),
+        (serde_json::json!({"candidates": 3}), "residency.candidates"),
+        (
+            serde_json::json!({"kv_bytes_per_token": 0}),
+            "residency.kv_bytes_per_token",
+        ),
+        (serde_json::json!({"link_gbps": -1}), "residency.link_gbps"),
+        (
+            serde_json::json!({"transfer_setup_ms": -0.5}),
+            "residency.transfer_setup_ms",
+        ),
+        (
+            serde_json::json!({"prefill_tokens_per_s": 0}),
+            "residency.prefill_tokens_per_s",
+        ),
+        (
+            serde_json::json!({"prefill_tokens_per_s": "fast"}),
+            "residency.prefill_tokens_per_s",
+        ),
+        (serde_json::json!({"factor": 1}), "residency.factor"),
+        (serde_json::json!({"floor": 0.5}), "residency.floor"),
+        (serde_json::json!({"bogus": 1}), "residency.bogus"),
+        (serde_json::json!([2]), "residency"),
+    ] {
+        assert_eq!(residency(v.clone(), true).unwrap_err().field, field, "{v}");
+    }
+    assert_eq!(
+        residency(serde_json::json!({}), false).unwrap_err().field,
+        "residency"
+    );
+    let hash = Config::parse(br#"{"mode":"hash","residency":{},"load":{}}"#).unwrap_err();
+    assert_eq!(hash.field, "residency");
+}

@@ -61,9 +61,12 @@ pub fn for_each_request_header(
         if out.has(Output::DpRank) {
             emit(names::DP_RANK, Decimal::new(u64::from(p.rank)).as_bytes());
         }
-        if let (true, Prefill::Remote(i)) = (out.has(Output::Prefiller), placed.prefill)
-            && let Some(e) = pools.prefill.as_ref().and_then(|pp| pp.endpoints().get(i))
-        {
+        let prefiller = match placed.prefill {
+            Prefill::Remote(i) => pools.prefill.as_ref().and_then(|pp| pp.endpoints().get(i)),
+            Prefill::Holder(i) => pools.decode.endpoints().get(i),
+            Prefill::Off | Prefill::Local => None,
+        };
+        if let (true, Some(e)) = (out.has(Output::Prefiller), prefiller) {
             emit(names::PREFILLER, e.address.as_bytes());
         }
     }

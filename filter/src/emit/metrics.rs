@@ -108,6 +108,42 @@ pub const FIXED: &[(&str, &str)] = &[
         "tether_endpoint_ejected",
         "pick mode: an endpoint failed `eject.failures` times in a row and was taken out",
     ),
+    (
+        "tether_residency_stay",
+        "residency: to the candidate that holds the key's state",
+    ),
+    (
+        "tether_residency_least",
+        "residency: no candidate holds the key, to the least loaded candidate",
+    ),
+    (
+        "tether_residency_migrate",
+        "residency: holder over the bound, moved with its state (prefill leg on the old home)",
+    ),
+    (
+        "tether_residency_recompute",
+        "residency: holder over the bound, moved and recomputed (transfer costs more)",
+    ),
+    (
+        "tether_residency_bounded",
+        "residency: some candidate's summary unknown or stale, bounded-load pick",
+    ),
+    (
+        "tether_residency_bad_version",
+        "a rank's residency summary has an unknown version (not used; logged)",
+    ),
+    (
+        "tether_residency_bad_too_many",
+        "a rank's residency summary lists more than 16384 entries (not used; logged)",
+    ),
+    (
+        "tether_residency_bad_shape",
+        "a rank's residency summary is not 16/8/1 hex digits per entry (not used; logged)",
+    ),
+    (
+        "tether_residency_bad_unsorted",
+        "a rank's residency summary keys are not strictly ascending (not used; logged)",
+    ),
 ];
 
 /// The [`FIXED`] counters by position, so a request counts by index instead
@@ -134,10 +170,19 @@ pub enum Fixed {
     ServedByFallback,
     PrimaryEjected,
     EndpointEjected,
+    ResidencyStay,
+    ResidencyLeast,
+    ResidencyMigrate,
+    ResidencyRecompute,
+    ResidencyBounded,
+    ResidencyBadVersion,
+    ResidencyBadTooMany,
+    ResidencyBadShape,
+    ResidencyBadUnsorted,
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 20] = [
+    pub const ALL: [Fixed; 29] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
@@ -158,7 +203,39 @@ impl Fixed {
         Fixed::ServedByFallback,
         Fixed::PrimaryEjected,
         Fixed::EndpointEjected,
+        Fixed::ResidencyStay,
+        Fixed::ResidencyLeast,
+        Fixed::ResidencyMigrate,
+        Fixed::ResidencyRecompute,
+        Fixed::ResidencyBounded,
+        Fixed::ResidencyBadVersion,
+        Fixed::ResidencyBadTooMany,
+        Fixed::ResidencyBadShape,
+        Fixed::ResidencyBadUnsorted,
     ];
+
+    /// The counter of a placement by residency.
+    pub fn of_how(h: tether_placement::How) -> Fixed {
+        use tether_placement::How;
+        match h {
+            How::Stay => Fixed::ResidencyStay,
+            How::Least => Fixed::ResidencyLeast,
+            How::Migrate { .. } => Fixed::ResidencyMigrate,
+            How::Recompute { .. } => Fixed::ResidencyRecompute,
+            How::Bounded => Fixed::ResidencyBounded,
+        }
+    }
+
+    /// The counter of a refused residency summary.
+    pub fn of_bad_summary(b: &tether_placement::residency::BadSummary) -> Fixed {
+        use tether_placement::residency::BadSummary;
+        match b {
+            BadSummary::Version(_) => Fixed::ResidencyBadVersion,
+            BadSummary::TooMany(_) => Fixed::ResidencyBadTooMany,
+            BadSummary::Shape => Fixed::ResidencyBadShape,
+            BadSummary::Unsorted => Fixed::ResidencyBadUnsorted,
+        }
+    }
 
     /// The counter's name (its row in [`FIXED`]).
     pub fn name(self) -> &'static str {
@@ -187,7 +264,7 @@ pub enum Counter {
 /// failed. Names that sanitize alike share one id, as they share one counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CounterIds {
-    pub fixed: [Option<u32>; 20],
+    pub fixed: [Option<u32>; 29],
     /// By index into `session_sources`.
     pub source: Vec<Option<u32>>,
     pub head: Option<u32>,

@@ -117,6 +117,10 @@ impl Plan {
             Prefill::Off => {}
             Prefill::Local => count(Counter::Fixed(Fixed::PdLocal)),
             Prefill::Remote(_) => count(Counter::Fixed(Fixed::PdDisaggregated)),
+            Prefill::Holder(_) => {}
+        }
+        if let Some(h) = self.placed.how {
+            count(Counter::Fixed(Fixed::of_how(h)));
         }
     }
 }

@@ -5,9 +5,12 @@
 //! proxy-wasm shared data so every worker of one Envoy sees one view.
 
 use tether_placement::load::report::LoadReport;
+use tether_placement::residency::Summary;
 
-/// Largest `/load` reply parsed; longer replies are bad replies.
-pub const MAX_REPLY_BYTES: usize = 256 * 1024;
+/// Largest `/load` reply parsed; longer replies are bad replies. Fits a
+/// residency summary of [`tether_placement::residency::MAX_ENTRIES`] (410 KB)
+/// beside the per-DP-rank loads of a large process.
+pub const MAX_REPLY_BYTES: usize = 1024 * 1024;
 
 /// One endpoint's last report.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,6 +37,16 @@ pub enum BadReply {
 impl Sample {
     /// Reads a `/load` reply (`tether_placement::load::report::LoadReport`).
     pub fn from_reply(status: Option<&str>, body: &[u8], at_ms: u64) -> Result<Self, BadReply> {
+        Self::with_residency(status, body, at_ms).map(|(s, _)| s)
+    }
+
+    /// Reads a `/load` reply and its residency summary, when it has one
+    /// (not yet checked: [`tether_placement::Resident::decode`]).
+    pub fn with_residency(
+        status: Option<&str>,
+        body: &[u8],
+        at_ms: u64,
+    ) -> Result<(Self, Option<Summary>), BadReply> {
         if status != Some("200") {
             return Err(BadReply::Status(
                 status.map(|s| s.chars().take(8).collect()),
@@ -47,11 +60,12 @@ impl Sample {
             m.truncate(120);
             BadReply::Parse(m)
         })?;
-        Ok(Self {
+        let s = Self {
             requests: r.server_load as f64,
             prefill_tokens: r.queued_prefill_tokens() as f64,
             at_ms,
-        })
+        };
+        Ok((s, r.residency))
     }
 }
 

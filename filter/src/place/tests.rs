@@ -79,6 +79,7 @@ fn decide(c: &Config, b: &[u8], v: &LoadView, now: u64) -> Plan {
     let call = BodyCall::new(Api::Chat, &[], b.len());
     let snap = Snapshot {
         view: v,
+        residency: &ResidencyView::EMPTY,
         health: None,
         now_ms: now,
     };
@@ -94,7 +95,7 @@ fn primary(d: &Plan) -> usize {
 fn prefiller(d: &Plan) -> Option<&'static str> {
     match d.placed.prefill {
         Prefill::Remote(i) => Some(PREFILL[i]),
-        Prefill::Local | Prefill::Off => None,
+        Prefill::Local | Prefill::Off | Prefill::Holder(_) => None,
     }
 }
 
@@ -282,6 +283,7 @@ fn the_header_path_spills_on_the_view_too() {
     let at = |v: &LoadView, now: u64| {
         let snap = Snapshot {
             view: v,
+            residency: &ResidencyView::EMPTY,
             health: None,
             now_ms: now,
         };
@@ -338,3 +340,5 @@ fn a_rewritten_body_keeps_its_dp_rank_across_a_spill() {
     }
     assert!(seen > 10, "{seen} keys changed rank when spilled");
 }
+
+mod residency;

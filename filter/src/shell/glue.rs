@@ -10,7 +10,7 @@
 //! time. Nothing is kept for the later callbacks unless they use it.
 
 use super::host;
-use super::poller::Poller;
+use super::poller::{Poller, ResidencyPoll};
 use super::timing::{Log, Probe};
 use crate::api::Api;
 use crate::config::Config;
@@ -21,6 +21,7 @@ use crate::emit::markers;
 use crate::emit::metrics::{self, Counter, CounterIds, Fixed};
 use crate::place::eject::Health;
 use crate::place::load_view::LoadView;
+use crate::place::residency_view::ResidencyView;
 use crate::place::{Pools, Snapshot};
 use crate::read::Reason;
 use crate::read::header_names::{ReadHeaders, is_internal_header, is_internal_header_bytes};
@@ -42,6 +43,8 @@ struct Shared {
     pending: RefCell<Vec<(u32, i64)>>,
     /// Load-aware pick: this VM's copy of the polled view (the root's poller writes it).
     view: Rc<RefCell<LoadView>>,
+    /// `residency`: this VM's decoded residency view (the root's poller writes it).
+    residency: Rc<RefCell<ResidencyView>>,
     /// Pick mode: this VM's ejection table, fed by the response path.
     health: RefCell<Health>,
     timings: Log,
@@ -90,8 +93,11 @@ impl Shared {
         let now_ms = host::now_ms().unwrap_or(0);
         let empty = LoadView::EMPTY;
         let view = self.view.try_borrow().ok();
+        let no_residency = ResidencyView::EMPTY;
+        let residency = self.residency.try_borrow().ok();
         f(Snapshot {
             view: view.as_deref().unwrap_or(&empty),
+            residency: residency.as_deref().unwrap_or(&no_residency),
             health,
             now_ms,
         })
@@ -198,9 +204,14 @@ impl RootContext for Root {
         let view = Rc::new(RefCell::new(LoadView::new(targets.len())));
         // One tick drives both the counter flush and, with `load`, the polls.
         let mut tick = COUNTER_FLUSH;
+        let residency = Rc::new(RefCell::new(ResidencyView::new(cfg.endpoints.len())));
         self.poller = cfg.load.as_ref().map(|lc| {
             tick = tick.min(std::time::Duration::from_millis(lc.poll_ms));
-            Poller::new(lc.clone(), targets, Rc::clone(&view))
+            let rp = cfg.residency.as_ref().map(|_| ResidencyPoll {
+                view: Rc::clone(&residency),
+                decode: cfg.endpoints.len(),
+            });
+            Poller::new(lc.clone(), targets, Rc::clone(&view), rp)
         });
         if host::set_tick_period(u32::try_from(tick.as_millis()).unwrap_or(u32::MAX)).is_err() {
             host::log(LogLevel::Error, "tether: cannot start the tick");
@@ -209,6 +220,7 @@ impl RootContext for Root {
         self.shared = Some(Rc::new(Shared {
             read_headers: ReadHeaders::new(&cfg),
             view,
+            residency,
             health: RefCell::new(Health::new(cfg.endpoints.len())),
             pending: RefCell::new(Vec::new()),
             cfg,

@@ -7,15 +7,25 @@
 //! compare-and-swap); every root copies the shared view into its VM's
 //! [`LoadView`] on each tick, where the HTTP contexts read it with no host call.
 //! A view is therefore stale by up to two poll periods plus the poll's time.
+//!
+//! With `residency`, a decode endpoint's reply also carries its residency
+//! summary: the polling VM checks it, writes its blob to shared data only when
+//! the content changed, and records `(content hash, time)` in a small shared
+//! index. Every root reads that index on its tick and re-reads a blob only when
+//! the hash differs from the one it decoded ([`ResidencyView::sync`]), so a
+//! worker decodes each new summary once and requests never touch shared data.
 
 use super::host;
 use crate::config::load::LoadConfig;
 use crate::emit::metrics::Fixed;
 use crate::place::load_view::{LoadView, MAX_REPLY_BYTES, Sample, due};
+use crate::place::residency_view::{self, ResidencyView};
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use tether_placement::Resident;
+use tether_placement::residency::Summary;
 
 /// Shared-data key of the last claimed poll time (u64 LE, ms).
 const CLAIM_KEY: &str = "tether.load.claim";
@@ -23,6 +33,20 @@ const CLAIM_KEY: &str = "tether.load.claim";
 const VIEW_KEY: &str = "tether.load.view";
 /// Compare-and-swap attempts when publishing a sample.
 const CAS_TRIES: usize = 4;
+/// Shared-data key of the residency index ([`residency_view::parse_index`]).
+const RESIDENCY_INDEX_KEY: &str = "tether.residency.index";
+
+/// Shared-data key of decode endpoint `i`'s residency blob.
+fn residency_blob_key(i: usize) -> String {
+    format!("tether.residency.{i}")
+}
+
+/// Residency polling: the VM's decoded view and how many targets are decode
+/// endpoints (the only ones whose summaries place keys).
+pub struct ResidencyPoll {
+    pub view: Rc<RefCell<ResidencyView>>,
+    pub decode: usize,
+}
 
 pub struct Poller {
     cfg: LoadConfig,
@@ -31,16 +55,104 @@ pub struct Poller {
     /// Outstanding polls: token → view index.
     pending: HashMap<u32, usize>,
     view: Rc<RefCell<LoadView>>,
+    residency: Option<ResidencyPoll>,
 }
 
 impl Poller {
-    pub fn new(cfg: LoadConfig, targets: Vec<String>, view: Rc<RefCell<LoadView>>) -> Self {
+    pub fn new(
+        cfg: LoadConfig,
+        targets: Vec<String>,
+        view: Rc<RefCell<LoadView>>,
+        residency: Option<ResidencyPoll>,
+    ) -> Self {
         Self {
             cfg,
             targets,
             pending: HashMap::new(),
             view,
+            residency,
         }
+    }
+
+    /// Brings this VM's residency view to the shared index, re-reading only
+    /// the blobs whose content changed.
+    fn sync_residency(&self) {
+        let Some(rp) = &self.residency else {
+            return;
+        };
+        let Ok((Some(bytes), _)) = host::get_shared(RESIDENCY_INDEX_KEY) else {
+            return;
+        };
+        let Some(index) = residency_view::parse_index(&bytes, rp.decode) else {
+            return;
+        };
+        let Ok(mut mine) = rp.view.try_borrow_mut() else {
+            return;
+        };
+        for (i, (hash, at_ms)) in index.into_iter().enumerate() {
+            mine.sync(i, hash, at_ms, || {
+                host::get_shared(&residency_blob_key(i))
+                    .ok()
+                    .and_then(|(b, _)| b)
+            });
+        }
+    }
+
+    /// Endpoint `i`'s summary from a good `/load` reply at `now`: checked,
+    /// recorded in this VM, and published; a bad or absent one makes the
+    /// endpoint unknown (a bad one is counted and logged).
+    fn residency(&self, i: usize, summary: Option<Summary>, now: u64, count: &dyn Fn(Fixed)) {
+        let Some(rp) = self.residency.as_ref().filter(|rp| i < rp.decode) else {
+            return;
+        };
+        let decoded = summary.map(|s| Resident::decode(&s));
+        let (hash, resident) = match decoded {
+            Some(Ok(r)) => {
+                let blob = residency_view::blob(&r);
+                let hash = residency_view::content_hash(&blob);
+                let known = host::get_shared(RESIDENCY_INDEX_KEY)
+                    .ok()
+                    .and_then(|(b, _)| b)
+                    .and_then(|b| residency_view::parse_index(&b, rp.decode))
+                    .and_then(|idx| idx.get(i).map(|e| e.0));
+                if known != Some(hash)
+                    && host::set_shared(&residency_blob_key(i), &blob, 0).is_err()
+                {
+                    count(Fixed::HostError);
+                    return;
+                }
+                (hash, Some(r))
+            }
+            Some(Err(e)) => {
+                count(Fixed::of_bad_summary(&e));
+                let addr = self.targets.get(i).map_or("?", String::as_str);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("tether: residency of {addr} not used: {e}"),
+                );
+                (0, None)
+            }
+            None => (0, None),
+        };
+        if let Ok(mut v) = rp.view.try_borrow_mut() {
+            match resident {
+                Some(r) => v.record(i, hash, now, r),
+                None => v.sync(i, 0, now, || None),
+            }
+        }
+        for _ in 0..CAS_TRIES {
+            let Ok((bytes, cas)) = host::get_shared(RESIDENCY_INDEX_KEY) else {
+                count(Fixed::HostError);
+                return;
+            };
+            let index = residency_view::set_index(bytes.as_deref(), rp.decode, i, hash, now);
+            match host::set_shared(RESIDENCY_INDEX_KEY, &index, cas) {
+                Ok(()) => return,
+                Err(host::HostStatus(8)) => continue,
+                Err(_) => break,
+            }
+        }
+        count(Fixed::HostError);
     }
 
     /// One tick: refresh this VM's view from shared data, then poll if this
@@ -53,6 +165,7 @@ impl Poller {
         {
             *mine = v;
         }
+        self.sync_residency();
         let Ok(now) = host::now_ms() else {
             count(Fixed::HostError);
             return;
@@ -118,8 +231,8 @@ impl Poller {
             .unwrap_or_default()
         };
         let now = host::now_ms().unwrap_or(0);
-        match Sample::from_reply(status.as_deref(), &body, now) {
-            Ok(s) => {
+        match Sample::with_residency(status.as_deref(), &body, now) {
+            Ok((s, summary)) => {
                 count(Fixed::LoadPollOk);
                 if let Ok(mut v) = self.view.try_borrow_mut() {
                     v.record(i, s);
@@ -127,6 +240,7 @@ impl Poller {
                 if !self.publish(i, s) {
                     count(Fixed::HostError);
                 }
+                self.residency(i, summary, now, count);
             }
             Err(e) => {
                 count(Fixed::LoadPollBad);

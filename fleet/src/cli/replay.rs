@@ -19,6 +19,79 @@ pub enum RouteArg {
     Session,
     /// In turn.
     RoundRobin,
+    /// By residency and load (the filter's `residency` pick), polling the
+    /// targets' `/load`; sends the turn markers and, for a migration,
+    /// `x-prefiller-host-port`.
+    Resident,
+}
+
+/// `--route resident`: the placement rule's settings (the filter's
+/// `residency` and `load` configuration, docs/gateway.md).
+#[derive(Debug, Clone, ClapArgs)]
+#[command(next_help_heading = "Resident route")]
+pub struct ResidentArgs {
+    /// Rendezvous candidates a key may live on (d).
+    #[arg(long, default_value_t = 3)]
+    pub candidates: usize,
+    /// Bounded-load factor c (> 1).
+    #[arg(long, default_value_t = 2.0)]
+    pub balance_factor: f64,
+    /// Below this load (running + waiting) a target always takes its keys.
+    #[arg(long, default_value_t = 8.0)]
+    pub balance_floor: f64,
+    /// How often the targets' /load is polled, ms.
+    #[arg(long, default_value_t = 200)]
+    pub load_poll_ms: u64,
+    /// The ranks' KV-transfer link, GB/s (the migrate rule).
+    #[arg(long, default_value_t = 50.0)]
+    pub kv_link_gbps: f64,
+    /// Fixed cost of one KV transfer, ms (the migrate rule).
+    #[arg(long, default_value_t = 5.0)]
+    pub transfer_setup_ms: f64,
+    /// KV bytes per token of the served model (the migrate rule).
+    #[arg(long, default_value_t = 131_072)]
+    pub kv_bytes_per_token: u64,
+    /// Prefill tokens per second of a rank (the migrate rule's recompute cost).
+    #[arg(long, default_value_t = 20_000.0)]
+    pub prefill_tokens_per_s: f64,
+}
+
+impl ResidentArgs {
+    /// The rule, refusing settings out of range by flag name.
+    pub fn rule(&self) -> Result<tether_placement::Rule> {
+        if self.candidates == 0 {
+            bail!("--candidates must be at least 1");
+        }
+        if self.balance_factor.is_nan() || self.balance_factor <= 1.0 {
+            bail!(
+                "--balance-factor {} must be greater than 1",
+                self.balance_factor
+            );
+        }
+        for (flag, v) in [
+            ("--balance-floor", self.balance_floor),
+            ("--kv-link-gbps", self.kv_link_gbps),
+            ("--transfer-setup-ms", self.transfer_setup_ms),
+            ("--prefill-tokens-per-s", self.prefill_tokens_per_s),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                bail!("{flag} {v} must be a non-negative number");
+            }
+        }
+        Ok(tether_placement::Rule {
+            candidates: self.candidates,
+            bound: tether_placement::LoadBound {
+                factor: self.balance_factor,
+                floor: self.balance_floor,
+            },
+            cost: tether_placement::MoveCost::from_link(
+                self.kv_bytes_per_token as f64,
+                self.kv_link_gbps,
+                self.transfer_setup_ms,
+                self.prefill_tokens_per_s,
+            ),
+        })
+    }
 }
 
 /// `tether replay`.
@@ -31,9 +104,12 @@ pub struct Args {
     /// server); repeat or separate with commas for several (see --route).
     #[arg(long, required = true, value_delimiter = ',')]
     pub target: Vec<String>,
-    /// With several targets: `session` (the gateway's own placement) or `round-robin`.
+    /// With several targets: `session` (the gateway's own placement),
+    /// `round-robin`, or `resident` (residency and load, polling the targets).
     #[arg(long, value_enum, default_value_t = RouteArg::Session)]
     pub route: RouteArg,
+    #[command(flatten)]
+    pub resident: ResidentArgs,
     /// Replay N live session trees at a time (AgentX-style) instead of the trace's timestamps.
     #[arg(long)]
     pub live: Option<usize>,
@@ -245,6 +321,10 @@ pub fn run(a: Args) -> Result<()> {
         route: match a.route {
             RouteArg::Session => Route::Session,
             RouteArg::RoundRobin => Route::RoundRobin,
+            RouteArg::Resident => Route::Resident {
+                rule: a.resident.rule()?,
+                poll_ms: a.resident.load_poll_ms,
+            },
         },
         schedule,
         max_inflight: a.max_inflight,

@@ -99,9 +99,21 @@ pub struct FleetArgs {
     /// Rendezvous fallbacks per key for bounded load.
     #[arg(long, default_value_t = 8)]
     pub fallbacks: usize,
-    /// tether-load: how often the ranks' load is polled, ms.
+    /// tether-load, tether-resident: how often the ranks' load is polled, ms.
     #[arg(long, default_value_t = 200.0)]
     pub load_poll_ms: f64,
+    /// tether-resident: rendezvous candidates a key may live on (d).
+    #[arg(long, default_value_t = 3)]
+    pub candidates: usize,
+    /// tether-resident: bounded-load factor c over running + waiting (> 1).
+    #[arg(long, default_value_t = 1.5)]
+    pub resident_factor: f64,
+    /// tether-resident: below this load a holder always keeps its keys.
+    #[arg(long, default_value_t = 1.0)]
+    pub resident_floor: f64,
+    /// tether-resident: fixed cost of one KV transfer in the migrate rule, ms.
+    #[arg(long, default_value_t = 5.0)]
+    pub transfer_setup_ms: f64,
     /// P/D: prefill remotely only above this many uncached prompt tokens.
     #[arg(long, default_value_t = 2048)]
     pub pd_threshold: u64,
@@ -162,6 +174,12 @@ impl FleetArgs {
             balance_floor: a.balance_floor,
             fallbacks: a.fallbacks,
             load_poll_ms: a.load_poll_ms,
+            candidates: a.candidates,
+            resident_bound: tether_placement::LoadBound {
+                factor: a.resident_factor,
+                floor: a.resident_floor,
+            },
+            transfer_setup_ms: a.transfer_setup_ms,
             prefix: PrefixOptions {
                 cache_threshold: a.prefix_threshold,
                 balance_abs: a.balance_abs,

@@ -19,7 +19,7 @@ enum Cmd {
     /// Convert a Mooncake, Qwen-Bailian or AgentX/WEKA trace into a tether trace.
     Import(import::Args),
     /// Generate a seeded synthetic agent trace (planner, subagents, tool loops).
-    Generate(generate::Args),
+    Generate(Box<generate::Args>),
     /// Summarize a trace: sessions, agents, requests, tokens, derivation, ideal hit ratio.
     Stats(stats::Args),
     /// Print the HTTP requests a replay sends for a trace (JSONL), for inspection.
@@ -30,7 +30,7 @@ enum Cmd {
 pub fn run(args: Args) -> anyhow::Result<()> {
     match args.cmd {
         Cmd::Import(a) => import::run(a),
-        Cmd::Generate(a) => generate::run(a),
+        Cmd::Generate(a) => generate::run(*a),
         Cmd::Stats(a) => stats::run(a),
         Cmd::Synth(a) => synth::run(a),
     }

@@ -51,6 +51,7 @@ pub fn replay_keys(opts: &Options, speedup: f64) -> BTreeMap<String, String> {
             match opts.route {
                 Route::Session => "session",
                 Route::RoundRobin => "round-robin",
+                Route::Resident { .. } => "resident",
             }
             .to_owned(),
         );

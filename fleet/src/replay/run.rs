@@ -6,6 +6,7 @@
 
 use super::client::{Client, Target};
 use super::plan::{Mode, SessionPlan};
+use super::resident::ResidentRoute;
 use super::scrape;
 use crate::report::config::{GatewayConfig, RankInfo};
 use crate::report::observe::{Clock, Observation, Outcome};
@@ -31,12 +32,19 @@ pub enum Schedule {
 }
 
 /// How requests are spread over several targets (one target: all go there).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Route {
     /// By the gateway's own placement of the session (and subagent) key.
     Session,
     /// In turn.
     RoundRobin,
+    /// By residency and load, as the filter's `residency` pick: the targets'
+    /// `/load` polled every `poll_ms`, `rule` the placement rule
+    /// ([`super::resident`]).
+    Resident {
+        rule: tether_placement::Rule,
+        poll_ms: u64,
+    },
 }
 
 /// Everything a replay needs besides the trace.
@@ -137,6 +145,7 @@ struct Shared {
     cancel: watch::Receiver<bool>,
     tx: mpsc::UnboundedSender<Observation>,
     placement: Option<Placement>,
+    resident: Option<Arc<ResidentRoute>>,
     rr: AtomicU64,
 }
 
@@ -145,11 +154,17 @@ impl Shared {
         *self.cancel.borrow()
     }
 
-    fn target_of(&self, r: RequestId) -> usize {
-        if self.opts.targets.len() <= 1 {
-            return 0;
+    /// The target of request `r`, and the headers its placement adds.
+    fn target_of(&self, r: RequestId) -> (usize, Vec<(String, String)>) {
+        if let Some(res) = &self.resident {
+            return res
+                .route(&self.trace, r, &self.opts.synth.salt)
+                .map_or((0, Vec::new()), |x| (x.target, x.headers));
         }
-        match (self.opts.route, &self.placement) {
+        if self.opts.targets.len() <= 1 {
+            return (0, Vec::new());
+        }
+        let t = match (self.opts.route, &self.placement) {
             (Route::Session, Some(p)) => {
                 let (key, _) = request_key(&self.trace, r);
                 p.pick(key, 0)
@@ -159,7 +174,8 @@ impl Shared {
             _ => {
                 (self.rr.fetch_add(1, Ordering::Relaxed) % self.opts.targets.len() as u64) as usize
             }
-        }
+        };
+        (t, Vec::new())
     }
 }
 
@@ -174,7 +190,7 @@ fn latency_trace_ms(o: &Outcome, wall_ms: f64, speedup: f64) -> f64 {
 async fn send_one(
     sh: Arc<Shared>,
     r: RequestId,
-    req: HttpRequest,
+    mut req: HttpRequest,
     api: Api,
     release_ms: f64,
     due_ms: f64,
@@ -191,7 +207,9 @@ async fn send_one(
     if sh.cancelled() {
         return None;
     }
-    let target = &sh.opts.targets[sh.target_of(r)];
+    let (t, extra) = sh.target_of(r);
+    req.headers.extend(extra);
+    let target = &sh.opts.targets[t];
     let sent_ms = sh.clock.now_ms();
     let wall = Instant::now();
     let outcome = tokio::select! {
@@ -365,6 +383,19 @@ pub async fn replay(
                 .collect::<Vec<_>>(),
         )
     });
+    let resident = match opts.route {
+        Route::Resident { rule, poll_ms } => {
+            let origins: Vec<String> = opts.targets.iter().map(|t| t.origin.clone()).collect();
+            // A reply older than three polls no longer counts (as the filter's `max_age_ms`).
+            let res = ResidentRoute::new(&origins, rule, Duration::from_millis(poll_ms.max(1) * 3));
+            // A first view before the first request.
+            for w in res.poll(&client).await {
+                warnings.push(format!("resident route: {w}"));
+            }
+            Some(Arc::new(res))
+        }
+        _ => None,
+    };
     let (tx, mut rx) = mpsc::unbounded_channel();
     // Replay time 0 is a moment from now, so the first sessions are
     // synthesized before they are due rather than late.
@@ -389,7 +420,22 @@ pub async fn replay(
         cancel: cancel.clone(),
         tx,
         placement,
+        resident: resident.clone(),
         rr: AtomicU64::new(0),
+    });
+    // `--route resident`: poll the targets' `/load` for the run's length.
+    let poller = resident.map(|res| {
+        let client = client.clone();
+        let poll_ms = match sh.opts.route {
+            Route::Resident { poll_ms, .. } => poll_ms.max(1),
+            _ => 200,
+        };
+        tokio::spawn(async move {
+            loop {
+                let _ = res.poll(&client).await;
+                tokio::time::sleep(Duration::from_millis(poll_ms)).await;
+            }
+        })
     });
 
     // Start sessions: on the timeline, or N live at a time.
@@ -475,6 +521,9 @@ pub async fn replay(
         observations.push(o);
     }
     let _ = starter.await;
+    if let Some(p) = poller {
+        p.abort();
+    }
     // The last state stays on screen: what the run did is worth a line.
     bar.finish();
     let wall_s = clock.start.elapsed().as_secs_f64();

@@ -28,6 +28,12 @@ pub enum Policy {
     /// tether's key, spilled down its rendezvous order when the primary is over
     /// the bound in the ranks' polled `/load` view (the filter's load-aware pick).
     TetherLoad,
+    /// tether's key placed by residency and load among its first *d*
+    /// rendezvous candidates on the polled `/load` view: stay with the state,
+    /// a new key to the least loaded candidate, an overloaded holder's key
+    /// moved with its state over the KV link (`tether_placement::resident`);
+    /// in P/D the prefill leg goes to a prefill rank chosen the same way.
+    TetherResident,
     /// SGLang-style cache-aware routing on an approximate prefix tree.
     Prefix,
     /// The ceiling: every prompt served from one infinite cache holding every
@@ -37,7 +43,7 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy, in report order.
-    pub const ALL: [Policy; 9] = [
+    pub const ALL: [Policy; 10] = [
         Policy::RoundRobin,
         Policy::LeastLoaded,
         Policy::ClientHash,
@@ -45,6 +51,7 @@ impl Policy {
         Policy::Tether,
         Policy::TetherBounded,
         Policy::TetherLoad,
+        Policy::TetherResident,
         Policy::Prefix,
         Policy::Oracle,
     ];
@@ -59,6 +66,7 @@ impl Policy {
             Policy::Tether => "tether",
             Policy::TetherBounded => "tether-bounded",
             Policy::TetherLoad => "tether-load",
+            Policy::TetherResident => "tether-resident",
             Policy::Prefix => "prefix",
             Policy::Oracle => "oracle",
         }
@@ -244,8 +252,16 @@ pub struct SimConfig {
     pub balance_floor: f64,
     /// Fallbacks kept per key for bounded load (the rendezvous order's length − 1).
     pub fallbacks: usize,
-    /// How often `tether-load` polls the ranks' load, ms.
+    /// How often `tether-load` and `tether-resident` poll the ranks' load, ms.
     pub load_poll_ms: f64,
+    /// `tether-resident`: rendezvous candidates a key may live on (*d* ≥ 1).
+    pub candidates: usize,
+    /// `tether-resident`'s load bound (over running + waiting): tighter than
+    /// `tether-load`'s, because a key over it moves with its state instead
+    /// of losing it.
+    pub resident_bound: tether_placement::LoadBound,
+    /// `tether-resident`: fixed cost of one KV transfer (the migrate rule), ms.
+    pub transfer_setup_ms: f64,
     /// SGLang cache-aware thresholds of `prefix`.
     pub prefix: PrefixOptions,
     /// Users and client addresses (client-hash, user-hash).
@@ -276,6 +292,12 @@ impl Default for SimConfig {
             balance_floor: 8.0,
             fallbacks: 8,
             load_poll_ms: 200.0,
+            candidates: 3,
+            resident_bound: tether_placement::LoadBound {
+                factor: 1.5,
+                floor: 1.0,
+            },
+            transfer_setup_ms: 5.0,
             prefix: PrefixOptions::default(),
             identity: IdentityModel::default(),
             track_reusable: false,

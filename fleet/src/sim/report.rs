@@ -48,6 +48,42 @@ pub struct PdSummary {
     pub prefill_busy_max_over_mean: f64,
 }
 
+/// `tether-resident`'s placement decisions (`tether_placement::How`), over
+/// the decode (or aggregated) pool and the prefill pool, and its migrations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResidentSummary {
+    /// To the candidate holding the key's state.
+    pub stay: u64,
+    /// No candidate held it: the least loaded candidate.
+    pub least: u64,
+    /// Holder over the bound: moved with its state over the KV link.
+    pub migrate: u64,
+    /// Holder over the bound: moved, the state recomputed (transfer dearer).
+    pub recompute: u64,
+    /// Some candidate's residency unknown: bounded rendezvous pick.
+    pub bounded: u64,
+    /// Migrated requests served (their decode leg finished).
+    pub migrated_served: u64,
+    /// Tokens whose KV crossed the link in migrations.
+    pub migrated_tokens: u64,
+    /// Mean KV-transfer time of a migration, ms.
+    pub migrate_transfer_ms_mean: f64,
+}
+
+impl ResidentSummary {
+    /// Counts one decision.
+    pub fn count(&mut self, how: tether_placement::How) {
+        use tether_placement::How;
+        match how {
+            How::Stay => self.stay += 1,
+            How::Least => self.least += 1,
+            How::Migrate { .. } => self.migrate += 1,
+            How::Recompute { .. } => self.recompute += 1,
+            How::Bounded => self.bounded += 1,
+        }
+    }
+}
+
 /// The retention policy's counters, summed over ranks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RetentionSummary {
@@ -113,6 +149,9 @@ pub struct Simulation {
     pub usd_per_mtok: f64,
     /// Disaggregated serving, when the fleet is.
     pub pd: Option<PdSummary>,
+    /// `tether-resident`'s decisions, when the run used it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident: Option<ResidentSummary>,
     /// Retention counters.
     pub retention: RetentionSummary,
     /// Engine steps simulated.

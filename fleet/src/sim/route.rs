@@ -10,7 +10,7 @@ use super::config::{Policy, PrefixOptions};
 use super::prefix::ApproxTree;
 use crate::trace::{BlockRef, BlockStore};
 use std::collections::HashMap;
-use tether_placement::{Endpoint, LoadBound, Placement, first_under_bound};
+use tether_placement::{Endpoint, How, Knows, LoadBound, Placement, Rule, first_under_bound};
 
 /// `n` equal endpoints with stable addresses (rank `i` keeps its address when
 /// the active set changes, so rendezvous moves only the keys of ranks that
@@ -167,7 +167,10 @@ impl Router {
             Policy::TetherBounded => {
                 self.bounded(input.key, input.inflight, Some(input.inflight_total))
             }
-            Policy::TetherLoad => self.bounded(input.key, input.polled, None),
+            // `tether-resident` without residency: the bounded pick it falls back to.
+            Policy::TetherLoad | Policy::TetherResident => {
+                self.bounded(input.key, input.polled, None)
+            }
             Policy::Prefix => self.prefix(input),
         }
     }
@@ -190,6 +193,36 @@ impl Router {
         };
         let pos = first_under_bound(&order, view, &self.shares, total, self.bound)?;
         Some(self.active[*order.get(pos)?])
+    }
+
+    /// `tether-resident`: the key placed by residency and load among its
+    /// first `rule.candidates` rendezvous candidates
+    /// ([`Placement::place_resident`], the filter's code), `loads` per pool
+    /// rank and `knows(rank)` what a rank holds for the key. Returns the rank
+    /// and why; a migration's `from` is a pool rank too.
+    pub fn route_resident(
+        &mut self,
+        key: u64,
+        loads: &[f64],
+        rule: &Rule,
+        knows: impl Fn(usize) -> Knows,
+    ) -> Option<(usize, How)> {
+        self.gather(loads);
+        let active = &self.active;
+        let choice = self.placement.place_resident(
+            key,
+            rule.candidates.saturating_sub(1),
+            rule,
+            &self.view,
+            |j| active.get(j).map_or(Knows::Unknown, |&r| knows(r)),
+        )?;
+        let rank = |j: usize| active.get(j).copied();
+        let how = match choice.how {
+            How::Migrate { from } => How::Migrate { from: rank(from)? },
+            How::Recompute { from } => How::Recompute { from: rank(from)? },
+            h => h,
+        };
+        Some((rank(choice.endpoint()?)?, how))
     }
 
     /// SGLang's cache-aware policy: shortest queue when the pool is imbalanced

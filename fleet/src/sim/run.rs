@@ -12,7 +12,9 @@
 use super::config::{CacheMode, FleetShape, Policy, SimConfig};
 use super::identity::{Identities, request_key};
 use super::prompt::{BlockSizeError, PromptBlocks};
-use super::report::{Balance, PdSummary, RetentionSummary, Returning, RunReport, Simulation};
+use super::report::{
+    Balance, PdSummary, ResidentSummary, RetentionSummary, Returning, RunReport, Simulation,
+};
 use super::route::{RouteInput, Router};
 use crate::quantile::{Dist, histogram, record_ms};
 use crate::report::observe::{Clock, Observation, Outcome as Observed, Served, Timing};
@@ -21,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use tether_engine::cache::snapshot_boundaries;
 use tether_engine::{BlockHash, TurnMarker};
-use tether_placement::disaggregate;
+use tether_placement::{Held, How, Knows, MoveCost, Rule, disaggregate};
 use tether_rank_engine::engine::{
     ContextLimit, Engine, EngineConfig, Event, Outcome, SimMs, SimRequest,
 };
@@ -106,7 +108,14 @@ struct Req {
     reusable: u32,
     /// Cache hits of its prefill on the prefill pool.
     prefill_hits: u32,
+    /// The pool of its prefill leg (`PREFILL`, or `DECODE` for a migration
+    /// whose leg runs on the state's old home); `NO_LEG` without one.
+    leg_pool: u8,
+    /// Its prefill leg has handed over.
+    handed: bool,
 }
+
+const NO_LEG: u8 = u8::MAX;
 
 /// A finished prefill whose KV goes to its decode rank.
 struct Handoff {
@@ -133,6 +142,8 @@ struct Totals {
     local: u64,
     transferred: u64,
     transfer_ms: f64,
+    resident: ResidentSummary,
+    migrate_ms: f64,
     ttft: hdrhistogram::Histogram<u64>,
     tpot: hdrhistogram::Histogram<u64>,
     e2e: hdrhistogram::Histogram<u64>,
@@ -200,6 +211,18 @@ pub fn simulate(
             cfg.balance_factor
         )));
     }
+    let rb = cfg.resident_bound;
+    if rb.factor.is_nan() || rb.factor <= 1.0 || rb.floor.is_nan() || rb.floor < 0.0 {
+        return Err(SimError::Setting(format!(
+            "tether-resident's bound: factor {} must be greater than 1 and floor {} non-negative",
+            rb.factor, rb.floor
+        )));
+    }
+    if cfg.candidates == 0 {
+        return Err(SimError::Setting(
+            "tether-resident needs at least 1 candidate".into(),
+        ));
+    }
     if cfg.load_poll_ms.is_nan() || cfg.load_poll_ms <= 0.0 {
         return Err(SimError::Setting(
             "load poll interval must be positive".into(),
@@ -227,9 +250,11 @@ pub fn simulate(
             break;
         }
         let mut pcfg = engine_cfg.clone();
-        if p == PREFILL {
+        if p == PREFILL && cfg.policy != Policy::TetherResident {
             // A prefill rank keeps no retention pins (its prefixes are cached
-            // LRU); its KV leaves with the request.
+            // LRU); its KV leaves with the request. Under `tether-resident` it
+            // retains like a decode rank: session-affine prefill needs a
+            // holder to return to.
             pcfg.policy.retention = false;
             pcfg.policy.host_bytes = 0;
         }
@@ -237,7 +262,7 @@ pub fn simulate(
             .map(|_| Engine::try_new(pcfg.clone(), model.clone()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| SimError::Engine(e.to_string()))?;
-        let policy = if p == PREFILL {
+        let policy = if p == PREFILL && cfg.policy != Policy::TetherResident {
             Policy::LeastLoaded
         } else {
             cfg.policy
@@ -273,7 +298,7 @@ pub fn simulate(
             polled: vec![0.0; count],
             requests: vec![0; count],
             router,
-            wakes: p == PREFILL || policy.reads_inflight(),
+            wakes: p == PREFILL || policy.reads_inflight() || policy == Policy::TetherResident,
             active: vec![true; count],
             seen: if track {
                 vec![HashSet::new(); count]
@@ -300,6 +325,8 @@ pub fn simulate(
                 returning: false,
                 reusable: 0,
                 prefill_hits: 0,
+                leg_pool: NO_LEG,
+                handed: false,
             };
             n
         ],
@@ -326,6 +353,8 @@ pub fn simulate(
             local: 0,
             transferred: 0,
             transfer_ms: 0.0,
+            resident: ResidentSummary::default(),
+            migrate_ms: 0.0,
             ttft: histogram(),
             tpot: histogram(),
             e2e: histogram(),
@@ -359,7 +388,7 @@ pub fn simulate(
         sim.set_active(s0.decode, s0.prefill, active_since);
         next_step = 1;
     }
-    let poll = cfg.policy == Policy::TetherLoad;
+    let poll = matches!(cfg.policy, Policy::TetherLoad | Policy::TetherResident);
     let mut next_poll = sim.tot.first_arrival;
     let mut next = 0usize;
     loop {
@@ -594,7 +623,7 @@ impl Sim<'_> {
                     let pool = &mut self.pools[p];
                     pool.inflight[r] -= 1.0;
                     pool.inflight_total -= 1.0;
-                    if p == PREFILL {
+                    if self.is_leg(q, p, r) {
                         self.handoffs.push(Handoff {
                             req: q,
                             at: outcome.first_token,
@@ -605,11 +634,12 @@ impl Sim<'_> {
                     }
                 }
                 Event::Failed { id, .. } => {
+                    let leg = self.is_leg(*id as u32, p, r);
                     let pool = &mut self.pools[p];
                     pool.inflight[r] -= 1.0;
                     pool.inflight_total -= 1.0;
                     self.tot.failed += 1;
-                    if p == PREFILL {
+                    if leg {
                         // Its decode leg was counted in flight on the decode rank.
                         let d = self.reqs[*id as usize].decode as usize;
                         self.pools[DECODE].inflight[d] -= 1.0;
@@ -700,15 +730,22 @@ impl Sim<'_> {
         let key = match self.cfg.policy {
             Policy::ClientHash => ids.address_key(req.session),
             Policy::UserHash => ids.user_key(req.session),
-            Policy::Tether | Policy::TetherBounded | Policy::TetherLoad => routing,
+            Policy::Tether
+            | Policy::TetherBounded
+            | Policy::TetherLoad
+            | Policy::TetherResident => routing,
             // Tie-breaks only: a per-request value, so no affinity sneaks in.
             _ => tether_placement::hash_parts(&[b"request", &id.0.to_le_bytes()]),
         };
         if self.cfg.policy == Policy::Prefix {
             trace.blocks().path_into(req.blocks, &mut self.path);
         }
-        let path = &self.path;
-        let d = {
+        let resident = self.cfg.policy == Policy::TetherResident;
+        let (d, how) = if resident {
+            let (d, how) = self.place_resident(DECODE, id, key, t)?;
+            (d, Some(how))
+        } else {
+            let path = &self.path;
             // In-flight counts are exact at `t`: engines were woken at their hints.
             let pool = &mut self.pools[DECODE];
             let input = RouteInput {
@@ -720,14 +757,22 @@ impl Sim<'_> {
                 store: trace.blocks(),
                 prompt_tokens: u64::from(req.input_tokens),
             };
-            pool.router
+            let d = pool
+                .router
                 .route(&input)
-                .ok_or(SimError::NoRanks("active"))?
+                .ok_or(SimError::NoRanks("active"))?;
+            (d, None)
         };
         self.reqs[q].decode = d as u32;
         self.track_reusable(d, q);
         let prompt = req.input_tokens as usize;
         let output = (req.output_tokens as usize).max(1);
+        if let Some(How::Migrate { from }) = how {
+            // The state's old home runs the prefill leg (cached) and the KV
+            // crosses the link to `d`: the P/D path with the old home as prefiller.
+            self.remote_leg(id, DECODE, from, d, t, false);
+            return Ok(());
+        }
         let remote = self.pools.len() > PREFILL && {
             self.advance(DECODE, d, t);
             let peek = self.pools[DECODE].engines[d]
@@ -737,32 +782,24 @@ impl Sim<'_> {
             disaggregate(prompt as u64, peek as u64, self.cfg.pd.threshold_tokens)
         };
         if remote {
-            let pool = &mut self.pools[PREFILL];
-            let input = RouteInput {
-                key: routing,
-                inflight: &pool.inflight,
-                inflight_total: pool.inflight_total,
-                polled: &pool.polled,
-                path: &[],
-                store: trace.blocks(),
-                prompt_tokens: prompt as u64,
-            };
-            let pr = pool
-                .router
-                .route(&input)
-                .ok_or(SimError::NoRanks("prefill"))?;
-            self.reqs[q].prefill = pr as u32;
-            // The decode rank holds the request from arrival (llm-d: decode first).
-            self.pools[DECODE].inflight[d] += 1.0;
-            self.pools[DECODE].inflight_total += 1.0;
-            let sr = self.sim_request(id, 1, 0);
-            if self.submit(PREFILL, pr, sr, t) {
-                self.tot.remote += 1;
+            let pr = if resident {
+                self.place_resident(PREFILL, id, routing, t)?.0
             } else {
-                self.pools[DECODE].inflight[d] -= 1.0;
-                self.pools[DECODE].inflight_total -= 1.0;
-                self.tot.refused += 1;
-            }
+                let pool = &mut self.pools[PREFILL];
+                let input = RouteInput {
+                    key: routing,
+                    inflight: &pool.inflight,
+                    inflight_total: pool.inflight_total,
+                    polled: &pool.polled,
+                    path: &[],
+                    store: trace.blocks(),
+                    prompt_tokens: prompt as u64,
+                };
+                pool.router
+                    .route(&input)
+                    .ok_or(SimError::NoRanks("prefill"))?
+            };
+            self.remote_leg(id, PREFILL, pr, d, t, true);
         } else {
             let kv_in = if self.oracle {
                 self.oracle_hits[q] as usize
@@ -779,6 +816,114 @@ impl Sim<'_> {
         Ok(())
     }
 
+    /// `tether-resident`: the rank of pool `p` for `key` by residency and
+    /// load ([`super::route::Router::route_resident`]): loads are the polled
+    /// running + waiting (decode) or the requests in flight (prefill pool),
+    /// residency what each candidate's engine retains for the request's
+    /// retention key now (device or host tier). Counts the decision.
+    fn place_resident(
+        &mut self,
+        p: usize,
+        id: RequestId,
+        key: u64,
+        t: SimMs,
+    ) -> Result<(usize, How), SimError> {
+        let (_, rkey) = request_key(self.trace, id);
+        let prompt = u64::from(self.trace.request(id).input_tokens);
+        // Candidates are read as of `t`: bring every rank's cache up to now
+        // (lazy engines hold their past until a request reaches them).
+        for r in 0..self.pools[p].engines.len() {
+            if self.pools[p].active[r] {
+                self.advance(p, r, t);
+            }
+        }
+        let model = self.pools[p].engines[0].model().clone();
+        let link = self.cfg.pd.kv_link_gbps;
+        let kv_bytes = model.profile().kv_bytes_per_token as f64;
+        // The rule's recompute rate is the profile's at this prompt's size.
+        let tps = if prompt > 0 {
+            prompt as f64 / model.prefill_ms(prompt as usize).max(f64::MIN_POSITIVE) * 1e3
+        } else {
+            f64::INFINITY
+        };
+        let rule = Rule {
+            candidates: self.cfg.candidates.max(1),
+            bound: self.cfg.resident_bound,
+            cost: MoveCost::from_link(kv_bytes, link, self.cfg.transfer_setup_ms, tps),
+        };
+        let pool = &mut self.pools[p];
+        let engines = &pool.engines;
+        let knows = |r: usize| {
+            let c = engines[r].cache();
+            let dev = c.device_record(&rkey).map(|x| x.meta.tokens);
+            let host = c.host().record(&rkey).map(|x| x.meta.tokens);
+            match (dev, host) {
+                (None, None) => Knows::Nothing,
+                (d, h) => Knows::Holds(Held {
+                    tokens: u32::try_from(d.unwrap_or(0).max(h.unwrap_or(0))).unwrap_or(u32::MAX),
+                    device: d.is_some(),
+                }),
+            }
+        };
+        let loads = if p == DECODE {
+            &pool.polled
+        } else {
+            &pool.inflight
+        };
+        let (r, how) =
+            pool.router
+                .route_resident(key, loads, &rule, knows)
+                .ok_or(SimError::NoRanks(if p == DECODE {
+                    "active"
+                } else {
+                    "prefill"
+                }))?;
+        self.tot.resident.count(how);
+        Ok((r, how))
+    }
+
+    /// Starts a request's prefill leg on rank `pr` of pool `lp` (the prefill
+    /// pool, or the decode pool for a migration), its decode leg to follow on
+    /// decode rank `d` when the leg hands over. `marker`: the leg retains its
+    /// prompt end (a prefill rank's session-affine cache); a migration's leg
+    /// does not, so the state's new home is its only holder of this turn.
+    fn remote_leg(
+        &mut self,
+        id: RequestId,
+        lp: usize,
+        pr: usize,
+        d: usize,
+        t: SimMs,
+        marker: bool,
+    ) {
+        let q = id.0 as usize;
+        self.reqs[q].prefill = pr as u32;
+        self.reqs[q].leg_pool = lp as u8;
+        // The decode rank holds the request from arrival (llm-d: decode first).
+        self.pools[DECODE].inflight[d] += 1.0;
+        self.pools[DECODE].inflight_total += 1.0;
+        let mut sr = self.sim_request(id, 1, 0);
+        if !marker {
+            sr.marker = None;
+        }
+        if self.submit(lp, pr, sr, t) {
+            if lp == PREFILL {
+                self.tot.remote += 1;
+            }
+        } else {
+            self.pools[DECODE].inflight[d] -= 1.0;
+            self.pools[DECODE].inflight_total -= 1.0;
+            self.tot.refused += 1;
+        }
+    }
+
+    /// Whether a finished request on rank `r` of pool `p` is a prefill leg
+    /// still to hand over.
+    fn is_leg(&self, q: u32, p: usize, r: usize) -> bool {
+        let req = &self.reqs[q as usize];
+        req.leg_pool == p as u8 && req.prefill == r as u32 && !req.handed
+    }
+
     /// A prefill finished: its decode leg starts, the KV crossing the link.
     fn hand_over(&mut self, h: Handoff) {
         let id = RequestId(h.req);
@@ -787,6 +932,7 @@ impl Sim<'_> {
         let trace = self.trace;
         let r = trace.request(id);
         self.reqs[q].prefill_hits = h.hits as u32;
+        self.reqs[q].handed = true;
         self.blocks.blocks_into(trace, id, &mut self.blocks_buf);
         let sr = self.sim_request(
             id,
@@ -854,9 +1000,13 @@ impl Sim<'_> {
             t.returning.prompt_tokens += o.prompt_tokens as u64;
             t.returning.hit_tokens += hits as u64;
         }
-        if req.prefill != u32::MAX {
+        if req.leg_pool == PREFILL as u8 {
             t.transferred += o.transferred_tokens as u64;
             t.transfer_ms += o.transfer_ms;
+        } else if req.leg_pool == DECODE as u8 {
+            t.resident.migrated_served += 1;
+            t.resident.migrated_tokens += o.transferred_tokens as u64;
+            t.migrate_ms += o.transfer_ms;
         }
         let reusable = u64::from(req.reusable);
         t.reusable += reusable;
@@ -1012,6 +1162,15 @@ impl Sim<'_> {
                 tokens_per_gpu_s,
                 usd_per_mtok,
                 pd,
+                resident: (self.cfg.policy == Policy::TetherResident).then(|| {
+                    let mut r = t.resident;
+                    r.migrate_transfer_ms_mean = if r.migrated_served > 0 {
+                        t.migrate_ms / r.migrated_served as f64
+                    } else {
+                        0.0
+                    };
+                    r
+                }),
                 retention: ret,
                 steps,
             },

@@ -10,9 +10,9 @@ fn rule(d: usize) -> Rule {
     Rule {
         candidates: d,
         bound: BOUND,
-        // 128 KiB per token over 100 Gbit/s (0.0105 ms/token), 5 ms set-up,
-        // 20 k tokens/s prefill (0.05 ms/token): migrate above ~128 tokens.
-        cost: MoveCost::from_link(131_072.0, 100.0, 5.0, 20_000.0),
+        // 128 KiB per token over 12.5 GB/s (0.0105 ms/token), 5 ms set-up,
+        // 20 k tokens/s prefill (0.05 ms/token): migrate above ~127 tokens.
+        cost: MoveCost::from_link(131_072.0, 12.5, 5.0, 20_000.0),
     }
 }
 

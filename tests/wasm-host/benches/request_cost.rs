@@ -9,9 +9,62 @@
 //! With no arguments it measures the floor filter (header and body modes) and,
 //! if built, the tether filter (`TETHER_FILTER_WASM`, configuration from
 //! `TETHER_BENCH_CONFIG`, default `{}`).
+//!
+//! A configuration with `load` is measured on a fresh view: the VM's first
+//! tick polls every endpoint and each poll is answered with an idle report
+//! whose residency summary lists [`PRIMED_ENTRIES`] keys, the bench session's
+//! among them — so `load` and `residency` place on a full view, as in a fleet.
 
 use std::time::{Duration, Instant};
-use tether_wasm_host::{HostOptions, Plugin, Request};
+use tether_placement::keys::{session_hash, tenant_hash};
+use tether_placement::{Held, Resident, resident_key};
+use tether_wasm_host::{FilterVm, HeaderMap, HostOptions, HttpCallResponse, Plugin, Request};
+
+/// Residency entries per endpoint in a primed view (10,000 retained sessions).
+const PRIMED_ENTRIES: u64 = 10_000;
+
+/// Answers the VM's first polls (see the module docs); nothing without `load`.
+fn prime(vm: &mut FilterVm, config: &str) -> Result<(), String> {
+    if !config.contains("\"load\"") {
+        return Ok(());
+    }
+    let bench = resident_key(
+        u128::from(tenant_hash(b"")),
+        u128::from(session_hash(b"", b"bench-session")),
+        0,
+    );
+    let keys = (0..PRIMED_ENTRIES - 1)
+        .map(|i| tether_placement::hash_parts(&[b"bench", &i.to_le_bytes()]))
+        .chain([bench]);
+    let held = keys.map(|k| {
+        (
+            k,
+            Held {
+                tokens: 4096,
+                device: true,
+            },
+        )
+    });
+    let summary = Resident::from_entries(held, usize::MAX).0.encode(0);
+    let body = serde_json::json!({"server_load": 0, "sim_ms": 1.0, "speedup": 1.0,
+        "ranks": [{"dp_rank": 0, "running": 0, "waiting": 0, "restoring": 0,
+                   "queued_prefill_tokens": 0, "kv_usage": 0.0, "kv_blocks": 10, "retentions": 0}],
+        "residency": summary})
+    .to_string()
+    .into_bytes();
+    vm.tick().map_err(|e| e.to_string())?;
+    let tokens: Vec<u32> = vm.state().http_calls.iter().map(|c| c.token).collect();
+    for t in tokens {
+        let reply = HttpCallResponse {
+            headers: HeaderMap::from_pairs([(":status", "200")]),
+            body: body.clone(),
+            ..HttpCallResponse::default()
+        };
+        vm.respond_http_call(t, reply).map_err(|e| e.to_string())?;
+    }
+    vm.tick().map_err(|e| e.to_string())?;
+    Ok(())
+}
 
 struct Subject {
     label: String,
@@ -92,9 +145,11 @@ fn measure(
         ..HostOptions::default()
     };
     let mut vm = metered.start(opts()).map_err(|e| e.to_string())?;
+    prime(&mut vm, config)?;
     let out = vm.run(req).map_err(|e| e.to_string())?;
     let fuel: u64 = out.fuel.values().sum();
     let mut vm = plain.start(opts()).map_err(|e| e.to_string())?;
+    prime(&mut vm, config)?;
     let iters = if body_len > 1_000_000 {
         30
     } else if body_len > 100_000 {

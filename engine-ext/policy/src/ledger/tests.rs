@@ -153,3 +153,27 @@ fn non_prompt_ends_and_mismatched_lists_change_nothing() {
     assert_eq!(l.device_records(), 0);
     l.check().expect("consistent");
 }
+
+#[test]
+fn resident_lists_each_key_once_with_its_tier() {
+    let mut l = ledger(4);
+    l.retain(&marker(1, TurnKind::Tool), &hashes(1, 2), &[1, 2], 0);
+    l.retain(&marker(2, TurnKind::User), &hashes(2, 2), &[3, 4], 10);
+    let tiers = |l: &Ledger| {
+        let mut v: Vec<(u128, u64, bool)> =
+            l.resident().map(|(k, t, d)| (k.session.0, t, d)).collect();
+        v.sort();
+        v
+    };
+    let bs = l.config().block_size as u64;
+    assert_eq!(tiers(&l), vec![(1, 2 * bs, true), (2, 2 * bs, true)]);
+    // Session 1 yields to the host tier; then a third turn evicts it from the host.
+    l.yield_blocks(1, 20, Some(key(2)));
+    assert_eq!(tiers(&l), vec![(1, 2 * bs, false), (2, 2 * bs, true)]);
+    l.retain(&marker(3, TurnKind::User), &hashes(3, 2), &[5, 6], 30);
+    assert_eq!(
+        tiers(&l),
+        vec![(2, 2 * bs, true), (3, 2 * bs, true)],
+        "session 1 left the host tier to make room"
+    );
+}

@@ -10,3 +10,4 @@ mod dp;
 mod harness;
 mod observe;
 mod pd;
+mod residency;

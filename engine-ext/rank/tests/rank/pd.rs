@@ -140,3 +140,94 @@ async fn a_bad_prefiller_header_is_refused_and_other_roles_ignore_it() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["usage"]["tether"]["transferred_tokens"], 0);
 }
+
+#[tokio::test]
+async fn a_leg_that_dies_midway_prefills_locally_and_is_counted() {
+    // A prefiller that accepts, reads the request, starts a 200 answer and hangs up.
+    let half = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let to = half.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut c, _)) = half.accept().await {
+            let mut buf = vec![0u8; 1 << 16];
+            let _ = c.read(&mut buf).await;
+            let _ = c
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 500\r\n\r\n{\"id\":")
+                .await;
+        }
+    });
+    let decode = Server::start(&["--role", "decode"]).await;
+    let r = decode
+        .post(
+            "/v1/chat/completions",
+            &[(PREFILLER, &to)],
+            &chat(&words("midway", 300), &["go"], 2),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-tether-prefilled-by"), None);
+    let t = &r.json()["usage"]["tether"];
+    assert_eq!(t["transferred_tokens"], 0);
+    assert!(
+        t["computed_tokens"].as_u64().unwrap() > 300,
+        "recomputed here"
+    );
+    let dm = decode.metrics().await;
+    let legs = |o: &str| total(&dm, "tether_rank_prefill_legs_total", &[("outcome", o)]);
+    assert_eq!((legs("ok"), legs("failed")), (0.0, 1.0));
+}
+
+#[tokio::test]
+async fn a_migrated_turn_is_transferred_from_the_old_home_not_recomputed() {
+    // The old home retained the session's turn; the next turn goes to another rank
+    // with the old home as its prefiller (what the gateway's migration sends).
+    let old = Server::start(&["--role", "decode"]).await;
+    let new = Server::start(&["--role", "decode"]).await;
+    let sys = words("migrate", 3000);
+    let markers = [
+        ("x-tether-session", "9a"),
+        ("x-tether-prompt-end", "1"),
+        ("x-tether-turn-kind", "tool"),
+    ];
+    let r1 = old
+        .post("/v1/chat/completions", &markers, &chat(&sys, &["read"], 2))
+        .await;
+    assert_eq!(r1.status, 200);
+    let p1 = r1.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let to = old.addr.to_string();
+    let mut h = markers.to_vec();
+    h.push((PREFILLER, &to));
+    let r2 = new
+        .post(
+            "/v1/chat/completions",
+            &h,
+            &chat(&sys, &["read", "ok", "next"], 2),
+        )
+        .await;
+    assert_eq!(r2.status, 200, "{}", r2.text());
+    assert_eq!(r2.header("x-tether-prefilled-by"), Some(to.as_str()));
+    let u = &r2.json()["usage"];
+    let t = &u["tether"];
+    let prompt = u["prompt_tokens"].as_u64().unwrap();
+    let computed = t["computed_tokens"].as_u64().unwrap();
+    assert!(
+        computed <= 16,
+        "only the partial last block is computed here: {computed}"
+    );
+    assert_eq!(t["transferred_tokens"].as_u64().unwrap(), prompt - computed);
+    // The old home's leg hit its retained state: it computed only the new tokens.
+    let om = old.metrics().await;
+    let hits = total(&om, "vllm:prefix_cache_hits_total", &[]);
+    assert!(
+        hits >= (p1 / 16 * 16 - 16) as f64,
+        "old home hit {hits} of {p1}"
+    );
+    // And the new home now retains the session itself.
+    let l: tether_rank::load::LoadReport =
+        serde_json::from_slice(&new.get("/load").await.body).unwrap();
+    let res = tether_placement::Resident::decode(&l.residency.unwrap()).unwrap();
+    assert!(
+        res.get(tether_placement::resident_key(0, 0x9a, 0))
+            .is_some()
+    );
+}

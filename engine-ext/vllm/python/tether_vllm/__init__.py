@@ -2,6 +2,7 @@
 and tether's KV-copy engine moving the pages (docs/vllm.md)."""
 
 from tether_vllm._native import (
+    RESIDENCY_MAX_ENTRIES,
     CallerError,
     DeviceError,
     KvCopier,
@@ -10,10 +11,13 @@ from tether_vllm._native import (
     TetherError,
     TransientError,
     cuda_available,
+    load_report,
     parse_marker,
+    read_load_report,
 )
 
 __all__ = [
+    "RESIDENCY_MAX_ENTRIES",
     "CallerError",
     "DeviceError",
     "KvCopier",
@@ -23,7 +27,9 @@ __all__ = [
     "TetherError",
     "TransientError",
     "cuda_available",
+    "load_report",
     "parse_marker",
+    "read_load_report",
 ]
 
 

@@ -20,6 +20,11 @@ attention KV and the state block at that boundary — so the next turn resumes t
 never past a snapshot; the host tier holds the state pages beside the KV, and hybrid
 restores are asynchronous loads (docs/vllm.md, "Hybrid models").
 
+Residency endpoint (``residency_port``): the scheduler side serves a ``/load`` reply
+(``LoadReport``) from the engine-core process, listing what the ledger retains by
+resident key, tokens and tier, so a gateway can place sessions where their state is
+(docs/vllm.md, "Residency endpoint").
+
 Every public behaviour is documented in docs/vllm.md.
 """
 
@@ -44,14 +49,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
+from vllm.v1.request import RequestStatus
+
 from tether_vllm._native import (
     MARKER_KEY,
+    RESIDENCY_MAX_ENTRIES,
     CallerError,
     KvCopier,
     Ledger,
     TetherError,
+    load_report,
     parse_marker,
 )
+from tether_vllm.residency import ResidencyListener
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -75,6 +85,9 @@ _DEFAULTS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "free_watermark": ((int, float), 0.02),
     "max_interval_ms": (int, 3_600_000),
     "intervals_ms": (dict, {}),
+    "residency_port": ((int, type(None)), None),
+    "residency_host": (str, "0.0.0.0"),
+    "residency_max_entries": (int, RESIDENCY_MAX_ENTRIES),
 }
 _KINDS = ("first", "user", "tool", "handoff")
 
@@ -90,6 +103,9 @@ class TetherConfig:
     free_watermark: float
     max_interval_ms: int
     intervals_ms: dict[str, int]
+    residency_port: int | None
+    residency_host: str
+    residency_max_entries: int
 
     @classmethod
     def parse(cls, extra: dict[str, Any] | None) -> TetherConfig:
@@ -119,6 +135,19 @@ class TetherConfig:
             raise ValueError("kv_connector_extra_config.free_watermark: must be in [0, 1)")
         if values["max_interval_ms"] < 0:
             raise ValueError("kv_connector_extra_config.max_interval_ms: must be >= 0")
+        port = values["residency_port"]
+        if port is not None and not 0 <= port <= 65535:
+            raise ValueError(
+                "kv_connector_extra_config.residency_port: must be in [0, 65535] "
+                "(0: any free port), or absent for no listener"
+            )
+        if not values["residency_host"]:
+            raise ValueError("kv_connector_extra_config.residency_host: must not be empty")
+        if not 1 <= values["residency_max_entries"] <= RESIDENCY_MAX_ENTRIES:
+            raise ValueError(
+                "kv_connector_extra_config.residency_max_entries: must be in "
+                f"[1, {RESIDENCY_MAX_ENTRIES}]"
+            )
         for k, v in values["intervals_ms"].items():
             if k not in _KINDS:
                 raise ValueError(
@@ -290,6 +319,8 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             user_ms=iv.get("user"),
             tool_ms=iv.get("tool"),
             handoff_ms=iv.get("handoff"),
+            attention_groups=len(self.groups.attention),
+            state_groups=len(self.groups.state),
         )
         self.pool: BlockPool | None = None
         self._markers: dict[str, Any] = {}
@@ -300,6 +331,67 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._unsaved: set[bytes] = set()
         # Requests whose blocks vLLM must not free until the worker saved them.
         self._saving: set[str] = set()
+        # Requests added and not finished (vLLM's own objects: their status and
+        # computed tokens are current whenever the listener reads them).
+        self._inflight: dict[str, Request] = {}
+        self._started_ms = time.monotonic() * 1000
+        self.residency: ResidencyListener | None = None
+        if self.config.residency_port is not None:
+            self._start_residency()
+
+    def _start_residency(self) -> None:
+        """The ``/load`` listener, in this (engine-core) process where the ledger lives;
+        each data-parallel engine core listens on the port plus its local DP rank."""
+        parallel = self._vllm_config.parallel_config
+        self._dp_rank = int(getattr(parallel, "data_parallel_rank", 0) or 0)
+        port = self.config.residency_port
+        if port:
+            port += int(getattr(parallel, "data_parallel_rank_local", 0) or 0)
+        try:
+            self.residency = ResidencyListener(self.config.residency_host, port, self.load_report)
+        except OSError as e:
+            raise ValueError(
+                f"kv_connector_extra_config.residency_port: cannot listen on "
+                f"{self.config.residency_host}:{port} ({e})"
+            ) from e
+        logger.info(
+            "residency endpoint: http://%s:%d/load", self.config.residency_host, self.residency.port
+        )
+
+    def load_report(self) -> bytes:
+        """This engine core's ``/load`` reply (JSON bytes, ``LoadReport``; docs/vllm.md,
+        "Residency endpoint"): the requests the connector saw added and not finished,
+        by vLLM's status, and the residency summary of what the ledger retains."""
+        running = waiting = restoring = 0
+        queued = 0
+        for req in list(self._inflight.values()):
+            status = req.status
+            if status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                running += 1
+                restoring += 1
+            elif status == RequestStatus.RUNNING:
+                running += 1
+            elif not RequestStatus.is_finished(status):
+                waiting += 1
+            queued += max(0, req.num_prompt_tokens - req.num_computed_tokens)
+        pool = self.pool
+        return load_report(
+            self.ledger,
+            dp_rank=getattr(self, "_dp_rank", 0),
+            running=running,
+            waiting=waiting,
+            restoring=restoring,
+            queued_prefill_tokens=queued,
+            kv_usage=pool.get_usage() if pool is not None else 0.0,
+            kv_blocks=self.num_blocks,
+            uptime_ms=time.monotonic() * 1000 - self._started_ms,
+            max_entries=self.config.residency_max_entries,
+        )
+
+    def shutdown(self) -> None:
+        if getattr(self, "residency", None) is not None:
+            self.residency.close()
+            self.residency = None
 
     def bind_gpu_block_pool(self, gpu_block_pool: BlockPool) -> None:
         self.pool = gpu_block_pool
@@ -330,6 +422,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
 
     def on_new_request(self, request: Request) -> None:
         t0 = time.thread_time_ns()
+        self._inflight[request.request_id] = request
         marker = self._marker(request)
         if marker is not None:
             self.ledger.touch(marker, self._now_ms())
@@ -459,6 +552,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         marker = self._marker(request)
         self._markers.pop(request.request_id, None)
         self._pending.pop(request.request_id, None)
+        self._inflight.pop(request.request_id, None)
         if marker is None or not marker.prompt_end or self.pool is None:
             return False
         n = min(

@@ -87,6 +87,7 @@ fn the_same_configuration_gives_the_same_result() {
     for policy in [
         Policy::TetherBounded,
         Policy::TetherLoad,
+        Policy::TetherResident,
         Policy::Prefix,
         Policy::ClientHash,
     ] {
@@ -250,4 +251,122 @@ fn requests_over_the_context_window_are_refused_as_the_rank_refuses_them() {
             .filter_map(|o| o.served())
             .all(|s| s.prompt_tokens + s.output_tokens <= limit)
     );
+}
+
+#[test]
+fn residency_placement_keeps_the_cache_and_spreads_the_load() {
+    // Generated agent sessions (heavy-tailed sizes), arriving 5 s apart and
+    // replayed 5× faster on 8 full-size ranks.
+    let t = crate::generate::generate(&crate::generate::GenerateOptions {
+        seed: 3,
+        sessions: 40,
+        session_gap_ms: 5_000.0,
+        // Inside the profile's 131,072-token window (nothing refused).
+        max_context_tokens: 120_000,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut c = cfg(Policy::Tether, CacheMode::RetentionHost, 8);
+    c.engine.device_kv_tokens = None;
+    c.speedup = 5.0;
+    c.candidates = 3;
+    let plain = run(&t, &c).report;
+    c.policy = Policy::TetherResident;
+    let out = run(&t, &c);
+    let r = out.report;
+    let counts = r.sim.resident.unwrap();
+    eprintln!(
+        "plain {:?}\nresident {:?}\n{counts:?}",
+        plain.sim.balance, r.sim.balance
+    );
+    eprintln!(
+        "oracle share {} vs {}",
+        plain.sim.oracle_share, r.sim.oracle_share
+    );
+    assert_eq!(r.finished, r.requests);
+    // Every decision is counted once per request (decode pool only here).
+    assert_eq!(
+        counts.stay + counts.least + counts.migrate + counts.recompute + counts.bounded,
+        r.requests
+    );
+    // Returning keys mostly stay with their state; new keys are spread.
+    assert!(counts.stay > counts.least, "{counts:?}");
+    assert!(
+        r.sim.oracle_share >= 0.95 * plain.sim.oracle_share,
+        "{} vs {}",
+        r.sim.oracle_share,
+        plain.sim.oracle_share
+    );
+    assert!(r.sim.balance.busy_max_over_mean < plain.sim.balance.busy_max_over_mean);
+    // Migrated turns are served from the transferred state, not recomputed.
+    if counts.migrate > 0 {
+        assert_eq!(counts.migrated_served, counts.migrate);
+        assert!(counts.migrated_tokens > 0 && counts.migrate_transfer_ms_mean > 0.0);
+    }
+}
+
+#[test]
+fn an_overloaded_holder_hands_its_sessions_on_with_their_state() {
+    // Few ranks, a tight bound, and every session on one rank at first: the
+    // holder runs over the bound and keys move with their KV.
+    let t = agent_trace(24, 10, 100, 5, 64);
+    let mut c = cfg(Policy::TetherResident, CacheMode::Retention, 4);
+    c.candidates = 4;
+    c.resident_bound = tether_placement::LoadBound {
+        factor: 1.1,
+        floor: 1.0,
+    };
+    c.load_poll_ms = 20.0;
+    c.engine.device_kv_tokens = Some(64 * 1024);
+    let r = run(&t, &c).report;
+    let counts = r.sim.resident.unwrap();
+    eprintln!("{counts:?} {:?}", r.returning);
+    assert!(counts.migrate > 0, "{counts:?}");
+    assert_eq!(counts.migrated_served, counts.migrate);
+    assert!(counts.migrated_tokens > 0);
+    // Over a link too slow to beat recompute, the same holders recompute instead.
+    c.pd.kv_link_gbps = 0.001;
+    let r0 = run(&t, &c).report;
+    let c0 = r0.sim.resident.unwrap();
+    assert_eq!(c0.migrate, 0, "{c0:?}");
+    assert!(c0.recompute > 0, "{c0:?}");
+    assert!(r.returning.hit_tokens > r0.returning.hit_tokens);
+}
+
+#[test]
+fn session_affine_prefill_finds_the_session_on_its_prefill_rank() {
+    let t = agent_trace(16, 6, 400, 150, 64);
+    let mut c = cfg(Policy::TetherLoad, CacheMode::Retention, 3);
+    c.fleet = FleetShape::disaggregated(3, 3);
+    c.engine.device_kv_tokens = Some(64 * 1024);
+    c.pd = PdOptions {
+        threshold_tokens: 0,
+        kv_link_gbps: 10.0,
+    };
+    let by_load = run(&t, &c);
+    c.policy = Policy::TetherResident;
+    let affine = run(&t, &c);
+    let hits = |o: &RunOutput| o.report.hit_tokens;
+    eprintln!("hits by load {} affine {}", hits(&by_load), hits(&affine));
+    assert_eq!(affine.report.finished, affine.report.requests);
+    assert!(hits(&affine) > hits(&by_load));
+    let counts = affine.report.sim.resident.unwrap();
+    // Decode and prefill placements are both counted.
+    assert!(
+        counts.stay + counts.least + counts.migrate + counts.recompute > affine.report.requests
+    );
+}
+
+#[test]
+fn resident_settings_out_of_range_are_refused() {
+    let t = agent_trace(2, 2, 100, 10, 64);
+    let mut c = cfg(Policy::TetherResident, CacheMode::Retention, 2);
+    c.candidates = 0;
+    let oracle = oracle_hits(&t, 64);
+    let e = simulate(&t, &profile(), &c, &oracle, false, None).unwrap_err();
+    assert!(e.to_string().contains("candidate"), "{e}");
+    c.candidates = 2;
+    c.resident_bound.factor = 1.0;
+    let e = simulate(&t, &profile(), &c, &oracle, false, None).unwrap_err();
+    assert!(e.to_string().contains("factor"), "{e}");
 }

@@ -14,6 +14,7 @@ mod pd;
 mod pick;
 mod removal;
 mod replay;
+mod residency;
 mod support;
 mod topology;
 mod vllm_markers;

@@ -130,11 +130,11 @@ impl PdFleet {
     }
 }
 
-fn words(seed: &str, n: usize) -> String {
+pub(crate) fn words(seed: &str, n: usize) -> String {
     (0..n).map(|i| format!("{seed}{i} ")).collect()
 }
 
-fn chat(system: &str, turns: &[&str], max_tokens: u64) -> Value {
+pub(crate) fn chat(system: &str, turns: &[&str], max_tokens: u64) -> Value {
     let mut messages = vec![json!({"role": "system", "content": system})];
     for (i, t) in turns.iter().enumerate() {
         let role = if i % 2 == 0 { "user" } else { "assistant" };

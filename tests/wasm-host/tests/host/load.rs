@@ -5,49 +5,69 @@
 
 use crate::common::options;
 use crate::tether::{plugin, send};
-use serde_json::json;
-use tether_wasm_host::{FilterVm, HeaderMap, HttpCallResponse};
+use serde_json::{Value, json};
+use tether_wasm_host::{FilterVm, HeaderMap, HttpCallResponse, Outcome};
 
-const A: &str = "10.0.0.1:8000";
-const B: &str = "10.0.0.2:8000";
+pub(crate) const A: &str = "10.0.0.1:8000";
+pub(crate) const B: &str = "10.0.0.2:8000";
 
-fn vm() -> FilterVm {
-    let cfg = json!({
+/// Pick mode over A and B with `load` polling every 100 ms, plus `extra` members.
+pub(crate) fn vm_with(extra: Value) -> FilterVm {
+    let mut cfg = json!({
         "mode": "pick",
         "endpoints": [{"address": A}, {"address": B}],
         "load": {"poll_ms": 100, "max_age_ms": 1000, "factor": 1.5, "floor": 2},
     });
+    if let (Some(c), Value::Object(e)) = (cfg.as_object_mut(), extra) {
+        c.extend(e);
+    }
     plugin().start(options(&cfg.to_string())).expect("starts")
 }
 
-fn primary(vm: &mut FilterVm) -> String {
+fn vm() -> FilterVm {
+    vm_with(json!({}))
+}
+
+/// The `hot` session's next request.
+pub(crate) fn send_hot(vm: &mut FilterVm) -> Outcome {
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
-    let out = send(
+    send(
         vm,
         "/v1/chat/completions",
         &[("x-session-id", "hot")],
         &body,
-    );
+    )
+}
+
+fn primary(vm: &mut FilterVm) -> String {
+    let out = send_hot(vm);
     let dest = out
         .upstream_header("x-gateway-destination-endpoint")
         .expect("picked");
     dest.split(',').next().unwrap().to_owned()
 }
 
-fn report(server_load: u64) -> HttpCallResponse {
+/// An idle-but-for-`server_load` `/load` reply with `extra` members.
+pub(crate) fn report_with(server_load: u64, extra: Value) -> HttpCallResponse {
+    let mut body = json!({"server_load": server_load, "sim_ms": 1.0, "speedup": 1.0,
+        "ranks": [{"dp_rank": 0, "running": server_load, "waiting": 0, "restoring": 0,
+                   "queued_prefill_tokens": 0, "kv_usage": 0.0, "kv_blocks": 10, "retentions": 0}]});
+    if let (Some(b), Value::Object(e)) = (body.as_object_mut(), extra) {
+        b.extend(e);
+    }
     HttpCallResponse {
         headers: HeaderMap::from_pairs([(":status", "200")]),
-        body: json!({"server_load": server_load, "sim_ms": 1.0, "speedup": 1.0,
-            "ranks": [{"dp_rank": 0, "running": server_load, "waiting": 0, "restoring": 0,
-                       "queued_prefill_tokens": 0, "kv_usage": 0.0, "kv_blocks": 10, "retentions": 0}]})
-        .to_string()
-        .into_bytes(),
+        body: body.to_string().into_bytes(),
         ..HttpCallResponse::default()
     }
 }
 
+fn report(server_load: u64) -> HttpCallResponse {
+    report_with(server_load, json!({}))
+}
+
 /// Ticks once and answers this tick's polls with `answer(endpoint)`.
-fn poll(vm: &mut FilterVm, answer: impl Fn(&str) -> HttpCallResponse) -> usize {
+pub(crate) fn poll(vm: &mut FilterVm, answer: impl Fn(&str) -> HttpCallResponse) -> usize {
     let before = vm.state().http_calls.len();
     vm.tick().unwrap();
     let calls: Vec<(u32, String, String)> = vm.state().http_calls[before..]
@@ -66,7 +86,7 @@ fn poll(vm: &mut FilterVm, answer: impl Fn(&str) -> HttpCallResponse) -> usize {
     calls.len()
 }
 
-fn metric(vm: &mut FilterVm, name: &str) -> u64 {
+pub(crate) fn metric(vm: &mut FilterVm, name: &str) -> u64 {
     vm.tick().unwrap();
     vm.state().metric(name).unwrap_or(0)
 }

@@ -6,5 +6,6 @@ mod common;
 mod floor;
 mod harness_identity;
 mod load;
+mod residency;
 mod scan;
 mod tether;

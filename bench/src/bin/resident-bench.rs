@@ -1,0 +1,292 @@
+//! Residency-aware placement benchmark (issue: the session's state follows
+//! it): `tether-resident` against the oracle and tether's other policies, on
+//! the bundled traces, the Mooncake synthetic trace, a real Mooncake trace
+//! (`--real`) and a generated coding-agent corpus, at 8 and 64 ranks; then
+//! P/D with session-affine prefill against P/D with prefill by load alone and
+//! against a coupled fleet of the same GPUs (BENCHMARKS.md, "Residency-aware
+//! placement").
+//!
+//! Targets, per trace and fleet size: `tether-resident` keeps ≥ 95 % of the
+//! oracle's saved prefill at busiest/mean busy time ≤ 1.25 and TTFT p90 ≤ 2×
+//! the oracle's.
+//!
+//! Load: the recorded traces are replayed `--speedup`× faster at 8 ranks and
+//! `ranks / 8` times faster again on larger fleets (the same sessions, denser);
+//! the generated corpus (`--preset coding-agent`, on the long-context
+//! Qwen3-Coder-Next profile, real time) grows with the fleet instead
+//! (`--corpus-sessions` per 8 ranks over one hour), so each rank sees the
+//! same load.
+//!
+//! Run: `cargo run --release -p tether-bench --bin resident-bench -- --real conversation_trace.jsonl`
+
+use anyhow::Result;
+use clap::Parser;
+use std::path::{Path, PathBuf};
+use tether_fleet::generate::Preset;
+use tether_fleet::generate::{GenerateOptions, generate};
+use tether_fleet::import::{Format, ImportOptions, import};
+use tether_fleet::sim::{
+    CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
+};
+use tether_fleet::trace::Trace;
+use tether_rank_engine::engine::EngineSettings;
+use tether_rank_engine::profile::Profile;
+
+#[derive(Parser, Debug)]
+#[command(about = "tether-resident against the oracle, with verdicts")]
+struct Args {
+    /// A real Mooncake conversation trace (FAST'25 `conversation_trace.jsonl`).
+    #[arg(long)]
+    real: Option<PathBuf>,
+    /// Fleet sizes (aggregated ranks), comma-separated.
+    #[arg(long, default_value = "8,64", value_delimiter = ',')]
+    ranks: Vec<usize>,
+    /// Speedup of the recorded traces at 8 ranks.
+    #[arg(long, default_value_t = 5.0)]
+    speedup: f64,
+    /// Generated corpus: sessions per 8 ranks (over one hour).
+    #[arg(long, default_value_t = 200)]
+    corpus_sessions: u32,
+    /// Skip parts: `bundled`, `corpus`, `pd` (comma-separated).
+    #[arg(long, default_value = "")]
+    skip: String,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "MET" } else { "MISSED" }
+}
+
+/// The generated coding-agent corpus for `ranks` ranks (`tether trace
+/// generate --preset coding-agent`, docs/trace-format.md): `per_8` sessions
+/// per 8 ranks starting over one hour, so every fleet size sees the same
+/// load per rank; the command that makes the same trace is printed with it.
+fn corpus(per_8: u32, ranks: usize) -> (String, GenerateOptions) {
+    let sessions = ((f64::from(per_8) * ranks as f64 / 8.0).round() as u32).max(1);
+    let o = GenerateOptions {
+        seed: 19,
+        sessions,
+        session_span_ms: Some(3_600_000.0),
+        ..Preset::CodingAgent.options()
+    };
+    let cmd = format!(
+        "tether trace generate --preset coding-agent --seed 19 --sessions {sessions} --span-s 3600"
+    );
+    (cmd, o)
+}
+
+struct Row {
+    report: RunReport,
+}
+
+fn base(profile: &Profile, fleet: FleetShape, speedup: f64) -> SimConfig {
+    SimConfig {
+        cache: CacheMode::RetentionHost,
+        fleet,
+        engine: EngineSettings {
+            block_size: 0,
+            ..EngineSettings::default()
+        },
+        host_bytes: 4 * profile.max_kv_tokens * profile.kv_bytes_per_token,
+        speedup,
+        load_poll_ms: 200.0,
+        ..SimConfig::default()
+    }
+}
+
+fn run(trace: &Trace, profile: &Profile, cfg: &SimConfig) -> Result<Row> {
+    let oracle = oracle_hits(trace, trace.block_size() as usize);
+    Ok(Row {
+        report: simulate(trace, profile, cfg, &oracle, false, None)?.report,
+    })
+}
+
+fn line(r: &RunReport) {
+    let res = r
+        .sim
+        .resident
+        .map(|c| {
+            format!(
+                " [stay {} least {} migrate {} recompute {}]",
+                c.stay, c.least, c.migrate, c.recompute
+            )
+        })
+        .unwrap_or_default();
+    println!(
+        "  {:<16} {:>6.1} % of the oracle's saved prefill, busiest/mean {:.2}, TTFT p50 {:>7.0} p90 {:>7.0} p99 {:>8.0} ms, $/Mtok {:.4}{res}",
+        r.sim.policy.name(),
+        r.sim.oracle_share * 100.0,
+        r.sim.balance.busy_max_over_mean,
+        r.ttft_ms.p50,
+        r.ttft_ms.p90,
+        r.ttft_ms.p99,
+        r.sim.usd_per_mtok,
+    );
+}
+
+/// One trace on one fleet size: every policy side by side, the verdict.
+fn compare(
+    name: &str,
+    trace: &Trace,
+    profile: &Profile,
+    ranks: usize,
+    speedup: f64,
+) -> Result<bool> {
+    println!(
+        "{name} on {ranks} ranks ({} requests, {} sessions, {speedup}x):",
+        trace.requests().len(),
+        trace.sessions().len()
+    );
+    let b = base(profile, FleetShape::aggregated(ranks), speedup);
+    let mut rows = Vec::new();
+    for policy in [
+        Policy::Oracle,
+        Policy::Tether,
+        Policy::TetherLoad,
+        Policy::TetherResident,
+    ] {
+        let r = run(
+            trace,
+            profile,
+            &SimConfig {
+                policy,
+                ..b.clone()
+            },
+        )?;
+        line(&r.report);
+        rows.push(r);
+    }
+    let oracle = &rows[0].report;
+    let res = &rows[3].report;
+    let share = res.sim.oracle_share;
+    let bal = res.sim.balance.busy_max_over_mean;
+    let p90 = res.ttft_ms.p90 / oracle.ttft_ms.p90.max(f64::MIN_POSITIVE);
+    let ok = share >= 0.95 && bal <= 1.25 && p90 <= 2.0;
+    let ideal = tether_fleet::trace::stats::ideal_hits(trace);
+    println!(
+        "verdict [{name}, {ranks} ranks]: tether-resident >= 95 % of the oracle's saved prefill ({:.1} %), busiest/mean <= 1.25 ({bal:.2}), TTFT p90 <= 2x the oracle's ({p90:.2}x): {} (the oracle's own busiest/mean {:.2}; perfect session affinity reaches {:.0} % of the oracle's hits on this trace)",
+        share * 100.0,
+        verdict(ok),
+        oracle.sim.balance.busy_max_over_mean,
+        100.0 * ideal.session / ideal.global.max(1e-12)
+    );
+    Ok(ok)
+}
+
+/// P/D on the session's cache: the same P + D fleet with prefill placed by
+/// load alone (`tether-load`) and session-affine (`tether-resident`), and a
+/// coupled fleet of the same GPUs.
+fn pd(trace: &Trace, profile: &Profile, p: usize, d: usize, speedup: f64) -> Result<()> {
+    println!("P/D {p} + {d} against {} coupled ranks:", p + d);
+    let mut out = Vec::new();
+    for (label, fleet, policy) in [
+        (
+            "P/D, prefill by load",
+            FleetShape::disaggregated(p, d),
+            Policy::TetherLoad,
+        ),
+        (
+            "P/D, session-affine",
+            FleetShape::disaggregated(p, d),
+            Policy::TetherResident,
+        ),
+        (
+            "coupled",
+            FleetShape::aggregated(p + d),
+            Policy::TetherResident,
+        ),
+    ] {
+        let r = run(
+            trace,
+            profile,
+            &SimConfig {
+                policy,
+                ..base(profile, fleet, speedup)
+            },
+        )?
+        .report;
+        let computed = r.computed_tokens as f64 / r.prompt_tokens.max(1) as f64;
+        println!(
+            "  {label:<22} prompt tokens computed {:>5.1} %, TTFT p50 {:>6.0} p90 {:>7.0} ms, ITL p50 {:.2} ms, interactivity {:.0} tok/s, $/Mtok {:.4}",
+            computed * 100.0,
+            r.ttft_ms.p50,
+            r.ttft_ms.p90,
+            r.sim.itl_ms.p50,
+            r.sim.interactivity_tok_s,
+            r.sim.usd_per_mtok
+        );
+        out.push(r);
+    }
+    let recomputed = |r: &RunReport| r.computed_tokens as f64;
+    let saved = 1.0 - recomputed(&out[1]) / recomputed(&out[0]).max(1.0);
+    println!(
+        "  session-affine prefill computes {:.1} % fewer prompt tokens than prefill by load",
+        saved * 100.0
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let skip: Vec<&str> = a.skip.split(',').map(str::trim).collect();
+    let llama =
+        Profile::from_file(&root().join("examples/profiles/llama-3.1-8b-fp8-h200-tp1.json"))?;
+    // The corpus' prompts reach 190 K tokens: a long-context coding model
+    // (262 K window) serves them; Llama's 131 K would refuse half.
+    let coder =
+        Profile::from_file(&root().join("examples/profiles/qwen3-coder-next-fp8-h200-tp1.json"))?;
+    println!(
+        "profiles {} (recorded traces) and {} (coding-agent corpus), retention + host tier, load polled every 200 ms, d = 3, tether-resident's bound c = 1.5 over running + waiting, floor 1",
+        llama.name, coder.name
+    );
+    let mut met = 0;
+    let mut all = 0;
+    if !skip.contains(&"bundled") {
+        let mut traces: Vec<(String, Trace)> = Vec::new();
+        for t in ["agent-demo", "agent-subagents", "agent-tenants"] {
+            let p = root().join(format!("examples/traces/{t}.jsonl"));
+            traces.push((
+                t.into(),
+                import(Format::Tether, &p, &ImportOptions::default())?,
+            ));
+        }
+        let syn = root().join("examples/traces/mooncake_synthetic_trace.jsonl");
+        traces.push((
+            "mooncake-synthetic".into(),
+            import(Format::Mooncake, &syn, &ImportOptions::default())?,
+        ));
+        if let Some(p) = &a.real {
+            traces.push((
+                "mooncake-conversation (real)".into(),
+                import(Format::Mooncake, p, &ImportOptions::default())?,
+            ));
+        }
+        for (name, trace) in &traces {
+            for &ranks in &a.ranks {
+                let speedup = a.speedup * (ranks as f64 / 8.0).max(1.0);
+                all += 1;
+                met += usize::from(compare(name, trace, &llama, ranks, speedup)?);
+            }
+        }
+    }
+    if !skip.contains(&"corpus") {
+        for &ranks in &a.ranks {
+            let (cmd, o) = corpus(a.corpus_sessions, ranks);
+            println!("corpus: {cmd}");
+            let trace = generate(&o)?;
+            all += 1;
+            met += usize::from(compare("coding-agent corpus", &trace, &coder, ranks, 1.0)?);
+        }
+    }
+    if !skip.contains(&"pd") {
+        let (cmd, o) = corpus(a.corpus_sessions, 8);
+        println!("corpus: {cmd}");
+        let trace = generate(&o)?;
+        pd(&trace, &coder, 2, 6, 1.0)?;
+    }
+    println!("summary: {met} of {all} trace/fleet cases met every target");
+    Ok(())
+}

@@ -1,0 +1,86 @@
+"""The connector's residency endpoint: a ``/load``-compatible HTTP listener in the
+engine-core process, beside the retention state it reports (docs/vllm.md,
+"Residency endpoint")."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+logger = logging.getLogger("tether_vllm")
+
+# A connection that sends nothing for this long is closed: the listener serves one
+# connection at a time, so a stalled client delays the next poll by at most this.
+CONNECTION_TIMEOUT_S = 1.0
+
+
+class _Server(HTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # A client that hung up or sent garbage: its connection ends, serving goes on.
+        logger.debug("residency listener: connection from %s failed", client_address, exc_info=True)
+
+
+class ResidencyListener:
+    """Serves ``GET /load`` with ``report()`` (JSON bytes) from a daemon thread.
+
+    One connection at a time, HTTP/1.0 (closed after each answer), no request body
+    read: a poll costs one ``report()`` call under the GIL. Anything but ``GET /load``
+    is 404 (other paths) or 501 (other methods); a ``report()`` that raises is a 503,
+    logged once per distinct error, and the listener keeps serving.
+    """
+
+    def __init__(self, host: str, port: int, report: Callable[[], bytes]):
+        self._report = report
+        self._last_error: str | None = None
+        listener = self
+
+        class Handler(BaseHTTPRequestHandler):
+            timeout = CONNECTION_TIMEOUT_S
+            server_version = "tether-vllm"
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path.split("?", 1)[0] != "/load":
+                    self.send_error(404)
+                    return
+                try:
+                    body = listener._report()
+                except Exception as e:  # noqa: BLE001 — any failure is a 503, never a crash
+                    listener._failed(e)
+                    self.send_error(503, "load report unavailable")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args) -> None:  # noqa: A002
+                logger.debug("residency listener: " + format, *args)
+
+        self._server = _Server((host, port), Handler)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="tether-residency",
+            daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        """The bound port (the configured one, or the one the OS chose for 0)."""
+        return self._server.server_address[1]
+
+    def _failed(self, e: Exception) -> None:
+        msg = f"{type(e).__name__}: {e}"
+        if msg != self._last_error:
+            self._last_error = msg
+            logger.warning("residency listener: /load report failed (%s)", msg)
+
+    def close(self) -> None:
+        """Stops serving and frees the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

@@ -1,0 +1,126 @@
+//! The connector's `/load` reply: the residency summary of what the ledger retains
+//! (`tether_placement::residency`, the same code as `tether-rank`) beside the
+//! scheduler's load, written as the `LoadReport` every router reads (docs/vllm.md,
+//! "Residency endpoint").
+
+use crate::CallerError;
+use crate::ledger::Ledger;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use tether_placement::load::report::{LoadReport, RankLoad};
+use tether_placement::residency::{MAX_ENTRIES, Resident};
+use tether_placement::{Held, resident_key};
+
+impl Ledger {
+    /// What the ledger retains, one entry per retention key: its resident key, its
+    /// prompt tokens, and whether the device holds it (tier 1: it usually has a host
+    /// copy too) or only the host tier (tier 2).
+    pub(crate) fn resident_entries(&self) -> Vec<(u64, Held)> {
+        let bs = (self.inner.config().block_size as u64).max(1);
+        self.inner
+            .resident()
+            .map(|(k, tokens, device)| {
+                let positions =
+                    (tokens / bs).saturating_sub(self.state_groups) / self.attention_groups;
+                let tokens = u32::try_from(positions.saturating_mul(bs)).unwrap_or(u32::MAX);
+                let key = resident_key(k.tenant.0, k.session.0, k.subagent.0);
+                (key, Held { tokens, device })
+            })
+            .collect()
+    }
+}
+
+/// The `/load` reply (JSON bytes) of one engine core: `server_load` = `running +
+/// waiting`, one `ranks` entry for its DP rank, `sim_ms` = `uptime_ms` (wall time:
+/// `speedup` 1), and the ledger's residency summary of at most `max_entries`
+/// entries (≤ `RESIDENCY_MAX_ENTRIES`, else `CallerError`).
+#[pyfunction]
+#[pyo3(signature = (ledger, *, dp_rank, running, waiting, restoring, queued_prefill_tokens,
+    kv_usage, kv_blocks, uptime_ms, max_entries=MAX_ENTRIES))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
+pub fn load_report<'py>(
+    py: Python<'py>,
+    ledger: PyRef<'_, Ledger>,
+    dp_rank: usize,
+    running: usize,
+    waiting: usize,
+    restoring: usize,
+    queued_prefill_tokens: u64,
+    kv_usage: f64,
+    kv_blocks: usize,
+    uptime_ms: f64,
+    max_entries: usize,
+) -> PyResult<Bound<'py, PyBytes>> {
+    if max_entries > MAX_ENTRIES {
+        return Err(CallerError::new_err(format!(
+            "load_report: max_entries {max_entries} over the wire limit {MAX_ENTRIES}"
+        )));
+    }
+    // Under the GIL only the snapshot: the scheduler thread runs on while the summary
+    // is sorted, encoded and written.
+    let entries = ledger.resident_entries();
+    let retentions = ledger.inner.device_records();
+    drop(ledger);
+    let body = py
+        .detach(|| {
+            let (resident, omitted) = Resident::from_entries(entries, max_entries);
+            // JSON has no NaN: a non-finite figure would make the reply unreadable.
+            let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
+            serde_json::to_vec(&LoadReport {
+                server_load: running + waiting,
+                sim_ms: finite(uptime_ms),
+                speedup: 1.0,
+                ranks: vec![RankLoad {
+                    dp_rank,
+                    running,
+                    waiting,
+                    restoring,
+                    queued_prefill_tokens,
+                    kv_usage: finite(kv_usage).clamp(0.0, 1.0),
+                    kv_blocks,
+                    retentions,
+                }],
+                residency: Some(resident.encode(omitted)),
+            })
+        })
+        .map_err(|e| CallerError::new_err(format!("load_report: {e}")))?;
+    Ok(PyBytes::new(py, &body))
+}
+
+/// Reads a `/load` reply as a router does (`LoadReport`, then the summary decoded
+/// and checked by `Resident::decode`): the report as a dict, its `residency` None or
+/// `version`, `omitted` and `entries` (resident key → `(tokens, "device" | "host")`).
+/// A reply a router would refuse raises `CallerError` saying why. For tests and tools.
+#[pyfunction]
+pub fn read_load_report<'py>(py: Python<'py>, body: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    let r: LoadReport = serde_json::from_slice(body)
+        .map_err(|e| CallerError::new_err(format!("not a load report: {e}")))?;
+    let residency = r
+        .residency
+        .as_ref()
+        .map(|s| Resident::decode(s).map(|d| (s, d)))
+        .transpose()
+        .map_err(|e| CallerError::new_err(format!("residency: {e}")))?;
+    // Every member as the router's type holds it, through one JSON round trip.
+    let text = serde_json::to_string(&LoadReport {
+        residency: None,
+        ..r
+    })
+    .map_err(|e| CallerError::new_err(format!("load report: {e}")))?;
+    let d = py.import("json")?.call_method1("loads", (text,))?;
+    let Some((summary, resident)) = residency else {
+        d.set_item("residency", py.None())?;
+        return Ok(d);
+    };
+    let entries = PyDict::new(py);
+    for (key, held) in resident.iter() {
+        let tier = if held.device { "device" } else { "host" };
+        entries.set_item(key, (held.tokens, tier))?;
+    }
+    let x = PyDict::new(py);
+    x.set_item("version", summary.version)?;
+    x.set_item("omitted", summary.omitted)?;
+    x.set_item("entries", entries)?;
+    d.set_item("residency", x)?;
+    Ok(d)
+}

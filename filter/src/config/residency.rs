@@ -1,0 +1,61 @@
+//! The `residency` configuration: residency-aware placement (`docs/gateway.md`,
+//! "Residency-aware placement").
+
+use tether_placement::{LoadBound, MoveCost, Rule};
+
+/// The `residency` configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResidencyConfig {
+    /// *d*: rendezvous candidates a key may live on.
+    pub candidates: usize,
+    /// KV-cache bytes per token of the served model.
+    pub kv_bytes_per_token: f64,
+    /// KV link between ranks, GB/s (10⁹ bytes/s, as `tether-rank
+    /// --kv-link-gbps`; 0: never migrate).
+    pub link_gbps: f64,
+    /// Fixed cost of one transfer, ms.
+    pub transfer_setup_ms: f64,
+    /// A rank's prefill rate, tokens/s (what a recompute costs).
+    pub prefill_tokens_per_s: f64,
+    /// Bounded-load factor of the holder (> 1): tighter than `load.factor`,
+    /// since a key over it moves with its state instead of losing it.
+    pub factor: f64,
+    /// Below this many requests in flight a holder always keeps its keys (≥ 1).
+    pub floor: f64,
+}
+
+impl Default for ResidencyConfig {
+    /// The bundled Llama-3.1-8B FP8 H200 profile on a 50 GB/s link: the
+    /// defaults of `tether replay --route resident` and `tether-rank`; the
+    /// bound of `tether simulate --policy tether-resident`.
+    fn default() -> Self {
+        Self {
+            candidates: 2,
+            kv_bytes_per_token: 131_072.0,
+            link_gbps: 50.0,
+            transfer_setup_ms: 5.0,
+            prefill_tokens_per_s: 20_000.0,
+            factor: 1.5,
+            floor: 1.0,
+        }
+    }
+}
+
+impl ResidencyConfig {
+    /// The placement rule.
+    pub fn rule(&self) -> Rule {
+        Rule {
+            candidates: self.candidates,
+            bound: LoadBound {
+                factor: self.factor,
+                floor: self.floor,
+            },
+            cost: MoveCost::from_link(
+                self.kv_bytes_per_token,
+                self.link_gbps,
+                self.transfer_setup_ms,
+                self.prefill_tokens_per_s,
+            ),
+        }
+    }
+}

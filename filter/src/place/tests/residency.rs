@@ -1,0 +1,226 @@
+//! Residency-aware placement through the whole pipeline: stay with the state,
+//! the less loaded candidate for a new key, migrate with the old home as the
+//! prefiller, recompute, stale and absent summaries, and a rank that claims
+//! to hold everything.
+
+use super::*;
+use crate::place::residency_view::ResidencyView;
+use tether_placement::{Held, Resident};
+
+/// `residency` on, no P/D, a 1.5× bound with floor 2.
+fn rcfg(extra: serde_json::Value) -> Config {
+    let mut r = json!({"candidates": 2});
+    if let (Some(o), Some(e)) = (r.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    cfg(json!({"pd": null, "residency": r}))
+}
+
+/// Every decode endpoint reported at `at`: endpoint `i` holds `tokens` of
+/// `key` when `holds[i]`.
+fn residency(key: u64, holds: [bool; 4], tokens: u32, at: u64) -> ResidencyView {
+    let mut v = ResidencyView::new(4);
+    for (i, h) in holds.iter().enumerate() {
+        let r = if *h {
+            Resident::from_entries(
+                [(
+                    key,
+                    Held {
+                        tokens,
+                        device: true,
+                    },
+                )],
+                16,
+            )
+            .0
+        } else {
+            Resident::EMPTY
+        };
+        v.record(i, 1 + i as u64, at, r);
+    }
+    v
+}
+
+fn decide_r(c: &Config, b: &[u8], v: &LoadView, r: &ResidencyView, now: u64) -> Plan {
+    let pools = Pools::new(c);
+    let call = BodyCall::new(Api::Chat, &[], b.len());
+    let snap = Snapshot {
+        view: v,
+        residency: r,
+        health: None,
+        now_ms: now,
+    };
+    let mut fetch = |s: usize, l: usize| b.get(s..s + l).map(<[u8]>::to_vec);
+    on_body(c, &pools, snap, call, &mut fetch, &mut |_| {})
+}
+
+fn resident_key(d: &Plan) -> u64 {
+    let id = &d.read.identity;
+    tether_placement::resident_key(
+        u128::from(id.tenant_hash()),
+        u128::from(id.session_hash()),
+        u128::from(id.subagent_hash()),
+    )
+}
+
+/// The key's rendezvous order and its resident key.
+fn key_of(c: &Config, b: &[u8]) -> (Vec<usize>, u64) {
+    let d = decide(c, b, &LoadView::new(6), 0);
+    (d.placed.pick.clone().unwrap().order, resident_key(&d))
+}
+
+#[test]
+fn a_new_key_lands_on_the_less_loaded_of_its_candidates() {
+    let c = rcfg(json!({}));
+    let b = body("new", false, 10);
+    let (order, key) = key_of(&c, &b);
+    let mut loads = [0.0; 4];
+    loads[order[0]] = 3.0;
+    loads[order[1]] = 1.0;
+    let r = residency(key, [false; 4], 0, 1000);
+    let d = decide_r(&c, &b, &view(loads, [0.0; 2], 1000), &r, 1000);
+    assert_eq!(primary(&d), order[1]);
+    assert_eq!(d.placed.how, Some(How::Least));
+    assert!(counters(&d, &c).contains(&Counter::Fixed(Fixed::ResidencyLeast)));
+    assert_eq!(header(&d, &c, "x-prefiller-host-port"), None);
+}
+
+#[test]
+fn a_returning_key_stays_with_its_state_under_the_bound() {
+    let c = rcfg(json!({}));
+    let b = body("back", true, 10);
+    let (order, key) = key_of(&c, &b);
+    let mut holds = [false; 4];
+    holds[order[1]] = true;
+    let mut loads = [1.0; 4];
+    loads[order[1]] = 2.0;
+    let d = decide_r(
+        &c,
+        &b,
+        &view(loads, [0.0; 2], 1000),
+        &residency(key, holds, 4000, 1000),
+        1000,
+    );
+    assert_eq!((primary(&d), d.placed.how), (order[1], Some(How::Stay)));
+    assert!(counters(&d, &c).contains(&Counter::Fixed(Fixed::ResidencyStay)));
+}
+
+#[test]
+fn an_overloaded_holder_migrates_the_key_with_its_state_or_recomputes_it() {
+    let b = body("hot", true, 10);
+    let c = rcfg(json!({}));
+    let (order, key) = key_of(&c, &b);
+    let mut holds = [false; 4];
+    holds[order[0]] = true;
+    let mut loads = [0.0; 4];
+    loads[order[0]] = 40.0;
+    let v = view(loads, [0.0; 2], 1000);
+    let r = residency(key, holds, 8000, 1000);
+    let d = decide_r(&c, &b, &v, &r, 1000);
+    assert_eq!(primary(&d), order[1]);
+    assert_eq!(d.placed.how, Some(How::Migrate { from: order[0] }));
+    assert_eq!(d.placed.prefill, Prefill::Holder(order[0]));
+    assert_eq!(
+        header(&d, &c, "x-prefiller-host-port").as_deref(),
+        Some(DECODE[order[0]])
+    );
+    assert!(
+        header(&d, &c, "x-gateway-destination-endpoint")
+            .unwrap()
+            .starts_with(DECODE[order[1]])
+    );
+    assert!(counters(&d, &c).contains(&Counter::Fixed(Fixed::ResidencyMigrate)));
+    // No link: the same move recomputes, and names no prefiller.
+    let no_link = rcfg(json!({"link_gbps": 0}));
+    let d = decide_r(&no_link, &b, &v, &r, 1000);
+    assert_eq!(d.placed.how, Some(How::Recompute { from: order[0] }));
+    assert_eq!(header(&d, &no_link, "x-prefiller-host-port"), None);
+    assert!(counters(&d, &no_link).contains(&Counter::Fixed(Fixed::ResidencyRecompute)));
+}
+
+#[test]
+fn a_stale_or_missing_summary_keeps_the_bounded_pick() {
+    let c = rcfg(json!({}));
+    let b = body("stale", true, 10);
+    let (order, key) = key_of(&c, &b);
+    let mut holds = [false; 4];
+    holds[order[1]] = true;
+    let loads = [0.0; 4];
+    // The summaries are 1001 ms old (max_age_ms 1000); the load samples fresh.
+    let old = residency(key, holds, 4000, 0);
+    let d = decide_r(&c, &b, &view(loads, [0.0; 2], 1001), &old, 1001);
+    assert_eq!((primary(&d), d.placed.how), (order[0], Some(How::Bounded)));
+    assert!(counters(&d, &c).contains(&Counter::Fixed(Fixed::ResidencyBounded)));
+    // No load sample at all: the plain pick, no residency decision.
+    let d = decide_r(&c, &b, &LoadView::new(6), &old, 1001);
+    assert_eq!((primary(&d), d.placed.how), (order[0], None));
+    // Without `residency`, the same view places as before.
+    let plain = cfg(json!({"pd": null}));
+    let d = decide_r(
+        &plain,
+        &b,
+        &view(loads, [0.0; 2], 1000),
+        &residency(key, holds, 4000, 1000),
+        1000,
+    );
+    assert_eq!((primary(&d), d.placed.how), (order[0], None));
+}
+
+/// A rank that lists every key as held still gets no more than the load
+/// bound lets it: requests pile up (none finish), each placed on the view
+/// that counts the ones before it.
+#[test]
+fn a_rank_claiming_to_hold_everything_stays_under_the_bound() {
+    let c = rcfg(json!({}));
+    let pools = Pools::new(&c);
+    let bound = c.residency.clone().unwrap().rule().bound;
+    let mut loads = [0.0f64; 4];
+    let n = 2000u64;
+    for k in 0..n {
+        let key = tether_placement::hash_parts(&[b"claim", &k.to_le_bytes()]);
+        let mut r = ResidencyView::new(4);
+        r.record(
+            0,
+            1,
+            1000,
+            Resident::from_entries(
+                [(
+                    key,
+                    Held {
+                        tokens: 9000,
+                        device: true,
+                    },
+                )],
+                4,
+            )
+            .0,
+        );
+        for i in 1..4 {
+            r.record(i, 2, 1000, Resident::EMPTY);
+        }
+        let v = view(loads, [0.0; 2], 1000);
+        let snap = Snapshot {
+            view: &v,
+            residency: &r,
+            health: None,
+            now_ms: 1000,
+        };
+        let req = Request {
+            key,
+            resident: key,
+            prompt: None,
+            keep_rank: false,
+        };
+        let p = place(&c, &pools, &req, snap);
+        loads[p.primary().unwrap()] += 1.0;
+    }
+    let total: f64 = loads.iter().sum();
+    let cap = bound.capacity(total, 0.25);
+    assert!(
+        loads[0] <= cap + 1.0,
+        "the claimer got {} of {n} (bound {cap})",
+        loads[0]
+    );
+    // Without the bound it would have had every key it is a candidate for (~half).
+    assert!(loads[0] < 0.4 * n as f64, "{loads:?}");
+}

@@ -1,0 +1,110 @@
+use super::*;
+use crate::sim::testkit::agent_trace;
+use tether_placement::residency::Summary;
+use tether_placement::{Held, LoadBound, MoveCost};
+
+fn rule() -> Rule {
+    Rule {
+        candidates: 3,
+        bound: LoadBound {
+            factor: 1.25,
+            floor: 2.0,
+        },
+        cost: MoveCost::from_link(131_072.0, 50.0, 5.0, 20_000.0),
+    }
+}
+
+fn origins(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("http://127.0.0.1:{}", 9000 + i))
+        .collect()
+}
+
+fn set(route: &ResidentRoute, i: usize, load: f64, resident: Option<Resident>) {
+    route.view.write().unwrap()[i] = Some(Polled {
+        at: Instant::now(),
+        load,
+        resident,
+    });
+}
+
+#[test]
+fn without_a_view_the_route_is_the_plain_rendezvous_pick_with_markers() {
+    let t = agent_trace(4, 3, 100, 10, 64);
+    let route = ResidentRoute::new(&origins(4), rule(), Duration::from_secs(60));
+    let r = RequestId(0);
+    let got = route.route(&t, r, "").unwrap();
+    assert_eq!(got.how, How::Bounded);
+    let (key, _) = request_key(&t, r);
+    assert_eq!(
+        Some(got.target),
+        route.placement.pick(key, 0).unwrap().order.first().copied()
+    );
+    let names: Vec<&str> = got.headers.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(names.contains(&headers::SESSION) && names.contains(&headers::PROMPT_END));
+    assert!(!names.contains(&headers::PREFILLER));
+}
+
+#[test]
+fn a_returning_key_follows_its_state_and_an_overloaded_holder_hands_it_over() {
+    let t = agent_trace(4, 3, 100, 10, 64);
+    let route = ResidentRoute::new(&origins(4), rule(), Duration::from_secs(60));
+    let r = RequestId(1);
+    let (key, rk) = request_key(&t, r);
+    let order = route.placement.pick(key, 3).unwrap().order;
+    let holder = order[1];
+    let rkey = resident_key(rk.tenant.0, rk.session.0, rk.subagent.0);
+    let held = Resident::from_entries(
+        [(
+            rkey,
+            Held {
+                tokens: 50_000,
+                device: true,
+            },
+        )],
+        16,
+    )
+    .0;
+    for i in 0..4 {
+        let res = if i == holder {
+            held.clone()
+        } else {
+            Resident::EMPTY
+        };
+        set(&route, i, 0.0, Some(res));
+    }
+    let got = route.route(&t, r, "").unwrap();
+    assert_eq!((got.target, got.how), (holder, How::Stay));
+    // The holder over the bound: the key moves and names its old home as prefiller.
+    set(&route, holder, 12.0, Some(held.clone()));
+    let got = route.route(&t, r, "").unwrap();
+    assert_eq!(got.how, How::Migrate { from: holder });
+    assert_ne!(got.target, holder);
+    let pre = got
+        .headers
+        .iter()
+        .find(|(k, _)| k == headers::PREFILLER)
+        .unwrap();
+    assert_eq!(pre.1, origins(4)[holder].trim_start_matches("http://"));
+    // A salted replay is another session: nothing held for it.
+    let salted = route.route(&t, r, "run-2").unwrap();
+    assert_ne!(salted.how, How::Stay);
+    assert_ne!(salted.headers, got.headers);
+}
+
+#[test]
+fn a_bad_summary_counts_as_unknown_and_stale_replies_age_out() {
+    let t = agent_trace(2, 2, 100, 10, 64);
+    let route = ResidentRoute::new(&origins(3), rule(), Duration::from_millis(0));
+    for i in 0..3 {
+        set(&route, i, 0.0, Some(Resident::EMPTY));
+    }
+    std::thread::sleep(Duration::from_millis(2));
+    // Aged out: unknown, the bounded pick.
+    assert_eq!(route.route(&t, RequestId(0), "").unwrap().how, How::Bounded);
+    let bad = Summary {
+        version: 9,
+        ..Summary::default()
+    };
+    assert!(Resident::decode(&bad).is_err());
+}

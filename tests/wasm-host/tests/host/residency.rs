@@ -1,0 +1,138 @@
+//! Residency-aware placement in the harness: summaries polled with `/load`
+//! travel through shared data into the VM's view, a key goes where its state
+//! is and migrates off an overloaded holder with the holder as its
+//! prefiller; malformed, unsorted, unknown-version and oversized summaries
+//! are counted and logged, never a VM failure.
+
+use crate::load::{A, B, metric, poll, report_with, send_hot, vm_with};
+use serde_json::{Value, json};
+use tether_placement::keys::{session_hash, subagent_hash, tenant_hash};
+use tether_placement::residency::Summary;
+use tether_placement::{Held, Resident, resident_key};
+use tether_wasm_host::{FilterVm, HttpCallResponse};
+
+fn vm() -> FilterVm {
+    vm_with(json!({"residency": {"candidates": 2}}))
+}
+
+/// The key of `x-session-id: hot` (no tenant header, main agent).
+fn hot_key() -> u64 {
+    resident_key(
+        u128::from(tenant_hash(b"")),
+        u128::from(session_hash(b"", b"hot")),
+        u128::from(subagent_hash(b"", None)),
+    )
+}
+
+/// (destination, prefiller) of the session's next request.
+fn place(vm: &mut FilterVm) -> (String, Option<String>) {
+    let out = send_hot(vm);
+    let dest = out
+        .upstream_header("x-gateway-destination-endpoint")
+        .expect("picked");
+    (
+        dest.split(',').next().unwrap().to_owned(),
+        out.upstream_header("x-prefiller-host-port")
+            .map(str::to_owned),
+    )
+}
+
+fn report(server_load: u64, residency: Value) -> HttpCallResponse {
+    report_with(server_load, json!({ "residency": residency }))
+}
+
+fn holding(keys: &[u64]) -> Value {
+    let held = keys.iter().map(|&k| {
+        (
+            k,
+            Held {
+                tokens: 8000,
+                device: true,
+            },
+        )
+    });
+    serde_json::to_value(Resident::from_entries(held, usize::MAX).0.encode(0)).unwrap()
+}
+
+#[test]
+fn a_key_follows_its_state_and_migrates_off_an_overloaded_holder() {
+    let mut vm = vm();
+    let (home, _) = place(&mut vm);
+    let other = if home == A { B } else { A }.to_owned();
+    // The other candidate holds the session: the key goes there, no prefiller.
+    let holder = other.clone();
+    poll(&mut vm, move |to| {
+        report(
+            0,
+            if to == holder {
+                holding(&[hot_key()])
+            } else {
+                holding(&[])
+            },
+        )
+    });
+    assert_eq!(place(&mut vm), (other.clone(), None));
+    assert_eq!(metric(&mut vm, "tether_residency_stay"), 1);
+    // The holder is over the bound: the key moves home and pulls its state.
+    vm.advance_clock_ms(100);
+    let holder = other.clone();
+    poll(&mut vm, move |to| {
+        if to == holder {
+            report(40, holding(&[hot_key()]))
+        } else {
+            report(0, holding(&[]))
+        }
+    });
+    assert_eq!(place(&mut vm), (home.clone(), Some(other.clone())));
+    assert_eq!(metric(&mut vm, "tether_residency_migrate"), 1);
+    // The summaries age out: unknown residency, the bounded pick, no prefiller.
+    vm.advance_clock_ms(2000);
+    let (_, prefiller) = place(&mut vm);
+    assert_eq!(prefiller, None);
+    assert!(!vm.failed(), "{:?}", vm.state().logs);
+}
+
+#[test]
+fn bad_summaries_are_counted_logged_and_never_kill_the_vm() {
+    let mut vm = vm();
+    let good = holding(&[1, 2]);
+    let mut unsorted = good.clone();
+    let k = unsorted["keys"].as_str().unwrap().to_owned();
+    unsorted["keys"] = json!(format!("{}{}", &k[16..], &k[..16]));
+    let mut version = good.clone();
+    version["version"] = json!(2);
+    let mut shape = good.clone();
+    shape["tokens"] = json!("zz");
+    let n = tether_placement::residency::MAX_ENTRIES + 1;
+    let too_many = serde_json::to_value(Summary {
+        version: 1,
+        keys: "0".repeat(16 * n),
+        tokens: "0".repeat(8 * n),
+        tiers: "1".repeat(n),
+        omitted: 0,
+    })
+    .unwrap();
+    for (bad, counter) in [
+        (unsorted, "tether_residency_bad_unsorted"),
+        (version, "tether_residency_bad_version"),
+        (shape, "tether_residency_bad_shape"),
+        (too_many, "tether_residency_bad_too_many"),
+    ] {
+        vm.advance_clock_ms(100);
+        let b = bad.clone();
+        assert_eq!(poll(&mut vm, move |_| report(0, b.clone())), 2);
+        assert_eq!(metric(&mut vm, counter), 2, "{counter}");
+        // The load sample still counts; residency is unknown: the bounded pick.
+        place(&mut vm);
+    }
+    assert!(!vm.failed(), "{:?}", vm.state().logs);
+    assert!(metric(&mut vm, "tether_residency_bounded") >= 4);
+    assert_eq!(metric(&mut vm, "tether_load_poll_ok"), 8);
+    assert!(
+        vm.state()
+            .logs
+            .iter()
+            .any(|l| l.message.contains("residency of") && l.message.contains("not used")),
+        "a bad summary is logged"
+    );
+}
