@@ -18,8 +18,9 @@ const PRUNE_FACTOR: f64 = 1.5;
 
 /// Routing policies the search tries: those a real gateway can run (`oracle`
 /// is a ceiling, the hashes of users and addresses are what tether replaces).
-const POLICIES: [Policy; 5] = [
+const POLICIES: [Policy; 6] = [
     Policy::TetherBounded,
+    Policy::TetherResident,
     Policy::Tether,
     Policy::TetherLoad,
     Policy::Prefix,
