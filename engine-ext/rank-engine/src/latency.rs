@@ -7,7 +7,7 @@
 //!   recomputed, but the new ones still attend over them, and the part of the
 //!   profile's `ttft` curve that grows faster than linearly *is* that attention
 //!   — so the marginal cost of the last `n` tokens of a `c + n` prompt is the
-//!   profile's own attention term (3 k new tokens on 27 k cached ≈ 1.8× a cold
+//!   profile's own attention term (3 k new tokens on 27 k cached ≈ 1.5× a cold
 //!   3 k prefill on the shipped Llama profile). `ttft(n)` bounds it below (the
 //!   step's fixed cost). Chunked prefill splits that time in proportion to the
 //!   tokens of each chunk, so a request prefilled alone in one chunk takes

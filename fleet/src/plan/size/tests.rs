@@ -94,6 +94,22 @@ fn kv(kv_tokens: u64) -> EngineLimits {
     }
 }
 
+/// 66,000 output tokens of 1,000-token contexts in a minute, ITL p99 ≤ 23 ms.
+fn minute_of_decode() -> (DecodeLoad, Slo) {
+    (
+        DecodeLoad {
+            output_tokens: 66_000.0,
+            context: 1000.0,
+            len_ms: 60_000.0,
+            local_prefill_ms: 0.0,
+        },
+        Slo {
+            itl_p99_ms: Some(23.0),
+            ..Slo::default()
+        },
+    )
+}
+
 #[test]
 fn decode_batches_up_to_the_itl_target_and_kv() {
     let m = model();
@@ -114,16 +130,7 @@ fn decode_batches_up_to_the_itl_target_and_kv() {
     );
     // 11 sequences at 20 ms: 0.55 tokens/ms per engine. 66,000 tokens in 60 s =
     // 1.1 tokens/ms → 2 engines at full batch, /0.95 → 3.
-    let load = DecodeLoad {
-        output_tokens: 66_000.0,
-        context: 1000.0,
-        len_ms: 60_000.0,
-        local_prefill_ms: 0.0,
-    };
-    let slo = Slo {
-        itl_p99_ms: Some(23.0),
-        ..Slo::default()
-    };
+    let (load, slo) = minute_of_decode();
     assert_eq!(decode(&m, &load, &slo, kv(1_000_000)).unwrap().replicas, 3);
     // A minute of local prefill adds one engine's worth.
     let with = DecodeLoad {
@@ -156,16 +163,7 @@ fn decode_is_bounded_by_max_num_seqs_and_the_context() {
         max_batch(&m, 1000.0, Some(23.0), four),
         Some((4, Binding::MaxNumSeqs))
     );
-    let load = DecodeLoad {
-        output_tokens: 66_000.0,
-        context: 1000.0,
-        len_ms: 60_000.0,
-        local_prefill_ms: 0.0,
-    };
-    let slo = Slo {
-        itl_p99_ms: Some(23.0),
-        ..Slo::default()
-    };
+    let (load, slo) = minute_of_decode();
     // 4 sequences at 13 ms: 0.3077 tokens/ms per engine; 1.1 tokens/ms → 3.575 / 0.95 → 4.
     let n = decode(&m, &load, &slo, four).unwrap();
     assert_eq!((n.replicas, n.binding), (4, Binding::MaxNumSeqs));
