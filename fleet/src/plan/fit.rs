@@ -316,6 +316,30 @@ impl<'a> Planner<'a> {
 
     /// The profile's sizing of `s` on `work`.
     pub fn size(&self, work: &[Work], s: &Settings, slo: &Slo) -> Result<Sized, Infeasible> {
+        // A prompt larger than an engine's KV is refused by the engine: no
+        // pool size serves it (prompts over the context window are refused
+        // apart, and only reach here with --cap-context).
+        let kv = self.limits(s).kv_tokens;
+        let window = tether_rank_engine::engine::ContextLimit(self.profile.max_model_len);
+        let all = self.cold_work();
+        if let Some(w) = all
+            .iter()
+            .filter(|w| {
+                window
+                    .check(u64::from(w.prompt), u64::from(w.output))
+                    .is_ok()
+            })
+            .max_by_key(|w| w.prompt)
+            && u64::from(w.prompt) > kv
+        {
+            return Err(Infeasible {
+                binding: Binding::KvMemory,
+                why: format!(
+                    "KV memory: a {}-token prompt does not fit an engine's {kv} KV tokens (the engine refuses it)",
+                    w.prompt
+                ),
+            });
+        }
         if s.disaggregated {
             self.size_pd(work, s, slo)
         } else {

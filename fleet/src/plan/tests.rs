@@ -257,3 +257,19 @@ fn no_prefill_pool_when_nothing_goes_remote() {
     assert!(v.steps.iter().all(|s| s.prefill == 0), "{:?}", v.steps);
     assert_eq!(v.peak_prefill_gpus, 0);
 }
+
+#[test]
+fn a_prompt_larger_than_the_device_is_named_not_grown_for() {
+    let t = agent_trace(10, 4, 700, 300, 64);
+    let mut c = cfg(slo(), None);
+    c.search = false;
+    c.sim.engine.device_kv_tokens = Some(300);
+    let r = plan(&t, &profile(), &c).unwrap();
+    assert!(r.chosen.is_none());
+    assert!(
+        r.verdict.contains("KV memory") && r.verdict.contains("300 KV tokens"),
+        "{}",
+        r.verdict
+    );
+    finite_everywhere(&r);
+}
