@@ -143,6 +143,10 @@ pub struct Config {
     pub residency: Option<ResidencyConfig>,
     /// Pick mode: passive outlier detection on the response path (`eject`).
     pub eject: EjectConfig,
+    /// Output bound when decoding a compressed request body (`max_decompressed_bytes`).
+    pub max_decompressed_bytes: usize,
+    /// The Responses chain table (`chains`).
+    pub chains: crate::read::chain::ChainConfig,
 }
 
 /// Default `session_sources`.
@@ -215,6 +219,8 @@ impl Default for Config {
             pd: None,
             residency: None,
             eject: EjectConfig::default(),
+            max_decompressed_bytes: 16 * 1024 * 1024,
+            chains: crate::read::chain::ChainConfig::default(),
         }
     }
 }
@@ -281,6 +287,15 @@ pub struct RawConfig {
     pd: Option<Obj<RawPd>>,
     residency: Option<Obj<RawResidency>>,
     eject: Option<Obj<RawEject>>,
+    max_decompressed_bytes: Option<usize>,
+    chains: Option<Obj<RawChains>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawChains {
+    slots: Option<u32>,
+    ttl_s: Option<u64>,
 }
 
 /// One element of `endpoints` / `pd.prefill_endpoints`.
@@ -468,6 +483,21 @@ impl TryFrom<RawConfig> for Config {
                 .map(|Obj(e)| eject_config(e))
                 .transpose()?
                 .unwrap_or_default(),
+            max_decompressed_bytes: match raw.max_decompressed_bytes {
+                None => d.max_decompressed_bytes,
+                Some(n) if (1..=MAX_DECOMPRESSED).contains(&n) => n,
+                Some(_) => {
+                    return Err(ConfigError::new(
+                        "max_decompressed_bytes",
+                        "must be between 1 and 268435456 (256 MiB)",
+                    ));
+                }
+            },
+            chains: raw
+                .chains
+                .map(|Obj(c)| chain_config(c))
+                .transpose()?
+                .unwrap_or_default(),
             endpoints,
         };
         let cfg = match raw.residency {
@@ -516,6 +546,34 @@ fn pick_features(mut cfg: Config, pd: Option<RawPd>) -> Result<Config, ConfigErr
 }
 
 /// The `eject` object.
+/// Largest `max_decompressed_bytes` accepted.
+const MAX_DECOMPRESSED: usize = 256 << 20;
+
+fn chain_config(raw: RawChains) -> Result<crate::read::chain::ChainConfig, ConfigError> {
+    let d = crate::read::chain::ChainConfig::default();
+    let slots = match raw.slots {
+        None => d.slots,
+        Some(n) if (1..=1_048_576).contains(&n) => n,
+        Some(_) => {
+            return Err(ConfigError::new(
+                "chains.slots",
+                "must be between 1 and 1048576",
+            ));
+        }
+    };
+    let ttl_ms = match raw.ttl_s {
+        None => d.ttl_ms,
+        Some(t) if (1..=604_800).contains(&t) => t * 1000,
+        Some(_) => {
+            return Err(ConfigError::new(
+                "chains.ttl_s",
+                "must be between 1 and 604800 (a week)",
+            ));
+        }
+    };
+    Ok(crate::read::chain::ChainConfig { slots, ttl_ms })
+}
+
 fn eject_config(raw: RawEject) -> Result<EjectConfig, ConfigError> {
     let d = EjectConfig::default();
     let failures = match raw.failures {
@@ -693,7 +751,10 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
     }
     let d = ResidencyConfig::default();
     let r = ResidencyConfig {
-        candidates: raw.candidates.unwrap_or(d.candidates),
+        // The default never asks for more candidates than there are endpoints.
+        candidates: raw
+            .candidates
+            .unwrap_or(d.candidates.min(cfg.endpoints.len().max(1))),
         kv_bytes_per_token: raw.kv_bytes_per_token.unwrap_or(d.kv_bytes_per_token),
         link_gbps: raw.link_gbps.unwrap_or(d.link_gbps),
         transfer_setup_ms: raw.transfer_setup_ms.unwrap_or(d.transfer_setup_ms),

@@ -61,28 +61,7 @@ pub fn fallback(
 }
 
 /// One request's body as the body callback sees it at end of stream.
-#[derive(Debug, Clone, Copy)]
-pub struct BodyCall<'a> {
-    pub api: Api,
-    /// The (stripped) request headers.
-    pub headers: &'a Headers,
-    /// Bytes buffered.
-    pub size: usize,
-    /// A reason already known to force the fallback key.
-    pub reason: Option<Reason>,
-}
-
-impl<'a> BodyCall<'a> {
-    /// A body of `size` bytes with no reason known beforehand.
-    pub fn new(api: Api, headers: &'a Headers, size: usize) -> Self {
-        Self {
-            api,
-            headers,
-            size,
-            reason: None,
-        }
-    }
-}
+pub use crate::read::BodyIn as BodyCall;
 
 /// The body-callback decision at end of stream; `fetch(start, len)` reads
 /// body bytes, `mark` is called after each [`Step`] that ran (timing builds).
@@ -94,15 +73,7 @@ pub fn on_body(
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
     mark: &mut impl FnMut(Step),
 ) -> Plan {
-    let (r, body) = read::body(
-        cfg,
-        call.api,
-        call.headers,
-        call.size,
-        call.reason,
-        fetch,
-        mark,
-    );
+    let (r, body) = read::body(cfg, call, fetch, mark);
     decide(cfg, pools, snap, r, body.as_ref(), fetch, mark)
 }
 

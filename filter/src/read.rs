@@ -3,6 +3,8 @@
 //! how big its prompt is — from the request headers and the body's two ends.
 //! Host-free; nothing here places the request or writes an output.
 
+pub mod chain;
+pub mod encoding;
 pub mod head;
 pub mod header_names;
 pub mod identity;
@@ -25,6 +27,35 @@ use turn::Turn;
 
 /// A refusal: the local reply's status and body.
 pub type Reject = (u32, &'static str);
+
+/// A Responses continuation keyed by the head (or a `+head` source), whose
+/// head no longer names its run: keyed by its chain instead.
+fn continue_chain(
+    cfg: &Config,
+    api: Api,
+    chains: &dyn chain::Chains,
+    doc: &Doc,
+    view: &View,
+    id: &mut Identity,
+) {
+    let by_head = match id.source {
+        KeySource::Head => true,
+        KeySource::Source(i) => cfg.session_sources.get(i).is_some_and(|s| s.with_head),
+        KeySource::Chain { .. } | KeySource::Fallback(_) => false,
+    };
+    if api != Api::Responses || !by_head {
+        return;
+    }
+    let Some(previous) = chain::previous_id(doc, view) else {
+        return;
+    };
+    let (session, seen) = match chains.session_of(&previous) {
+        Some(s) => (s, true),
+        None => (chain::unseen_session(&previous), false),
+    };
+    id.session = session;
+    id.source = KeySource::Chain { seen };
+}
 
 /// What one routed request says, as read.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +81,22 @@ pub struct Reading {
     /// on and the body cannot be parsed, so a client `cache_salt` or
     /// `kv_transfer_params.tether` could otherwise reach the engine.
     pub reject: Option<Reject>,
+    /// Read from a decoded compressed body (counter `tether_body_decompressed`).
+    pub decoded: bool,
+}
+
+impl Reading {
+    /// The session to learn the answer's response id under: a Responses
+    /// request keyed by its head or its chain ([`chain`]).
+    pub fn chain_session(&self, cfg: &Config) -> Option<&[u8]> {
+        let by_head = match self.identity.source {
+            KeySource::Head | KeySource::Chain { .. } => true,
+            KeySource::Source(i) => cfg.session_sources.get(i).is_some_and(|s| s.with_head),
+            KeySource::Fallback(_) => false,
+        };
+        (self.api == Api::Responses && by_head && self.reject.is_none())
+            .then_some(self.identity.session.as_slice())
+    }
 }
 
 impl Reading {
@@ -67,6 +114,7 @@ impl Reading {
             body_bytes: 0,
             new_bytes: None,
             reject: None,
+            decoded: false,
         }
     }
 }
@@ -121,7 +169,8 @@ pub fn headers(cfg: &Config, headers: &Headers, end_of_stream: bool) -> HeaderRe
     })
 }
 
-/// `compressed` / `not_json` from the content headers.
+/// `compressed` (a coding the filter does not decode) / `not_json` from the
+/// content headers.
 fn content_reason(headers: &Headers) -> Option<Reason> {
     let get = |n: &str| {
         headers
@@ -129,11 +178,8 @@ fn content_reason(headers: &Headers) -> Option<Reason> {
             .find(|(k, _)| k.eq_ignore_ascii_case(n))
             .map(|(_, v)| v.as_slice())
     };
-    if let Some(enc) = get("content-encoding") {
-        let enc = enc.trim_ascii();
-        if !enc.is_empty() && !enc.eq_ignore_ascii_case(b"identity") {
-            return Some(Reason::Compressed);
-        }
+    if encoding::of(headers) == encoding::ContentEncoding::Other {
+        return Some(Reason::Compressed);
     }
     if let Some(ct) = get("content-type") {
         let ct = ct.to_ascii_lowercase();
@@ -163,6 +209,8 @@ fn source_label(cfg: &Config, identity: &Identity) -> String {
             .get(*i)
             .map_or_else(|| "unknown".to_owned(), |s| s.label.clone()),
         KeySource::Head => "head".to_owned(),
+        KeySource::Chain { seen: true } => "chain".to_owned(),
+        KeySource::Chain { seen: false } => "chain:unseen".to_owned(),
         KeySource::Fallback(r) => format!("fallback:{}", r.name()),
     }
 }
@@ -189,9 +237,10 @@ pub fn fallback(
         match reason {
             Reason::NoBody | Reason::UnknownFormat => None,
             Reason::TooLarge => Some((413, "tether: request body too large to rewrite\n")),
-            Reason::Compressed | Reason::NotJson => {
-                Some((415, "tether: request body must be uncompressed JSON\n"))
-            }
+            Reason::Compressed
+            | Reason::DecompressedTooLarge
+            | Reason::CompressedCorrupt
+            | Reason::NotJson => Some((415, "tether: request body must be uncompressed JSON\n")),
             Reason::MalformedJson | Reason::Truncated | Reason::NoConversation => {
                 Some((400, "tether: request body is not a JSON object\n"))
             }
@@ -205,33 +254,83 @@ pub fn fallback(
     }
 }
 
+/// The body callback's inputs at end of stream.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyIn<'a> {
+    pub api: Api,
+    /// The (stripped) request headers.
+    pub headers: &'a Headers,
+    /// Bytes buffered.
+    pub size: usize,
+    /// A reason already known to force the fallback key.
+    pub reason: Option<Reason>,
+    /// The Responses chain table ([`chain::NoChains`] without a host).
+    pub chains: &'a dyn chain::Chains,
+}
+
+impl<'a> BodyIn<'a> {
+    /// A body of `size` bytes with no reason known beforehand and no chain table.
+    pub fn new(api: Api, headers: &'a Headers, size: usize) -> Self {
+        Self {
+            api,
+            headers,
+            size,
+            reason: None,
+            chains: &chain::NoChains,
+        }
+    }
+}
+
 /// The body callback's reading at end of stream; `fetch(start, len)` reads
 /// body bytes, `mark` is called after each [`Step`] that ran. The scanned
-/// body comes back when it is a JSON object (the emit stage rewrites it).
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the body callback's inputs plus the step marker"
-)]
+/// body comes back when it is a JSON object the emit stage may rewrite (not
+/// a decoded one: what goes upstream is the body as sent).
 pub fn body(
     cfg: &Config,
-    api: Api,
-    headers: &Headers,
-    size: usize,
-    reason: Option<Reason>,
+    input: BodyIn<'_>,
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
     mark: &mut impl FnMut(Step),
 ) -> (Reading, Option<Body>) {
+    let BodyIn {
+        api,
+        headers,
+        size,
+        reason,
+        ..
+    } = input;
     let prefix = |fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>| {
         fetch(0, size.min(identity::FALLBACK_PREFIX)).unwrap_or_default()
     };
     let forced = reason
         .or((size == 0).then_some(Reason::NoBody))
-        .or((size > cfg.max_body_bytes).then_some(Reason::TooLarge));
+        .or((size > cfg.max_body_bytes).then_some(Reason::TooLarge))
+        // A body that must be rewritten cannot be, compressed.
+        .or(
+            (cfg.must_rewrite() && encoding::of(headers) != encoding::ContentEncoding::Identity)
+                .then_some(Reason::Compressed),
+        );
     if let Some(r) = forced {
         let p = if size == 0 { Vec::new() } else { prefix(fetch) };
         return (fallback(cfg, api, headers, &p, r), None);
     }
-    let limits = ReadLimits {
+    if let encoding::ContentEncoding::Decodable(enc) = encoding::of(headers) {
+        return (decoded(cfg, input, enc, fetch, mark), None);
+    }
+    let (view, doc, stats) = match scan::read_doc(api, size, read_limits(cfg), fetch) {
+        Ok(x) => x,
+        Err(e) => {
+            let p = prefix(fetch);
+            return (fallback(cfg, api, headers, &p, scan_reason(e)), None);
+        }
+    };
+    mark(Step::Scan);
+    let reading = conversation(cfg, input, &doc, &view, stats, mark);
+    (reading, Some(Body { doc, view }))
+}
+
+/// How much of a body the scanner may read.
+fn read_limits(cfg: &Config) -> ReadLimits {
+    ReadLimits {
         // Only an exact turn count needs the whole conversation of a body
         // the two ends would not cover.
         full_max: if cfg.outputs.has(Output::Turn) {
@@ -240,44 +339,78 @@ pub fn body(
             0
         },
         ..ReadLimits::default()
-    };
-    let (view, doc, stats) = match scan::read_doc(api, size, limits, fetch) {
-        Ok(x) => x,
-        Err(e) => {
-            let r = match e {
-                ScanError::Malformed => Reason::MalformedJson,
-                ScanError::Truncated | ScanError::Unavailable => Reason::Truncated,
-            };
-            let p = prefix(fetch);
-            return (fallback(cfg, api, headers, &p, r), None);
+    }
+}
+
+/// The fallback reason of a body that does not scan.
+fn scan_reason(e: ScanError) -> Reason {
+    match e {
+        ScanError::Malformed => Reason::MalformedJson,
+        ScanError::Truncated | ScanError::Unavailable => Reason::Truncated,
+    }
+}
+
+/// The reading of a compressed body: decoded within `max_decompressed_bytes`
+/// and read as any other. A body that does not decode gets the fallback key
+/// of what did decode (the conversation head, unchanged between turns), or
+/// of its compressed bytes when nothing did.
+fn decoded(
+    cfg: &Config,
+    input: BodyIn<'_>,
+    enc: encoding::Encoding,
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+    mark: &mut impl FnMut(Step),
+) -> Reading {
+    let BodyIn {
+        api, headers, size, ..
+    } = input;
+    let raw = fetch(0, size).unwrap_or_default();
+    let (plain, failed) = match encoding::decode(enc, &raw, cfg.max_decompressed_bytes) {
+        Ok(plain) => (plain, None),
+        Err(encoding::DecodeError::TooLarge { prefix }) => {
+            (prefix, Some(Reason::DecompressedTooLarge))
         }
+        Err(encoding::DecodeError::Corrupt { prefix }) => (prefix, Some(Reason::CompressedCorrupt)),
     };
-    mark(Step::Scan);
-    let reading = conversation(cfg, api, headers, size, &doc, &view, stats, mark);
-    (reading, Some(Body { doc, view }))
+    if let Some(r) = failed {
+        let p = if plain.is_empty() { &raw } else { &plain };
+        return fallback(cfg, api, headers, p, r);
+    }
+    let mut over = |s: usize, l: usize| plain.get(s..s.checked_add(l)?).map(<[u8]>::to_vec);
+    let input = BodyIn {
+        size: plain.len(),
+        ..input
+    };
+    let mut reading = match scan::read_doc(api, plain.len(), read_limits(cfg), &mut over) {
+        Ok((view, doc, stats)) => {
+            mark(Step::Scan);
+            conversation(cfg, input, &doc, &view, stats, mark)
+        }
+        Err(e) => fallback(cfg, api, headers, &plain, scan_reason(e)),
+    };
+    reading.decoded = true;
+    reading
 }
 
 /// The reading of a scanned JSON object: identity, turn, prompt size.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the scanned body, its size and the step marker"
-)]
 fn conversation(
     cfg: &Config,
-    api: Api,
-    headers: &Headers,
-    size: usize,
+    input: BodyIn<'_>,
     doc: &Doc,
     view: &View,
     stats: ReadStats,
     mark: &mut impl FnMut(Step),
 ) -> Reading {
+    let BodyIn {
+        api, headers, size, ..
+    } = input;
     let head = head_hash(api, doc, view);
     mark(Step::Head);
     let (res, bad) = identity::resolve(cfg, headers, Some(BodyRef { doc, view, head }));
     mark(Step::Identity);
     match res {
-        Resolution::Known(id) => {
+        Resolution::Known(mut id) => {
+            continue_chain(cfg, api, input.chains, doc, view, &mut id);
             let turn = cfg
                 .outputs
                 .needs_turn()

@@ -323,3 +323,24 @@ pub fn whole_view(body: &[u8]) -> crate::read::scan::View {
         size: body.len(),
     }
 }
+
+/// `body` compressed as a client would send it with `content-encoding: enc`.
+pub fn compress(enc: crate::read::encoding::Encoding, body: &[u8]) -> Vec<u8> {
+    use crate::read::encoding::Encoding;
+    use std::io::Write;
+    match enc {
+        Encoding::Gzip => {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            let _ = e.write_all(body);
+            e.finish().unwrap_or_default()
+        }
+        Encoding::Deflate => {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+            let _ = e.write_all(body);
+            e.finish().unwrap_or_default()
+        }
+        Encoding::Zstd => {
+            ruzstd::encoding::compress_to_vec(body, ruzstd::encoding::CompressionLevel::Fastest)
+        }
+    }
+}

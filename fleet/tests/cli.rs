@@ -196,6 +196,52 @@ fn a_coding_agent_corpus_generates_and_simulates() {
     );
 }
 
+/// `tether simulate --prefetch` turns prefetch on in every rank's engine: the
+/// report counts prefetches (and none without the flag).
+#[test]
+fn simulate_prefetch_reaches_the_engines() {
+    let dir = TempDir::new("prefetch");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let at = |p: &str| root.join(p).display().to_string();
+    let (trace, profile) = (
+        at("examples/traces/agent-demo.jsonl"),
+        at("examples/profiles/llama-3.1-8b-fp8-h200-tp1.json"),
+    );
+    let prefetched = |extra: &[&str]| {
+        let json = dir.path("sim.json");
+        let args = [
+            &[
+                "simulate",
+                &trace,
+                "--profile",
+                &profile,
+                "--kv-tokens",
+                "49152",
+                "--policy",
+                "tether",
+                "--cache",
+                "retention-host",
+                "--quiet",
+                "--threads",
+                "1",
+                "--json",
+                &json,
+            ][..],
+            extra,
+        ]
+        .concat();
+        let o = tether(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+        v["runs"][0]["retention"]["prefetched"]
+            .as_u64()
+            .expect("counted")
+    };
+    assert_eq!(prefetched(&[]), 0);
+    assert!(prefetched(&["--prefetch"]) > 0);
+}
+
 #[test]
 fn bad_input_is_refused_by_name() {
     let dir = TempDir::new("bad");

@@ -19,15 +19,25 @@
 //!
 //! Run: `cargo run --release -p tether-bench --bin resident-bench -- --real conversation_trace.jsonl`
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Parser;
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tether_e2e::stack::{rank_args, replay_blocking};
+use tether_e2e::{Stack, StackSpec};
+use tether_envoy::Mode;
+use tether_fleet::cli::replay::write_report;
 use tether_fleet::generate::Preset;
 use tether_fleet::generate::{GenerateOptions, generate};
 use tether_fleet::import::{Format, ImportOptions, import};
+use tether_fleet::replay::assemble::Source;
+use tether_fleet::replay::{Options, Route, Schedule};
 use tether_fleet::sim::{
     CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
 };
+use tether_fleet::synth::{Identity, SynthOptions};
 use tether_fleet::trace::Trace;
 use tether_rank_engine::engine::EngineSettings;
 use tether_rank_engine::profile::Profile;
@@ -47,9 +57,21 @@ struct Args {
     /// Generated corpus: sessions per 8 ranks (over one hour).
     #[arg(long, default_value_t = 200)]
     corpus_sessions: u32,
-    /// Skip parts: `bundled`, `corpus`, `pd` (comma-separated).
+    /// Skip parts: `bundled`, `corpus`, `pd`, `envoy` (comma-separated).
     #[arg(long, default_value = "")]
     skip: String,
+    /// Through Envoy: ranks behind the gateway, comma-separated.
+    #[arg(long, default_value = "8", value_delimiter = ',')]
+    envoy_ranks: Vec<usize>,
+    /// Through Envoy: speedup of the replays (trace time per wall time).
+    #[arg(long, default_value_t = 20.0)]
+    envoy_speedup: f64,
+    /// Through Envoy: sessions of the coding-agent corpus per 8 ranks (over 10 minutes).
+    #[arg(long, default_value_t = 24)]
+    envoy_corpus_sessions: u32,
+    /// Reports of the Envoy replays go here.
+    #[arg(long, default_value = "target/resident-bench")]
+    out: PathBuf,
 }
 
 fn root() -> PathBuf {
@@ -229,6 +251,107 @@ fn pd(trace: &Trace, profile: &Profile, p: usize, d: usize, speedup: f64) -> Res
     Ok(())
 }
 
+/// One trace through real Envoy + the tether filter (pick mode, header
+/// path, polled `/load`) in front of `ranks` `tether-rank --role decode`
+/// processes, with and without the filter's `residency` block, beside the
+/// simulator's oracle on the same ranks and speedup.
+#[allow(clippy::too_many_arguments)]
+fn envoy(
+    a: &Args,
+    name: &str,
+    trace: &Arc<Trace>,
+    source: &Source,
+    profile_file: &str,
+    profile: &Profile,
+    ranks: usize,
+    speedup: f64,
+) -> Result<()> {
+    let kv_tokens = profile.max_kv_tokens;
+    let host_gib = 4.0 * (kv_tokens * profile.kv_bytes_per_token) as f64 / f64::from(1u32 << 30);
+    let mut rank_args = rank_args(speedup, "retention-host", kv_tokens, host_gib);
+    if let Some(i) = rank_args.iter().position(|x| x == "--profile") {
+        rank_args[i + 1] = root()
+            .join("examples/profiles")
+            .join(profile_file)
+            .display()
+            .to_string();
+    }
+    rank_args.extend(["--role".to_owned(), "decode".to_owned()]);
+    let oracle = {
+        let cfg = SimConfig {
+            policy: Policy::Oracle,
+            host_bytes: (host_gib * f64::from(1u32 << 30)) as u64,
+            ..base(profile, FleetShape::aggregated(ranks), speedup)
+        };
+        run(trace, profile, &cfg)?.report
+    };
+    println!(
+        "{name} through Envoy, {ranks} ranks ({} requests, {speedup}x); the simulated oracle on the same ranks: TTFT p90 {:.0} ms",
+        trace.requests().len(),
+        oracle.ttft_ms.p90
+    );
+    for (label, extra) in [
+        ("pick + load", json!({"load": {}})),
+        (
+            "pick + load + residency",
+            json!({"load": {}, "residency": {}}),
+        ),
+    ] {
+        let mut spec = StackSpec::new(ranks, Mode::Pick, &[]);
+        spec.rank_args = rank_args.clone();
+        spec.concurrency = 2;
+        if let Value::Object(m) = extra {
+            spec.plugin_config = m;
+        }
+        let stack =
+            Stack::start(&spec).with_context(|| format!("{name} / {label}: starting the stack"))?;
+        let opts = stack.options(Options {
+            targets: Vec::new(),
+            route: Route::Session,
+            schedule: Schedule::Fixed,
+            max_inflight: 512,
+            speedup: Some(speedup),
+            max_gap_ms: 10_000,
+            synth: SynthOptions {
+                identity: Identity::ClaudeCode,
+                ..Default::default()
+            },
+            timeout: Duration::from_secs(600),
+            sessions: None,
+            ranks: Vec::new(),
+            gateway_admin: None,
+            progress: false,
+        });
+        let (r, out) = replay_blocking(trace, source, &opts, label)?;
+        drop(stack);
+        let dir = a
+            .out
+            .join(format!("{name}-{ranks}"))
+            .join(label.replace([' ', '+'], ""));
+        write_report(&r, &out.observations, &dir)?;
+        let busy: Vec<f64> = r.load.engines.iter().filter_map(|e| e.busy_s).collect();
+        let mean = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
+        let max = busy.iter().copied().fold(0.0, f64::max);
+        let bal = if mean > 0.0 { max / mean } else { f64::NAN };
+        let p90 = r.latency.ttft_ms.p90 / oracle.ttft_ms.p90.max(f64::MIN_POSITIVE);
+        println!(
+            "  {label:<24} {:>5.1} % of the shared cache's hits, busiest/mean busy {bal:.2}, TTFT p50 {:.0} p90 {:.0} ms ({p90:.2}x the oracle's), errors {}",
+            r.hit_ratio.of_shared_cache * 100.0,
+            r.latency.ttft_ms.p50,
+            r.latency.ttft_ms.p90,
+            r.requests.errors
+        );
+        if label.ends_with("residency") {
+            let ok = r.hit_ratio.of_shared_cache >= 0.95 && bal <= 1.25 && p90 <= 2.0;
+            println!(
+                "verdict [{name} through Envoy, {ranks} ranks]: residency >= 95 % of the shared cache's hits, busiest/mean <= 1.25, TTFT p90 <= 2x the oracle's: {}",
+                verdict(ok)
+            );
+        }
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let a = Args::parse();
     let skip: Vec<&str> = a.skip.split(',').map(str::trim).collect();
@@ -286,6 +409,55 @@ fn main() -> Result<()> {
         println!("corpus: {cmd}");
         let trace = generate(&o)?;
         pd(&trace, &coder, 2, 6, 1.0)?;
+    }
+    if !skip.contains(&"envoy") {
+        for &ranks in &a.envoy_ranks {
+            for t in ["agent-subagents", "agent-tenants"] {
+                let p = root().join(format!("examples/traces/{t}.jsonl"));
+                let trace = Arc::new(import(Format::Tether, &p, &ImportOptions::default())?);
+                let source = Source {
+                    path: p.display().to_string(),
+                    format: "tether".into(),
+                };
+                envoy(
+                    &a,
+                    t,
+                    &trace,
+                    &source,
+                    "llama-3.1-8b-fp8-h200-tp1.json",
+                    &llama,
+                    ranks,
+                    a.envoy_speedup,
+                )?;
+            }
+            let sessions =
+                ((f64::from(a.envoy_corpus_sessions) * ranks as f64 / 8.0).round() as u32).max(1);
+            let o = GenerateOptions {
+                seed: 19,
+                sessions,
+                session_span_ms: Some(600_000.0),
+                ..Preset::CodingAgent.options()
+            };
+            let cmd = format!(
+                "tether trace generate --preset coding-agent --seed 19 --sessions {sessions} --span-s 600"
+            );
+            println!("corpus: {cmd}");
+            let trace = Arc::new(generate(&o)?);
+            let source = Source {
+                path: cmd,
+                format: "tether".into(),
+            };
+            envoy(
+                &a,
+                "coding-agent corpus",
+                &trace,
+                &source,
+                "qwen3-coder-next-fp8-h200-tp1.json",
+                &coder,
+                ranks,
+                a.envoy_speedup,
+            )?;
+        }
     }
     println!("summary: {met} of {all} trace/fleet cases met every target");
     Ok(())

@@ -9,21 +9,34 @@
 //! (`--format`). It prints its own verdict against the target: retention + host tier must
 //! leave at least 5x less avoidable re-prefill than LRU.
 //!
+//! With `--prefetch` it measures prefetch in tool gaps instead: retention + host
+//! tier without and with prefetch on the same trace, side by side, on the turns
+//! whose state the run without prefetch restored from the host tier (TTFT p50/p90,
+//! recomputed tokens; target: p50 at least 30 % lower, no extra recompute).
+//!
 //! Run: `cargo run --release -p tether-bench --bin retention-bench -- --trace examples/traces/mooncake_synthetic_trace.jsonl --format mooncake`
 
 use anyhow::Result;
 use clap::Parser;
+use std::collections::HashSet;
 use std::path::PathBuf;
 use tether_fleet::import::{Format, ImportOptions, import, mooncake};
+use tether_fleet::quantile;
+use tether_fleet::report::{Observation, Served};
 use tether_fleet::sim::config::HybridOptions;
 use tether_fleet::sim::{
-    CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
+    CacheMode, FleetShape, Policy, RunOutput, RunReport, SimConfig, oracle_hits, simulate,
 };
 use tether_rank_engine::engine::EngineSettings;
 use tether_rank_engine::profile::Profile;
+use tether_wire::TurnKind;
 
 /// The benchmark's target: LRU's avoidable re-prefill ÷ retention + host's.
 const TARGET_RATIO: f64 = 5.0;
+
+/// The prefetch target: TTFT p50 on returning host-tier turns at most this share
+/// of the run without prefetch (≥ 30 % lower).
+const PREFETCH_TARGET: f64 = 0.7;
 
 #[derive(Parser, Debug)]
 #[command(about = "Avoidable re-prefill: LRU vs retention vs retention + host tier")]
@@ -69,6 +82,10 @@ struct Args {
     /// Import (Mooncake): common-head fan-out of the conversation derivation.
     #[arg(long, default_value_t = ImportOptions::default().head_fanout)]
     head_fanout: u32,
+    /// Measure prefetch in tool gaps instead: retention + host tier without and
+    /// with prefetch, side by side.
+    #[arg(long)]
+    prefetch: bool,
 }
 
 fn main() -> Result<()> {
@@ -121,6 +138,9 @@ fn main() -> Result<()> {
         state
     );
     let oracle = oracle_hits(&trace, a.block_size);
+    if a.prefetch {
+        return prefetch_side_by_side(&trace, &profile, &base, &oracle);
+    }
     let names = [
         "(a) LRU prefix cache",
         "(b) retention, device",
@@ -217,4 +237,152 @@ fn main() -> Result<()> {
         if dev_ratio >= 1.0 { "MET" } else { "MISSED" }
     );
     Ok(())
+}
+
+/// Retention + host tier without and with prefetch, on the same trace; figures on
+/// the turns the run without prefetch served by a restore from the host tier — all
+/// of them, and those returning to a `tool` or `handoff` prompt end (the turns
+/// prefetch is for; a `user` or `first` prompt end waits on a human and is not
+/// prefetched).
+fn prefetch_side_by_side(
+    trace: &tether_fleet::trace::Trace,
+    profile: &Profile,
+    base: &SimConfig,
+    oracle: &[u32],
+) -> Result<()> {
+    let mut runs = Vec::new();
+    for prefetch in [false, true] {
+        let mut cfg = SimConfig {
+            cache: CacheMode::RetentionHost,
+            ..base.clone()
+        };
+        cfg.engine.prefetch = prefetch;
+        runs.push(simulate(trace, profile, &cfg, oracle, true, None)?);
+    }
+    let on_host: HashSet<u32> = runs[0]
+        .records
+        .iter()
+        .filter_map(served)
+        .filter(|(_, s)| s.restored_tokens.unwrap_or(0) > 0)
+        .map(|(r, _)| r)
+        .collect();
+    // Requests whose agent's previous prompt end was a tool result or a handoff.
+    let mut after_tool = HashSet::new();
+    for a in trace.agents() {
+        for w in a.requests.windows(2) {
+            let prev = &trace.requests()[w[0].0 as usize];
+            if matches!(prev.opened_by, TurnKind::Tool | TurnKind::Handoff) {
+                after_tool.insert(w[1].0);
+            }
+        }
+    }
+    let tool_set: HashSet<u32> = on_host.intersection(&after_tool).copied().collect();
+    println!(
+        "returning turns whose state was on the host tier (restored in the run without prefetch): {}, of which {} after a tool/handoff prompt end",
+        on_host.len(),
+        tool_set.len()
+    );
+    println!(
+        "{:<38} {:>11} {:>11} {:>13} {:>12} {:>14}",
+        "retention + host", "TTFT p50", "TTFT p90", "restored tok", "recomputed", "recomputed all"
+    );
+    let mut verdicts = Vec::new();
+    for (label, set) in [("all", &on_host), ("after tool/handoff", &tool_set)] {
+        let rows: Vec<Turns> = runs.iter().map(|o| Turns::of(o, set)).collect();
+        for (name, t) in ["without prefetch", "with prefetch"].iter().zip(&rows) {
+            println!(
+                "{:<38} {:>8.1} ms {:>8.1} ms {:>13} {:>12} {:>14}",
+                format!("{name}, {label}"),
+                t.p50,
+                t.p90,
+                t.restored,
+                t.recomputed,
+                t.recomputed_all
+            );
+        }
+        verdicts.push((label, rows));
+    }
+    for (name, out) in ["without prefetch", "with prefetch"].iter().zip(&runs) {
+        let r = &out.report.sim.retention;
+        println!(
+            "{name}: prefetched {} (used {}, wasted {}), offloaded {}, dropped {}; {:.2} s",
+            r.prefetched,
+            r.prefetch_used,
+            r.prefetch_wasted,
+            r.offloaded,
+            r.dropped,
+            out.report.wall_s
+        );
+    }
+    for (label, rows) in &verdicts {
+        let ratio = if rows[0].p50 > 0.0 {
+            rows[1].p50 / rows[0].p50
+        } else {
+            1.0
+        };
+        println!(
+            "verdict ({label}): TTFT p50 with / without prefetch = {ratio:.3} ({:.1} % lower; target >= 30 % lower): {}",
+            (1.0 - ratio) * 100.0,
+            if ratio <= PREFETCH_TARGET {
+                "MET"
+            } else {
+                "MISSED"
+            }
+        );
+        let no_extra = rows[1].recomputed <= rows[0].recomputed;
+        println!(
+            "verdict ({label}): recomputed tokens on those turns with prefetch {} vs without {} (no extra allowed): {}",
+            rows[1].recomputed,
+            rows[0].recomputed,
+            if no_extra { "MET" } else { "MISSED" }
+        );
+    }
+    let all = |i: usize| runs[i].report.computed_tokens;
+    println!(
+        "verdict (every request): recomputed tokens with prefetch {} vs without {} (no extra allowed): {}",
+        all(1),
+        all(0),
+        if all(1) <= all(0) { "MET" } else { "MISSED" }
+    );
+    Ok(())
+}
+
+/// A served observation with its trace request index.
+fn served(o: &Observation) -> Option<(u32, Served)> {
+    o.served().map(|s| (o.request, s.clone()))
+}
+
+/// TTFT and tokens of one run on a set of requests.
+struct Turns {
+    p50: f64,
+    p90: f64,
+    restored: u64,
+    recomputed: u64,
+    recomputed_all: u64,
+}
+
+impl Turns {
+    fn of(out: &RunOutput, set: &HashSet<u32>) -> Self {
+        let mut ttft = Vec::new();
+        let (mut restored, mut recomputed) = (0, 0);
+        for (_, s) in out
+            .records
+            .iter()
+            .filter_map(served)
+            .filter(|(r, _)| set.contains(r))
+        {
+            ttft.push(s.timing.ttft_ms);
+            restored += s.restored_tokens.unwrap_or(0);
+            recomputed += s.prompt_tokens - s.cached_tokens;
+        }
+        let t = quantile::sorted(ttft);
+        let q = |x| quantile::nearest_rank(&t, x).unwrap_or(0.0);
+        Self {
+            p50: q(0.5),
+            p90: q(0.9),
+            restored,
+            recomputed,
+            recomputed_all: out.report.computed_tokens,
+        }
+    }
 }

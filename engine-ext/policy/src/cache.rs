@@ -96,6 +96,9 @@ pub struct Admission {
     pub state_restored: bool,
     /// Set when host-tier data existed but could not be used.
     pub miss: Option<RestoreMiss>,
+    /// True when the key's retention had been prefetched and this request is its
+    /// first hit (an engine whose prefetch copy is still in flight waits for it).
+    pub prefetch_hit: bool,
 }
 
 /// Snapshots the engine must write after [`RetentionCache::finish_prefill`] retained a prompt end.
@@ -124,6 +127,14 @@ pub struct Stats {
     pub restored_blocks: u64,
     /// Restores refused by a checksum mismatch or failed copy.
     pub restore_misses: u64,
+    /// Host retentions brought back to the device ahead of their return ([`RetentionCache::prefetch`]).
+    pub prefetched: u64,
+    /// Blocks those prefetches restored.
+    pub prefetched_blocks: u64,
+    /// Prefetched retentions hit by their key's next request.
+    pub prefetch_used: u64,
+    /// Prefetched retentions that left the device (expired, offloaded, dropped) unhit.
+    pub prefetch_wasted: u64,
 }
 
 #[derive(Debug)]
@@ -135,6 +146,16 @@ struct Running {
     state_pin: Option<BlockHash>,
     /// The retention key the request was admitted or retained under.
     key: Option<RetentionKey>,
+}
+
+/// Which block slots an allocation may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Room {
+    /// Anything, in the eviction order (a request's own blocks and snapshots).
+    Any,
+    /// Only what holds nothing retained or running: empty slots, unpinned cached
+    /// blocks, unpinned snapshots (a prefetch).
+    Free,
 }
 
 /// Where a usable prefix comes from.
@@ -283,9 +304,7 @@ impl RetentionCache {
         if self.running.contains_key(&id) {
             return Err(CacheError::Duplicate(id));
         }
-        if let Some(k) = key {
-            self.refresh(&k, now);
-        }
+        let prefetch_hit = key.is_some_and(|k| self.refresh(&k, now));
         let mut miss = None;
         let mut plan = self.plan(hashes, true);
         // Fetch and verify host payloads before any eviction can touch the host tier.
@@ -376,6 +395,7 @@ impl RetentionCache {
             state,
             state_restored,
             miss,
+            prefetch_hit,
         };
         self.running.insert(id, run);
         Ok(adm)
@@ -428,23 +448,11 @@ impl RetentionCache {
         hashes: &[BlockHash],
         plan: &Plan,
     ) -> Result<(Vec<u8>, Option<Vec<u8>>), RestoreMiss> {
-        let mut blocks = Vec::new();
-        for h in &hashes[plan.device..plan.device + plan.restore] {
-            match self.host.fetch(HostKind::Block, *h) {
-                Some(Ok(b)) => blocks.extend_from_slice(&b),
-                Some(Err(_)) => return Err(RestoreMiss::Checksum),
-                None => return Err(RestoreMiss::Copy("host block vanished".into())),
-            }
-        }
         let state = match plan.state {
-            Some((b, false)) => match self.host.fetch(HostKind::State, b) {
-                Some(Ok(s)) => Some(s),
-                Some(Err(_)) => return Err(RestoreMiss::Checksum),
-                None => return Err(RestoreMiss::Copy("host state vanished".into())),
-            },
+            Some((b, false)) => Some(b),
             _ => None,
         };
-        Ok((blocks, state))
+        self.fetch_range(&hashes[plan.device..plan.device + plan.restore], state)
     }
 
     /// Writes restored bytes into the request's slots and publishes them.
@@ -596,6 +604,7 @@ impl RetentionCache {
             states,
             interval_ms: interval,
             lru_tick: self.pool.lru_clock(),
+            prefetched: false,
         });
         self.stats.retained += 1;
         out
@@ -619,9 +628,16 @@ impl RetentionCache {
         out
     }
 
-    /// A hit on `key`: refresh its retention on whichever tier holds it.
-    fn refresh(&mut self, key: &RetentionKey, now: Millis) {
+    /// A hit on `key`: refresh its retention on whichever tier holds it. True when
+    /// the retention was prefetched and this is its first hit.
+    fn refresh(&mut self, key: &RetentionKey, now: Millis) -> bool {
+        let mut prefetched = false;
         if let Some(mut r) = self.take_record(key) {
+            if r.prefetched {
+                r.prefetched = false;
+                prefetched = true;
+                self.stats.prefetch_used += 1;
+            }
             r.meta.refresh(now, r.interval_ms);
             r.lru_tick = self.pool.lru_clock();
             self.insert_record(r);
@@ -629,6 +645,7 @@ impl RetentionCache {
         } else if self.host.refresh(key, now) {
             self.stats.refreshed += 1;
         }
+        prefetched
     }
 
     fn insert_record(&mut self, rec: DeviceRecord) {
@@ -675,6 +692,7 @@ impl RetentionCache {
     /// Drops a retention that yielded for room: its blocks join the free queue at the
     /// front (it was chosen as older than everything there), tail first.
     fn drop_device_record_cold(&mut self, rec: DeviceRecord) {
+        self.stats.prefetch_wasted += u64::from(rec.prefetched);
         for s in &rec.chain {
             self.pool.unretain_cold(*s);
         }
@@ -684,6 +702,7 @@ impl RetentionCache {
     }
 
     fn drop_device_record(&mut self, rec: DeviceRecord) {
+        self.stats.prefetch_wasted += u64::from(rec.prefetched);
         for s in rec.chain.iter().rev() {
             self.pool.unretain(*s);
         }
@@ -696,6 +715,12 @@ impl RetentionCache {
     /// blocks (with the unpinned snapshots at their boundaries, now unusable), unpinned
     /// snapshots, then retentions.
     fn alloc(&mut self, now: Millis, mover: &mut dyn Mover) -> Option<SlotId> {
+        self.alloc_in(Room::Any, now, mover)
+    }
+
+    /// [`RetentionCache::alloc`], limited to `room`: [`Room::Free`] never takes a
+    /// retention's blocks.
+    fn alloc_in(&mut self, room: Room, now: Millis, mover: &mut dyn Mover) -> Option<SlotId> {
         loop {
             if let Some(s) = self.pool.take_empty() {
                 return Some(s);
@@ -704,7 +729,7 @@ impl RetentionCache {
             // yields first, so a pinned turn (with its snapshot, worth thousands of
             // tokens of KV) never displaces blocks that are more recent. Measured
             // better for hybrid models and worse for attention-only ones (docs/engine.md).
-            if let Some(key) = self.colder_record() {
+            if let Some(key) = self.colder_record().filter(|_| room == Room::Any) {
                 let class = self.victims.class_of(&key, now);
                 if self.evict_key(class, key, now, mover) {
                     continue;
@@ -727,7 +752,7 @@ impl RetentionCache {
                 self.release_backing(backing);
                 continue;
             }
-            if !self.evict_record(now, mover) {
+            if room == Room::Free || !self.evict_record(now, mover) {
                 return None;
             }
         }
@@ -762,13 +787,24 @@ impl RetentionCache {
         now: Millis,
         mover: &mut dyn Mover,
     ) -> Option<StateSlot> {
+        self.alloc_state_in(Room::Any, boundary, now, mover)
+    }
+
+    /// [`RetentionCache::alloc_state`], its block slots limited to `room`.
+    fn alloc_state_in(
+        &mut self,
+        room: Room,
+        boundary: BlockHash,
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> Option<StateSlot> {
         if let Some(s) = self.states.pin(boundary) {
             return Some(s);
         }
         let need = self.cfg.state_blocks();
         let mut backing = Vec::with_capacity(need);
         while backing.len() < need {
-            match self.alloc(now, mover) {
+            match self.alloc_in(room, now, mover) {
                 Some(s) => backing.push(s),
                 None => {
                     self.release_backing(backing);
@@ -961,5 +997,7 @@ impl RetentionCache {
     }
 }
 
+mod prefetch;
+pub use prefetch::{PrefetchSkip, Prefetched};
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,7 @@
 pub mod cache;
 pub mod config;
 pub mod fault;
+pub mod gaps;
 pub mod hash;
 pub mod host;
 pub mod ledger;
@@ -23,9 +24,13 @@ pub mod record;
 pub mod states;
 mod victims;
 
-pub use cache::{Admission, CacheError, RequestId, RestoreMiss, Retained, RetentionCache, Stats};
+pub use cache::{
+    Admission, CacheError, PrefetchSkip, Prefetched, RequestId, RestoreMiss, Retained,
+    RetentionCache, Stats,
+};
 pub use config::{Millis, PolicyConfig};
 pub use fault::Fault;
+pub use gaps::ReturnGaps;
 pub use hash::{BlockHash, BlockHasher, RequestKeys};
 pub use ledger::{Ledger, LedgerStats, RetainPlan};
 pub use marker::{MarkerError, RetentionKey, TurnKind, TurnMarker};

@@ -62,6 +62,9 @@ pub struct DeviceRecord {
     /// The block pool's LRU clock at its last use (creation or hit): the record is
     /// older than an unpinned block whose LRU entry tick is larger.
     pub lru_tick: u64,
+    /// Brought back from the host tier by a prefetch and not hit since: counted used
+    /// at its next hit, wasted if it leaves the device first.
+    pub prefetched: bool,
 }
 
 /// A retention living on the host tier: the blocks and states are host payloads.

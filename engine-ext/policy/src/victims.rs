@@ -81,6 +81,20 @@ impl VictimIndex {
         self.by_prio.first().map(|(_, k)| *k)
     }
 
+    /// The records expired at `now`, earliest expiry first.
+    pub(crate) fn expired(&self, now: Millis) -> Vec<RetentionKey> {
+        self.by_expiry
+            .iter()
+            .take_while(|(e, _)| *e <= now)
+            .map(|(_, k)| *k)
+            .collect()
+    }
+
+    /// Every record, least recently used first.
+    pub(crate) fn by_recency(&self) -> impl Iterator<Item = RetentionKey> + '_ {
+        self.by_prio.iter().map(|(_, k)| *k)
+    }
+
     /// True when the index holds exactly these records with their current orders.
     pub(crate) fn matches<'a>(&self, metas: impl Iterator<Item = &'a RecordMeta>) -> bool {
         let mut n = 0;

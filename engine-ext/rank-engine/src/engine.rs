@@ -47,6 +47,7 @@
 
 use crate::latency::{LatencyModel, StepShape};
 use crate::metrics::{EngineGauges, EngineMetrics};
+use prefetch::{Moment, Prefetcher};
 use std::collections::{HashSet, VecDeque};
 use tether_engine::{
     BlockHash, CacheError, MetadataOnly, PolicyConfig, RequestId, RetentionCache, TurnMarker,
@@ -68,6 +69,8 @@ pub struct EngineConfig {
     /// Bandwidth of the link over which prompt KV computed elsewhere arrives
     /// (P/D decode role), GB/s (10⁹ B/s); `f64::INFINITY` = free transfers.
     pub kv_link_gbps: f64,
+    /// Prefetch in tool gaps ([`EngineSettings::prefetch`]).
+    pub prefetch: bool,
 }
 
 impl EngineConfig {
@@ -92,6 +95,7 @@ impl EngineConfig {
             max_num_seqs: s.max_num_seqs,
             max_num_batched_tokens: s.max_num_batched_tokens,
             kv_link_gbps: s.kv_link_gbps,
+            prefetch: s.prefetch,
         };
         // A hybrid model: snapshots of its linear state, paid from the same device
         // budget, at its resumable boundaries rounded up to whole blocks.
@@ -122,6 +126,10 @@ pub struct EngineSettings {
     pub max_num_batched_tokens: usize,
     /// KV-transfer link of a decode-role engine, GB/s ([`EngineConfig::kv_link_gbps`]).
     pub kv_link_gbps: f64,
+    /// Prefetch in tool gaps: bring a `tool`/`handoff` prompt end's retention back
+    /// from the host tier before the session is expected back (`docs/engine.md`,
+    /// "Prefetch"). Inert without retention and a host tier.
+    pub prefetch: bool,
 }
 
 impl Default for EngineSettings {
@@ -134,6 +142,7 @@ impl Default for EngineSettings {
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,
             kv_link_gbps: 50.0,
+            prefetch: false,
         }
     }
 }
@@ -398,6 +407,8 @@ pub struct Engine {
     kv_link_free_at: SimMs,
     blocked: bool,
     metrics: EngineMetrics,
+    /// Prefetch plans (`None` when prefetch is off or there is nothing to prefetch from).
+    prefetch: Option<Prefetcher>,
 }
 
 impl Engine {
@@ -420,6 +431,7 @@ impl Engine {
                 cfg.max_num_batched_tokens, cfg.max_num_seqs
             )));
         }
+        let cfg_prefetch = cfg.prefetch && cfg.policy.retention && cfg.policy.host_bytes > 0;
         let cache = RetentionCache::try_new(cfg.policy.clone())
             .map_err(|e| EngineConfigError::Policy(e.to_string()))?;
         let max_len = model
@@ -440,6 +452,7 @@ impl Engine {
             kv_link_free_at: 0.0,
             blocked: false,
             metrics: EngineMetrics::new(max_len),
+            prefetch: (cfg_prefetch).then(Prefetcher::default),
         })
     }
 
@@ -495,6 +508,9 @@ impl Engine {
             est_uncached,
         };
         self.live.insert(w.req.id);
+        if let (Some(p), Some(m)) = (self.prefetch.as_mut(), w.req.marker) {
+            p.returned(&m.key, arrival);
+        }
         // Keep arrival order (submissions normally come in order already).
         let pos = self
             .waiting
@@ -529,7 +545,7 @@ impl Engine {
         l.cancelled = true;
         self.metrics.aborted += 1;
         if self.in_flight.is_none() {
-            self.purge();
+            let _ = self.purge();
         }
         true
     }
@@ -606,6 +622,9 @@ impl Engine {
         {
             consider(w.arrival.max(self.clock));
         }
+        if let Some(d) = self.prefetch.as_ref().and_then(Prefetcher::next_timer) {
+            consider(d.max(self.clock));
+        }
         t
     }
 
@@ -651,6 +670,7 @@ impl Engine {
                 l.phase = Phase::Prefill;
             }
         }
+        let mut admitted = false;
         while !self.blocked && self.running.len() < self.cfg.max_num_seqs {
             match self.waiting.front() {
                 Some(w) if w.arrival <= start => {}
@@ -666,6 +686,7 @@ impl Engine {
                 .admit(id, &w.req.hashes, key, start as u64, &mut self.mover)
             {
                 Ok(adm) => {
+                    admitted = true;
                     let p = w.req.prompt_tokens;
                     let cap = cached_cap(p, bs);
                     let raw = adm.cached_blocks * bs;
@@ -697,9 +718,20 @@ impl Engine {
                         restore_ms = self.model.restore_ms(
                             adm.restored_blocks as u64 * self.cfg.policy.block_bytes + state,
                         );
-                        self.link_free_at = self.link_free_at.max(start) + restore_ms;
+                        let from = self.link_free_at.max(start);
+                        self.link_free_at = from + restore_ms;
                         m.restore_ms += restore_ms;
                         ready_at = self.link_free_at;
+                        if let Some(p) = self.prefetch.as_mut() {
+                            p.yield_to(from, restore_ms);
+                        }
+                    }
+                    if let (true, Some(p), Some(k)) =
+                        (adm.prefetch_hit, self.prefetch.as_mut(), key)
+                        && let Some(landed) = p.take_inflight(&k, start)
+                    {
+                        // Its prefetch copy is still on the host link.
+                        ready_at = ready_at.max(landed);
                     }
                     let mut transfer_ms = 0.0;
                     if transferred > 0 {
@@ -748,6 +780,7 @@ impl Engine {
                 }
             }
         }
+        self.run_prefetch(start, admitted);
         let decodes: Vec<usize> = (0..self.running.len())
             .filter(|&i| {
                 let l = &self.running[i];
@@ -852,6 +885,9 @@ impl Engine {
         {
             t = Some(t.map_or(w.arrival, |t| t.min(w.arrival)));
         }
+        if let Some(d) = self.prefetch.as_ref().and_then(Prefetcher::next_timer) {
+            t = Some(t.map_or(d, |t| t.min(d)));
+        }
         t
     }
 
@@ -941,7 +977,11 @@ impl Engine {
             m.itl.observe_n(total / n as f64 / 1000.0, n * decoded);
             let _ = m.itl_us.record_n(us, n * decoded);
         }
+        let mut ended = Vec::new();
         for l in self.running.iter().filter(|l| l.done && !l.cancelled) {
+            if let Some(mk) = l.req.marker.filter(|m| m.prompt_end) {
+                ended.push((mk.key, mk.kind));
+            }
             let o = Outcome {
                 prompt_tokens: l.req.prompt_tokens,
                 cached_tokens: l.device_cached + l.restored,
@@ -974,11 +1014,35 @@ impl Engine {
                 outcome: o,
             });
         }
-        self.purge();
+        let released = self.purge();
+        if let Some(p) = self.prefetch.as_mut() {
+            for (key, kind) in ended {
+                p.turn_ended(key, kind, at, &self.cache, &self.model);
+            }
+        }
+        // A prompt computed (retained, maybe evicting) or a request gone: room changed.
+        self.run_prefetch(at, released || !step.chunks.is_empty());
     }
 
-    /// Releases finished and cancelled requests.
-    fn purge(&mut self) {
+    /// Fires due prefetch plans and, when a plan fired or `changed` says the
+    /// device's contents did, tries the armed ones at `now` (prefetch on only).
+    /// Only then: a decode run's inner steps change nothing, so results do not
+    /// depend on how a run is split (how often the engine is advanced).
+    fn run_prefetch(&mut self, now: SimMs, changed: bool) {
+        let demand_waits = self.waiting.front().is_some_and(|w| w.arrival <= now);
+        if let Some(p) = self.prefetch.as_mut() {
+            let at = Moment {
+                now,
+                changed,
+                demand_waits,
+                demand_free_at: self.link_free_at,
+            };
+            p.run(at, &mut self.cache, &mut self.mover, &self.model);
+        }
+    }
+
+    /// Releases finished and cancelled requests; true if any was released.
+    fn purge(&mut self) -> bool {
         let mut released = false;
         let cache = &mut self.cache;
         let live = &mut self.live;
@@ -996,6 +1060,7 @@ impl Engine {
         if released {
             self.blocked = false;
         }
+        released
     }
 
     /// Point-in-time gauges (running, waiting, queued prefill, KV usage).
@@ -1041,5 +1106,6 @@ pub fn cached_cap(prompt_tokens: usize, block_size: usize) -> usize {
     prompt_tokens.saturating_sub(1) / block_size * block_size
 }
 
+mod prefetch;
 #[cfg(test)]
 mod tests;

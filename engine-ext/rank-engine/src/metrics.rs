@@ -552,6 +552,27 @@ pub fn render(out: &mut String, model_name: &str, ranks: &[RankView]) {
         |r| r.cache.restore_misses as f64,
     );
     f.scalar(
+        "tether_prefetched_total",
+        "counter",
+        "Host-tier retentions prefetched to the device ahead of their session's return.",
+        ranks,
+        |r| r.cache.prefetched as f64,
+    );
+    f.scalar(
+        "tether_prefetch_used_total",
+        "counter",
+        "Prefetched retentions hit by their session's next request.",
+        ranks,
+        |r| r.cache.prefetch_used as f64,
+    );
+    f.scalar(
+        "tether_prefetch_wasted_total",
+        "counter",
+        "Prefetched retentions that left the device unhit.",
+        ranks,
+        |r| r.cache.prefetch_wasted as f64,
+    );
+    f.scalar(
         "tether_restore_seconds_total",
         "counter",
         "Simulated seconds the host link spent restoring.",

@@ -116,6 +116,10 @@ pub struct Args {
     /// KV-transfer link of a decode-role rank, GB/s (prefilled KV arriving from a prefiller).
     #[arg(long, default_value_t = 50.0)]
     pub kv_link_gbps: f64,
+    /// Prefetch in tool gaps: bring a tool/handoff turn's state back from the host
+    /// tier before the session is expected back (only with `--cache retention-host`).
+    #[arg(long)]
+    pub prefetch: bool,
     /// Most entries of the residency summary in `/load` (docs/rank.md
     /// "Residency summary"); the largest retained states are listed first; 0
     /// publishes none.
@@ -255,6 +259,15 @@ impl RankConfig {
             }
             _ => {}
         }
+        if args.prefetch && args.cache != CacheMode::RetentionHost {
+            return Err(flag(
+                "prefetch",
+                format!(
+                    "prefetches from the host tier, which needs --cache retention-host (got --cache {})",
+                    args.cache.name()
+                ),
+            ));
+        }
         if args.max_model_len == Some(0) {
             return Err(flag("max-model-len", "must be at least 1"));
         }
@@ -315,6 +328,7 @@ impl RankConfig {
                 max_num_seqs: self.args.max_num_seqs,
                 max_num_batched_tokens: self.args.max_num_batched_tokens,
                 kv_link_gbps: self.args.kv_link_gbps,
+                prefetch: self.args.prefetch,
             },
         )
     }
@@ -338,6 +352,7 @@ impl RankConfig {
             "profile_hash": self.profile_hash,
             "role": a.role.name(),
             "kv_link_gbps": a.kv_link_gbps,
+            "prefetch": a.prefetch,
         });
         let hash = format!(
             "{:016x}",

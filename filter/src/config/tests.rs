@@ -306,7 +306,12 @@ fn residency(v: serde_json::Value, load: bool) -> Result<Config, ConfigError> {
 #[test]
 fn residency_config_defaults_and_refusals_name_the_field() {
     let c = residency(serde_json::json!({}), true).unwrap();
-    assert_eq!(c.residency, Some(residency::ResidencyConfig::default()));
+    // The default d of 3, capped at the endpoints configured.
+    let want = residency::ResidencyConfig {
+        candidates: c.endpoints.len().min(3),
+        ..residency::ResidencyConfig::default()
+    };
+    assert_eq!(c.residency, Some(want));
     assert!(
         c.outputs.has(Output::Prefiller),
         "a migration names the old home"

@@ -446,6 +446,10 @@ fn fallbacks_have_reasons_and_stable_keys() {
     );
     assert_eq!(
         run(&[("content-encoding", "gzip")], &body).read.source,
+        "fallback:compressed_corrupt"
+    );
+    assert_eq!(
+        run(&[("content-encoding", "br")], &body).read.source,
         "fallback:compressed"
     );
     assert_eq!(

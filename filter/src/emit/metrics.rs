@@ -144,6 +144,22 @@ pub const FIXED: &[(&str, &str)] = &[
         "tether_residency_bad_unsorted",
         "a rank's residency summary keys are not strictly ascending (not used; logged)",
     ),
+    (
+        "tether_body_decompressed",
+        "a gzip/deflate/zstd request body was decoded and read",
+    ),
+    (
+        "tether_chain_hit",
+        "a Responses continuation took the key of the response it continues",
+    ),
+    (
+        "tether_chain_unseen",
+        "a Responses continuation of a response not in this gateway's table: keyed by that response id",
+    ),
+    (
+        "tether_chain_learned",
+        "a Responses answer's id was written to the chain table",
+    ),
 ];
 
 /// The [`FIXED`] counters by position, so a request counts by index instead
@@ -179,10 +195,14 @@ pub enum Fixed {
     ResidencyBadTooMany,
     ResidencyBadShape,
     ResidencyBadUnsorted,
+    BodyDecompressed,
+    ChainHit,
+    ChainUnseen,
+    ChainLearned,
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 29] = [
+    pub const ALL: [Fixed; 33] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
@@ -212,6 +232,10 @@ impl Fixed {
         Fixed::ResidencyBadTooMany,
         Fixed::ResidencyBadShape,
         Fixed::ResidencyBadUnsorted,
+        Fixed::BodyDecompressed,
+        Fixed::ChainHit,
+        Fixed::ChainUnseen,
+        Fixed::ChainLearned,
     ];
 
     /// The counter of a placement by residency.
@@ -264,13 +288,13 @@ pub enum Counter {
 /// failed. Names that sanitize alike share one id, as they share one counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CounterIds {
-    pub fixed: [Option<u32>; 29],
+    pub fixed: [Option<u32>; 33],
     /// By index into `session_sources`.
     pub source: Vec<Option<u32>>,
     pub head: Option<u32>,
     pub fallback_source: Option<u32>,
     /// By [`Reason::index`].
-    pub fallback: [Option<u32>; 8],
+    pub fallback: [Option<u32>; 10],
     /// By endpoint index.
     pub pick: Vec<Option<u32>>,
 }

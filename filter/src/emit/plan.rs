@@ -94,6 +94,11 @@ impl Plan {
             }
             KeySource::Head => count(Counter::Head),
             KeySource::Source(i) => count(Counter::Source(*i)),
+            KeySource::Chain { seen: true } => count(Counter::Fixed(Fixed::ChainHit)),
+            KeySource::Chain { seen: false } => count(Counter::Fixed(Fixed::ChainUnseen)),
+        }
+        if r.decoded {
+            count(Counter::Fixed(Fixed::BodyDecompressed));
         }
         for _ in 0..r.bad_headers {
             count(Counter::Fixed(Fixed::BadHeader));

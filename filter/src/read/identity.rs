@@ -100,6 +100,10 @@ pub enum KeySource {
     Source(usize),
     /// The conversation-head hash.
     Head,
+    /// A Responses continuation (`previous_response_id`): `seen` = the
+    /// session of the response it continues ([`crate::read::chain`]), else
+    /// keyed by that response id.
+    Chain { seen: bool },
     /// Nothing usable: see [`crate::read::reason::Reason`].
     Fallback(crate::read::reason::Reason),
 }

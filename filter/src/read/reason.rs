@@ -7,8 +7,13 @@ pub enum Reason {
     UnknownFormat,
     /// `content-type` is present and not JSON.
     NotJson,
-    /// `content-encoding` other than `identity`.
+    /// A `content-encoding` the filter does not decode (or a configuration
+    /// that must rewrite the body, which it cannot do to a compressed one).
     Compressed,
+    /// A compressed body that decodes to more than `max_decompressed_bytes`.
+    DecompressedTooLarge,
+    /// A compressed body that does not decode: bad magic, corrupt or truncated stream.
+    CompressedCorrupt,
     /// The body is not a JSON object.
     MalformedJson,
     /// The body ends before its object does (or the host could not give the bytes).
@@ -22,10 +27,12 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 10] = [
         Reason::UnknownFormat,
         Reason::NotJson,
         Reason::Compressed,
+        Reason::DecompressedTooLarge,
+        Reason::CompressedCorrupt,
         Reason::MalformedJson,
         Reason::Truncated,
         Reason::TooLarge,
@@ -43,6 +50,8 @@ impl Reason {
             Reason::UnknownFormat => "unknown_format",
             Reason::NotJson => "not_json",
             Reason::Compressed => "compressed",
+            Reason::DecompressedTooLarge => "decompressed_too_large",
+            Reason::CompressedCorrupt => "compressed_corrupt",
             Reason::MalformedJson => "malformed_json",
             Reason::Truncated => "truncated",
             Reason::TooLarge => "too_large",

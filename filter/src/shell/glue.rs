@@ -9,6 +9,7 @@
 //! output header and one increment per counter, by ids resolved at configure
 //! time. Nothing is kept for the later callbacks unless they use it.
 
+use super::chain_store::{self, Learned, Learner};
 use super::host;
 use super::poller::{Poller, ResidencyPoll};
 use super::timing::{Log, Probe};
@@ -248,6 +249,7 @@ impl RootContext for Root {
             headers: Vec::new(),
             plan: None,
             first: None,
+            learner: None,
         }))
     }
 
@@ -291,6 +293,8 @@ struct Http {
     plan: Option<Plan>,
     /// Pick mode: the endpoint listed first, for the response path.
     first: Option<usize>,
+    /// A Responses request keyed by its head or chain: learn its answer's id.
+    learner: Option<Learner>,
 }
 
 impl Context for Http {}
@@ -364,6 +368,10 @@ impl Http {
             return Action::Pause;
         }
         self.first = plan.placed.primary();
+        self.learner = plan
+            .read
+            .chain_session(&s.cfg)
+            .map(|session| Learner::new(session.to_vec()));
         self.apply_state(&plan);
         probe.mark(Step::Apply);
         s.note(&plan);
@@ -380,11 +388,11 @@ impl Http {
         let mut fetch = |start: usize, len: usize| {
             probe.fetching(|| host::get_buffer(BufferType::HttpRequestBody, start, len).ok())
         };
+        let chains = chain_store::table(s.cfg.chains);
         let call = BodyCall {
-            api,
-            headers: &self.headers,
-            size,
             reason,
+            chains: &chains,
+            ..BodyCall::new(api, &self.headers, size)
         };
         let plan = s.with_snapshot(|snap| {
             decide::on_body(&s.cfg, &s.pools, snap, call, &mut fetch, &mut |step| {
@@ -396,6 +404,20 @@ impl Http {
 }
 
 impl HttpContext for Http {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(learner) = self.learner.as_mut() else {
+            return Action::Continue;
+        };
+        match learner.chunk(self.shared.cfg.chains, body_size, end_of_stream) {
+            Learned::More => return Action::Continue,
+            Learned::Done(true) => self.shared.count_fixed(Fixed::ChainLearned),
+            Learned::Done(false) => self.shared.count_fixed(Fixed::HostError),
+            Learned::GaveUp => {}
+        }
+        self.learner = None;
+        Action::Continue
+    }
+
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let s = Rc::clone(&self.shared);
         let probe = Probe::start();
@@ -484,9 +506,22 @@ impl HttpContext for Http {
         self.decide_body(api, reason, size)
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         if let Some(first) = self.first {
             self.shared.observe(first);
+        }
+        // Only a successful answer has a response id to continue from.
+        if let Some(learner) = self.learner.as_mut() {
+            let wanted = |n: &[u8]| n == b":status" || n == b"content-encoding";
+            let headers =
+                host::header_pairs(MapType::HttpResponseHeaders, wanted).unwrap_or_default();
+            let ok = headers
+                .iter()
+                .any(|(n, v)| n == ":status" && v.first() == Some(&b'2'));
+            learner.coding = crate::read::encoding::of(&headers);
+            if end_of_stream || !ok {
+                self.learner = None;
+            }
         }
         if self.shared.cfg.outputs.has(Output::Debug)
             && let Some(plan) = &self.plan

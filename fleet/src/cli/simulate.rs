@@ -141,6 +141,9 @@ pub struct FleetArgs {
     /// Replay the trace this many times faster (arrivals divided by it).
     #[arg(long, default_value_t = 1.0)]
     pub speedup: f64,
+    /// Prefetch in tool gaps on every rank (retention-host runs; docs/engine.md "Prefetch").
+    #[arg(long)]
+    pub prefetch: bool,
 }
 
 impl FleetArgs {
@@ -163,6 +166,7 @@ impl FleetArgs {
                 device_kv_tokens: a.kv_tokens,
                 max_num_seqs: a.max_num_seqs,
                 max_num_batched_tokens: a.max_num_batched_tokens,
+                prefetch: a.prefetch,
                 ..EngineSettings::default()
             },
             host_bytes,

@@ -67,6 +67,7 @@ fn ranks(out: &RunOutput, cfg: &SimConfig, profile: &ProfileSource<'_>) -> Vec<R
         "profile_hash": profile.hash,
         "role": if cfg.fleet.is_disaggregated() { "decode" } else { "both" },
         "kv_link_gbps": cfg.pd.kv_link_gbps,
+        "prefetch": engine.prefetch && cfg.cache == CacheMode::RetentionHost,
     });
     let config = json!({
         "serving": serving,

@@ -99,6 +99,16 @@ pub struct RetentionSummary {
     pub restored_tokens: u64,
     /// Largest host-tier use of any rank, bytes.
     pub host_peak_bytes: u64,
+    /// Host-tier retentions prefetched to the device before their return
+    /// (`--prefetch`; docs/engine.md "Prefetch").
+    #[serde(default)]
+    pub prefetched: u64,
+    /// Of those, hit by their session's next request.
+    #[serde(default)]
+    pub prefetch_used: u64,
+    /// Of those, gone from the device unhit.
+    #[serde(default)]
+    pub prefetch_wasted: u64,
 }
 
 /// What only a simulation measures: the one extension of a report

@@ -1105,6 +1105,9 @@ impl Sim<'_> {
                 ret.expired += s.expired_dropped;
                 ret.restored_tokens += s.restored_blocks * pool.cfg.policy.block_size as u64;
                 ret.host_peak_bytes = ret.host_peak_bytes.max(e.cache().host().used());
+                ret.prefetched += s.prefetched;
+                ret.prefetch_used += s.prefetch_used;
+                ret.prefetch_wasted += s.prefetch_wasted;
             }
         }
         let tpot = Dist::of_us(&t.tpot);

@@ -175,10 +175,8 @@ fn decide(http: &HttpRequest) -> Reading {
         HeaderOutcome::ReadBody { api, reason } => {
             let body = &http.body;
             let call = BodyCall {
-                api,
-                headers: &h,
-                size: body.len(),
                 reason,
+                ..BodyCall::new(api, &h, body.len())
             };
             on_body(
                 &cfg,

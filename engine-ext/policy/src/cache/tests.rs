@@ -331,6 +331,20 @@ fn least_recently_used_retention_is_evicted_first() {
     assert!(c.device_record(&key(2)).is_some());
 }
 
+/// Session 1 returns (request `id`) with one block more than `s1`, at `now`.
+fn session_one_returns(
+    c: &mut RetentionCache,
+    m: &mut VecMover,
+    s1: &[BlockHash],
+    id: u64,
+    kind: TurnKind,
+    now: Millis,
+) -> Admission {
+    let mut next = s1.to_vec();
+    next.extend(chain(11, 1));
+    turn(c, m, id, &next, Some(marker(1, kind)), now)
+}
+
 #[test]
 fn pressure_offloads_to_host_and_the_return_restores_bit_exactly() {
     let mut c = RetentionCache::try_new(cfg(8, 16)).expect("cfg");
@@ -351,16 +365,7 @@ fn pressure_offloads_to_host_and_the_return_restores_bit_exactly() {
     assert_eq!((c.host().len(), c.host().is_empty()), (1, false));
     assert!(c.host().used() <= c.host().capacity());
     assert_eq!(c.peek_prefix(&s1), 2, "device lost part of session 1");
-    let mut next = s1.clone();
-    next.extend(chain(11, 1));
-    let a = turn(
-        &mut c,
-        &mut m,
-        3,
-        &next,
-        Some(marker(1, TurnKind::User)),
-        60_000,
-    );
+    let a = session_one_returns(&mut c, &mut m, &s1, 3, TurnKind::User, 60_000);
     assert_eq!(a.cached_blocks, 5);
     assert_eq!(a.restored_blocks, 3, "the 3 blocks the device lost");
     assert_eq!(c.stats().restored_blocks, 3);
@@ -525,12 +530,17 @@ fn hybrid_prefix_is_usable_only_at_a_snapshot_boundary() {
     c.check().expect("invariants");
 }
 
+/// A hybrid cache of `device` blocks whose snapshots take one block each, and its mover.
+fn hybrid(device: usize, host_blocks: u64) -> (RetentionCache, VecMover) {
+    let mut conf = cfg(device, host_blocks);
+    conf.state_bytes = BB as u64;
+    let c = RetentionCache::try_new(conf).expect("cfg");
+    (c, VecMover::new(device, device))
+}
+
 #[test]
 fn hybrid_state_offloads_and_restores_with_its_blocks() {
-    let mut conf = cfg(12, 64);
-    conf.state_bytes = BB as u64;
-    let mut c = RetentionCache::try_new(conf).expect("cfg");
-    let mut m = VecMover::new(12, 12);
+    let (mut c, mut m) = hybrid(12, 64);
     let s1 = chain(1, 6);
     turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::User)), 0);
     // Session 2 needs the only state slot: session 1's record moves to the host.
@@ -643,6 +653,9 @@ enum Op {
     Tick(u32),
     /// Corrupt one host payload byte (of a block, or with `state` of a linear-state snapshot).
     Corrupt { i: u8, state: bool },
+    /// Prefetch session `s`'s host retention, with `fail` a failing copy; with
+    /// `displace`, every live retention may yield to it.
+    Prefetch { s: u8, fail: bool, displace: bool },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -652,6 +665,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => any::<bool>().prop_map(|prompt_end| Op::Finish { prompt_end }),
         2 => (0u32..200_000).prop_map(Op::Tick),
         1 => (any::<u8>(), any::<bool>()).prop_map(|(i, state)| Op::Corrupt { i, state }),
+        2 => (0u8..6, proptest::bool::weighted(0.15), any::<bool>())
+            .prop_map(|(s, fail, displace)| Op::Prefetch { s, fail, displace }),
     ]
 }
 
@@ -710,6 +725,16 @@ proptest! {
                     }
                 }
                 Op::Tick(d) => now += u64::from(d),
+                Op::Prefetch { s, fail, displace } => {
+                    m.fail_scatter = fail;
+                    let k = key(u128::from(s));
+                    let on_device = c.device_record(&k).is_some();
+                    let r = c.prefetch(&k, now, &mut m, &mut |_| displace);
+                    prop_assert_eq!(c.device_record(&k).is_some(), r.is_ok() || on_device);
+                    if r.is_ok() {
+                        prop_assert!(c.host().record(&k).is_some(), "the host copy is kept");
+                    }
+                }
                 Op::Corrupt { i, state } => {
                     // One byte of a payload the host tier actually holds.
                     let kind = if state { HostKind::State } else { HostKind::Block };
@@ -1156,5 +1181,217 @@ fn hybrid_snapshots_align_to_the_engine_block_and_a_mid_block_return_resumes_the
     bad.state_align_tokens = bad.block_size + 1;
     let e = RetentionCache::try_new(bad).expect_err("unaligned");
     assert!(e.to_string().contains("state_align_tokens"), "{e}");
+    c.check().expect("invariants");
+}
+
+/// Sessions 1 and 2 retained on a 12-block device; a 6-block request without a
+/// prompt end then pushes session 1 (least recently used) to the host tier and
+/// leaves its own blocks unpinned: free room a prefetch may take.
+fn session_one_on_the_host() -> (RetentionCache, VecMover, Vec<BlockHash>) {
+    session_one_on_a_host_of(32)
+}
+
+/// Tool turns of sessions 1 (`s1`) and 2 (6 blocks), then a `flood`-block request
+/// without a prompt end: session 1, least recently used, yields to the host tier.
+fn push_session_one_out(c: &mut RetentionCache, m: &mut VecMover, s1: &[BlockHash], flood: usize) {
+    turn(c, m, 1, s1, Some(marker(1, TurnKind::Tool)), 0);
+    turn(c, m, 2, &chain(2, 6), Some(marker(2, TurnKind::Tool)), 5);
+    turn(c, m, 3, &chain(3, flood), None, 10);
+}
+
+fn session_one_on_a_host_of(host_blocks: u64) -> (RetentionCache, VecMover, Vec<BlockHash>) {
+    let mut c = RetentionCache::try_new(cfg(12, host_blocks)).expect("cfg");
+    let mut m = VecMover::new(12, 0);
+    let s1 = chain(1, 5);
+    push_session_one_out(&mut c, &mut m, &s1, 6);
+    assert_eq!(c.stats().offloaded, 1);
+    assert!(c.host().record(&key(1)).is_some());
+    assert_eq!(c.peek_prefix(&s1), 0, "session 1 left the device");
+    assert_eq!(c.pool().evictable(), 6);
+    (c, m, s1)
+}
+
+#[test]
+fn a_prefetched_state_is_on_the_device_when_its_session_returns() {
+    let (mut c, mut m, s1) = session_one_on_the_host();
+    let p = c
+        .prefetch(&key(1), 1_000, &mut m, &mut |_| false)
+        .expect("room for it");
+    assert_eq!(
+        p,
+        Prefetched {
+            blocks: 5,
+            state: false
+        }
+    );
+    c.check().expect("invariants");
+    assert_eq!(c.peek_prefix(&s1), 5);
+    assert!(
+        c.device_record(&key(2)).is_some(),
+        "a live retention was evicted"
+    );
+    let a = session_one_returns(&mut c, &mut m, &s1, 4, TurnKind::Tool, 4_000);
+    assert_eq!(
+        (a.cached_blocks, a.restored_blocks),
+        (5, 0),
+        "served from the device, bit-exact"
+    );
+    let s = c.stats();
+    assert_eq!(
+        (
+            s.prefetched,
+            s.prefetched_blocks,
+            s.prefetch_used,
+            s.prefetch_wasted
+        ),
+        (1, 5, 1, 0)
+    );
+    assert_eq!(s.restored_blocks, 0, "no demand restore was needed");
+}
+
+#[test]
+fn no_prefetch_when_only_retentions_or_running_work_could_give_room() {
+    let (mut c, mut m, _) = session_one_on_the_host();
+    // A running 6-block request takes the free room and holds it.
+    let a = c
+        .admit(RequestId(9), &chain(9, 6), None, 20, &mut m)
+        .expect("admit");
+    m.prefill(&a, &chain(9, 6));
+    let before = c.stats();
+    assert_eq!(
+        c.prefetch(&key(1), 1_000, &mut m, &mut |_| false),
+        Err(PrefetchSkip::NoRoom { need: 5, free: 0 })
+    );
+    c.check().expect("invariants");
+    assert!(
+        c.device_record(&key(2)).is_some(),
+        "the live retention stays"
+    );
+    assert_eq!(c.stats(), before, "nothing moved, nothing counted");
+    assert!(c.host().record(&key(1)).is_some());
+}
+
+#[test]
+fn a_prefetch_unused_before_expiry_is_counted_wasted_and_yields() {
+    let (mut c, mut m, s1) = session_one_on_the_host();
+    c.prefetch(&key(1), 1_000, &mut m, &mut |_| false)
+        .expect("room");
+    // Past both tool intervals (120 s); a flood needs the device.
+    turn(&mut c, &mut m, 5, &chain(5, 12), None, 200_000);
+    let s = c.stats();
+    assert_eq!(
+        (s.prefetched, s.prefetch_used, s.prefetch_wasted),
+        (1, 0, 1)
+    );
+    assert_eq!(c.peek_prefix(&s1), 0);
+    c.check().expect("invariants");
+}
+
+#[test]
+fn prefetch_skips_what_it_cannot_or_need_not_move() {
+    let (mut c, mut m, _) = session_one_on_the_host();
+    assert_eq!(
+        c.prefetch(&key(2), 20, &mut m, &mut |_| false),
+        Err(PrefetchSkip::OnDevice)
+    );
+    assert_eq!(
+        c.prefetch(&key(7), 20, &mut m, &mut |_| false),
+        Err(PrefetchSkip::NotOnHost)
+    );
+    assert_eq!(
+        c.prefetch(&key(1), 120_000, &mut m, &mut |_| false),
+        Err(PrefetchSkip::Expired)
+    );
+    // A corrupt host byte: a miss, nothing restored, the record dropped.
+    let h = chain(1, 5)[2];
+    if let Some(b) = c
+        .host_mut()
+        .payload_mut(HostKind::Block, h)
+        .and_then(|p| p.bytes_mut_unchecked().first_mut())
+    {
+        *b ^= 1;
+    }
+    assert_eq!(
+        c.prefetch(&key(1), 30, &mut m, &mut |_| false),
+        Err(PrefetchSkip::Miss(RestoreMiss::Checksum))
+    );
+    assert!(c.host().record(&key(1)).is_none());
+    assert_eq!(c.stats().prefetched, 0);
+    c.check().expect("invariants");
+}
+
+#[test]
+fn a_hybrid_prefetch_brings_back_the_prompt_end_snapshot() {
+    let (mut c, mut m) = hybrid(16, 64);
+    let s1 = chain(1, 6);
+    push_session_one_out(&mut c, &mut m, &s1, 8);
+    assert!(c.host().record(&key(1)).is_some());
+    let p = c
+        .prefetch(&key(1), 3, &mut m, &mut |_| false)
+        .expect("room");
+    assert!(p.state, "the snapshot crossed the host link");
+    c.check().expect("invariants");
+    let a = turn(&mut c, &mut m, 4, &s1, Some(marker(1, TurnKind::Tool)), 4);
+    assert_eq!(
+        (a.cached_blocks, a.restored_blocks, a.state_restored),
+        (6, 0, false)
+    );
+    assert_eq!(c.stats().prefetch_used, 1);
+}
+
+#[test]
+fn a_prefetch_displaces_only_retentions_expected_back_later_and_only_to_the_host() {
+    let (mut c, mut m, s1) = session_one_on_the_host();
+    // Running work takes the free room; session 2's retention is all that could give way.
+    let a = c
+        .admit(RequestId(9), &chain(9, 6), None, 20, &mut m)
+        .expect("admit");
+    m.prefill(&a, &chain(9, 6));
+    let mut asked = Vec::new();
+    assert_eq!(
+        c.prefetch(&key(1), 1_000, &mut m, &mut |k| {
+            asked.push(*k);
+            false
+        }),
+        Err(PrefetchSkip::NoRoom { need: 5, free: 0 })
+    );
+    assert_eq!(
+        asked,
+        vec![key(2)],
+        "only live retentions are offered, never the target"
+    );
+    let offloaded = c.stats().offloaded;
+    let p = c.prefetch(&key(1), 1_000, &mut m, &mut |k| *k == key(2));
+    assert_eq!(
+        p,
+        Ok(Prefetched {
+            blocks: 5,
+            state: false
+        })
+    );
+    assert_eq!(
+        c.stats().offloaded,
+        offloaded + 1,
+        "session 2 went to the host tier"
+    );
+    assert!(c.host().record(&key(2)).is_some() && c.device_record(&key(2)).is_none());
+    assert_eq!(c.peek_prefix(&s1), 5);
+    c.check().expect("invariants");
+}
+
+#[test]
+fn a_live_retention_never_yields_to_a_prefetch_without_free_host_room() {
+    // The host tier holds exactly session 1: session 2 could only go there by evicting.
+    let (mut c, mut m, _) = session_one_on_a_host_of(5);
+    let a = c
+        .admit(RequestId(9), &chain(9, 6), None, 20, &mut m)
+        .expect("admit");
+    m.prefill(&a, &chain(9, 6));
+    assert!(matches!(
+        c.prefetch(&key(1), 1_000, &mut m, &mut |_| true),
+        Err(PrefetchSkip::NoRoom { .. })
+    ));
+    assert!(c.device_record(&key(2)).is_some());
+    assert_eq!(c.host().evicted_records(), 0);
     c.check().expect("invariants");
 }

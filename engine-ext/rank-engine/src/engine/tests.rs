@@ -35,6 +35,7 @@ fn engine_with(
             max_num_seqs: seqs,
             max_num_batched_tokens: budget,
             kv_link_gbps: 1.0,
+            prefetch: false,
         },
         LatencyModel::new(profile()),
     )
@@ -382,6 +383,7 @@ fn submissions_the_engine_cannot_hold_are_refused() {
                 max_num_seqs: 8,
                 max_num_batched_tokens: 4,
                 kv_link_gbps: 1.0,
+                prefetch: false,
             },
             LatencyModel::new(profile())
         )
@@ -585,6 +587,7 @@ fn a_hybrid_restore_resumes_at_the_aligned_snapshot_and_pays_for_its_bytes() {
         max_num_seqs: 64,
         max_num_batched_tokens: 8192,
         kv_link_gbps: 1.0,
+        prefetch: false,
     };
     let mut e = Engine::try_new(cfg, LatencyModel::new(profile())).unwrap();
     // 1,300 tokens: 81 full blocks, the last aligned boundary at 80 (1,280 tokens).
@@ -619,4 +622,193 @@ fn a_hybrid_profile_gives_the_engine_its_state_rounded_to_whole_blocks() {
         EngineConfig::for_profile(&profile(), &s).policy.state_bytes,
         0
     );
+}
+
+fn engine_prefetching(device_blocks: usize, prefetch: bool) -> Engine {
+    let mut e = engine_with(device_blocks, 64 << 20, true, 64, 8192);
+    let mut cfg = e.config().clone();
+    cfg.prefetch = prefetch;
+    e = Engine::try_new(cfg, LatencyModel::new(profile())).unwrap();
+    e
+}
+
+fn with_kind(mut m: Option<TurnMarker>, kind: TurnKind) -> Option<TurnMarker> {
+    if let Some(m) = m.as_mut() {
+        m.kind = kind;
+    }
+    m
+}
+
+/// Session 1 runs two tool turns 2 s apart (the rank learns the tool gap), then a
+/// 2,400-token request without a prompt end (`flood_tokens` output tokens) pushes
+/// it — and session 2 (a `user` turn, never prefetched) — to the host tier.
+/// Returns session 1's second prompt.
+fn tool_session_pushed_to_host(e: &mut Engine, flood_tokens: usize) -> Vec<u32> {
+    let mut a = toks(11, 1280);
+    e.submit(req(1, &a, 1, marker(1)), 0.0).unwrap();
+    run(e);
+    a.extend(toks(12, 64));
+    e.submit(req(2, &a, 1, marker(1)), e.clock() + 2000.0)
+        .unwrap();
+    run(e);
+    let s2 = toks(30, 640);
+    e.submit(
+        req(3, &s2, 1, with_kind(marker(2), TurnKind::User)),
+        e.clock() + 10.0,
+    )
+    .unwrap();
+    run(e);
+    e.submit(
+        req(4, &toks(40, 2400), flood_tokens, None),
+        e.clock() + 10.0,
+    )
+    .unwrap();
+    a
+}
+
+#[test]
+fn a_prefetched_tool_turn_returns_to_its_state_on_the_device() {
+    let ret = |prefetch: bool| {
+        let mut e = engine_prefetching(160, prefetch);
+        let mut a = tool_session_pushed_to_host(&mut e, 1);
+        run(&mut e);
+        assert!(
+            e.cache().host().record(&marker(1).unwrap().key).is_some(),
+            "{:?} {:?}",
+            e.cache().stats(),
+            e.gauges()
+        );
+        a.extend(toks(13, 64));
+        e.submit(req(5, &a, 1, marker(1)), e.clock() + 3000.0)
+            .unwrap();
+        let o = done(&run(&mut e), 5);
+        e.cache().check().unwrap();
+        (o, e.cache().stats())
+    };
+    let (off, s_off) = ret(false);
+    let (on, s_on) = ret(true);
+    assert_eq!((off.cached_tokens, off.restored_tokens), (1344, 1344));
+    assert_eq!((on.cached_tokens, on.restored_tokens), (1344, 0), "{on:?}");
+    assert_eq!(
+        (s_off.prefetched, s_on.prefetched, s_on.prefetch_used),
+        (0, 1, 1)
+    );
+    assert_eq!(s_on.prefetched_blocks, 84);
+    assert!(
+        on.ttft_ms() + off.restore_ms - 1e-9 <= off.ttft_ms(),
+        "{on:?} vs {off:?}"
+    );
+    assert_eq!(
+        on.computed_tokens(),
+        off.computed_tokens(),
+        "no extra recompute"
+    );
+}
+
+#[test]
+fn no_prefetch_while_running_work_holds_the_room() {
+    let mut e = engine_prefetching(160, true);
+    // The flood decodes for 2,000 tokens, past session 1's return.
+    let mut a = tool_session_pushed_to_host(&mut e, 2000);
+    let at = e.clock() + 3000.0;
+    let mut out = Vec::new();
+    e.advance(at, &mut out);
+    assert!(e.cache().host().record(&marker(1).unwrap().key).is_some());
+    a.extend(toks(13, 64));
+    e.submit(req(5, &a, 1, marker(1)), at).unwrap();
+    out.extend(run(&mut e));
+    let o = done(&out, 5);
+    let s = e.cache().stats();
+    assert_eq!(
+        s.prefetched, 0,
+        "a prefetch took room from running work: {s:?}"
+    );
+    assert_eq!(o.restored_tokens, 1344, "served by a demand restore");
+    e.cache().check().unwrap();
+}
+
+#[test]
+fn demand_restores_take_the_host_link_before_prefetch_copies() {
+    let mut e = engine_prefetching(160, true);
+    let mut a = tool_session_pushed_to_host(&mut e, 1);
+    run(&mut e);
+    // The flood's end issued session 1's prefetch at the clock; session 2 (on the
+    // host, never prefetched) returns at that instant and session 1 just after.
+    let tf = e.clock();
+    assert_eq!(e.cache().stats().prefetched, 1);
+    let mut s2 = toks(30, 640);
+    s2.extend(toks(31, 64));
+    e.submit(req(6, &s2, 1, with_kind(marker(2), TurnKind::User)), tf)
+        .unwrap();
+    a.extend(toks(13, 64));
+    e.submit(req(5, &a, 1, marker(1)), tf + 0.1).unwrap();
+    let out = run(&mut e);
+    let (o2, o1) = (done(&out, 6), done(&out, 5));
+    let ms = |blocks: f64| blocks * 16.0 * 1024.0 / 1e6;
+    assert_eq!(o2.restored_tokens, 640);
+    assert!((o2.restore_ms - ms(40.0)).abs() < 1e-9, "{o2:?}");
+    assert!(
+        (o2.first_token - tf - o2.restore_ms - e.model().prefill_ms(64)).abs() < 1e-6,
+        "the demand restore waited for the prefetch: {o2:?}"
+    );
+    assert_eq!((o1.restored_tokens, o1.cached_tokens), (0, 1344));
+    assert!(
+        o1.first_token >= tf + ms(84.0) + ms(40.0) - 1e-9,
+        "session 1 did not wait for its prefetch, pushed back by the demand restore: {o1:?}"
+    );
+    e.cache().check().unwrap();
+}
+
+#[test]
+fn prefetch_results_do_not_depend_on_how_often_time_is_advanced() {
+    // Six tool sessions of four turns (prompts growing by 320 tokens) and requests
+    // without a marker between them, on a device that holds about two sessions.
+    let mut schedule: Vec<(u64, SimMs, Vec<u32>, Option<TurnMarker>)> = Vec::new();
+    for turn in 0..4u32 {
+        for s in 0..6u32 {
+            let mut t = Vec::new();
+            for k in 0..=turn {
+                t.extend(toks(100 * s + k, 320));
+            }
+            let at = f64::from(turn) * 1500.0 + f64::from(s) * 97.0;
+            schedule.push((schedule.len() as u64 + 1, at, t, marker(u128::from(s) + 1)));
+        }
+        let at = f64::from(turn) * 1500.0 + 700.0;
+        schedule.push((schedule.len() as u64 + 1, at, toks(900 + turn, 1200), None));
+    }
+    schedule.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let outcomes = |step: f64| {
+        let mut e = engine_prefetching(160, true);
+        let mut out = Vec::new();
+        let (mut t, mut next) = (0.0, 0);
+        while next < schedule.len() || e.next_wakeup().is_some() {
+            while next < schedule.len() && schedule[next].1 <= t {
+                let (id, at, toks, mk) = &schedule[next];
+                e.submit(req(*id, toks, 40, *mk), at.max(e.clock().min(t)))
+                    .unwrap();
+                next += 1;
+            }
+            e.advance(t, &mut out);
+            t += step;
+        }
+        let mut d: Vec<(u64, u64, usize)> = out
+            .iter()
+            .filter_map(|ev| match ev {
+                Event::Done { id, outcome } => Some((
+                    *id,
+                    (outcome.ttft_ms() * 1e6) as u64,
+                    outcome.restored_tokens,
+                )),
+                _ => None,
+            })
+            .collect();
+        d.sort();
+        (d, e.cache().stats())
+    };
+    let (fine, stats) = outcomes(0.5);
+    assert_eq!(fine.len(), 28);
+    assert!(stats.prefetched > 0 && stats.prefetch_used > 0, "{stats:?}");
+    let (coarse, stats_coarse) = outcomes(7.0);
+    assert_eq!(fine, coarse);
+    assert_eq!(stats, stats_coarse);
 }

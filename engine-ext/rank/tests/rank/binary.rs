@@ -80,6 +80,7 @@ fn bad_flags_and_profiles_fail_at_start_naming_the_field() {
     assert!(refusal(&["--profile", &p, "--speedup", "0"]).contains("--speedup"));
     assert!(refusal(&["--profile", &p, "--cache", "retention-host"]).contains("--host-gib"));
     assert!(refusal(&["--profile", &p, "--host-gib", "1"]).contains("--host-gib"));
+    assert!(refusal(&["--profile", &p, "--prefetch"]).contains("--prefetch"));
     assert!(refusal(&["--profile", &p, "--kv-tokens", "3"]).contains("--kv-tokens"));
     assert!(
         refusal(&["--profile", &p, "--max-num-batched-tokens", "8"])

@@ -123,18 +123,23 @@ async fn cache_salt_separates_tenants() {
     );
 }
 
-#[tokio::test]
-async fn host_tier_restores_show_in_usage_and_metrics() {
-    // 4096 device tokens; each session retains ~1280; the fourth pushes the first out.
-    let s = Server::start(&[
+/// A rank with 4096 device tokens and a 2 GiB host tier.
+async fn host_tier_server(extra: &[&str]) -> Server {
+    let base = [
         "--cache",
         "retention-host",
         "--kv-tokens",
         "4096",
         "--host-gib",
         "2",
-    ])
-    .await;
+    ];
+    Server::start(&[&base[..], extra].concat()).await
+}
+
+#[tokio::test]
+async fn host_tier_restores_show_in_usage_and_metrics() {
+    // 4096 device tokens; each session retains ~1280; the fourth pushes the first out.
+    let s = host_tier_server(&[]).await;
     let first = words("first", 1270);
     turn(&s, Some("c1"), &chat(&first, &["a"], 1)).await;
     for i in 2..6 {
@@ -177,4 +182,35 @@ async fn host_tier_restores_show_in_usage_and_metrics() {
     );
     assert!(total(&m, "tether_restore_seconds_total", &[]) > 0.0);
     assert!(has(&m, "tether_host_bytes_used"));
+}
+
+#[tokio::test]
+async fn a_prefetched_tool_turn_returns_to_its_state_on_the_device() {
+    // 4096 device tokens: a 2,900-token request without a marker pushes session e1's
+    // ~1,300 retained tokens to the host tier; when it finishes, its blocks are free
+    // room, and e1's tool turn (its gap learned from e1's first return) comes back.
+    let s = host_tier_server(&["--prefetch"]).await;
+    let c = s.get("/tether/config").await.json();
+    assert_eq!(c["serving"]["prefetch"], true);
+    let first = words("first", 1270);
+    turn(&s, Some("e1"), &chat(&first, &["a"], 1)).await;
+    // A tool gap of ~1 s: the rank learns it (one sample: overdue after ~3 s).
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    turn(&s, Some("e1"), &chat(&first, &["a", "b", "c"], 1)).await;
+    turn(&s, None, &chat(&words("flood", 2900), &["x"], 1)).await;
+    let m = s.metrics().await;
+    assert!(total(&m, "tether_offloaded_total", &[]) >= 1.0);
+    assert_eq!(total(&m, "tether_prefetched_total", &[]), 1.0);
+    let u = turn(&s, Some("e1"), &chat(&first, &["a", "b", "c", "d", "e"], 1)).await;
+    assert_eq!(u["tether"]["restored_tokens"], 0, "{u}");
+    assert!(
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 1264,
+        "{u}"
+    );
+    let m = s.metrics().await;
+    assert_eq!(total(&m, "tether_prefetch_used_total", &[]), 1.0);
+    assert_eq!(total(&m, "tether_prefetch_wasted_total", &[]), 0.0);
 }

@@ -65,7 +65,7 @@ async fn bad_inputs_are_answered_with_a_fallback_and_counted() {
                 vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 1, 2, 3],
             )
             .header("content-encoding", "gzip"),
-            "fallback:compressed",
+            "fallback:compressed_corrupt",
         ),
         (
             "non-JSON content type",
@@ -157,7 +157,7 @@ async fn bad_inputs_are_answered_with_a_fallback_and_counted() {
         ("malformed_json", 2.0),
         ("truncated", 1.0),
         ("too_large", 2.0),
-        ("compressed", 1.0),
+        ("compressed_corrupt", 1.0),
         ("not_json", 1.0),
         ("no_body", 1.0),
     ] {

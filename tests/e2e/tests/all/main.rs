@@ -4,6 +4,7 @@
 mod bad_input;
 mod body_scan;
 mod buffering;
+mod compressed_bodies;
 mod config;
 mod failover;
 mod floor;
@@ -15,6 +16,7 @@ mod pick;
 mod removal;
 mod replay;
 mod residency;
+mod responses_chains;
 mod support;
 mod topology;
 mod vllm_markers;

@@ -546,7 +546,7 @@ mod bad_input {
             (
                 &[("content-encoding", "gzip")],
                 b"\x1f\x8b\x08\x00\x00\x00",
-                "fallback:compressed",
+                "fallback:compressed_corrupt",
             ),
             (
                 &[],
@@ -572,7 +572,7 @@ mod bad_input {
         for (reason, n) in [
             ("not_json", 1),
             ("malformed_json", 2),
-            ("compressed", 1),
+            ("compressed_corrupt", 1),
             ("truncated", 1),
         ] {
             let name = format!("tether_fallback_{reason}");
