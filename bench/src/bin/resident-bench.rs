@@ -310,10 +310,13 @@ fn envoy(
     }
     rank_args.extend(["--role".to_owned(), "decode".to_owned()]);
     let oracle = {
+        // The ranks run `speedup`× simulated time per wall time, so the
+        // replay's arrivals reach them on the trace's own timeline: the
+        // simulation that matches runs at 1×.
         let cfg = SimConfig {
             policy: Policy::Oracle,
             host_bytes: (host_gib * f64::from(1u32 << 30)) as u64,
-            ..base(profile, FleetShape::aggregated(ranks), speedup)
+            ..base(profile, FleetShape::aggregated(ranks), 1.0)
         };
         run(trace, profile, &cfg)?.report
     };
@@ -322,15 +325,18 @@ fn envoy(
         trace.requests().len(),
         oracle.ttft_ms.p90
     );
-    // Both settings send the turn markers the ranks retain by.
+    // Both settings send the turn markers the ranks retain by. The view is
+    // polled every 200 ms of trace time (as the simulator's): at a replay
+    // speedup of S that is 200 / S ms of wall time (at least the filter's 10).
+    let poll_ms = ((200.0 / speedup).round() as u64).max(10);
     for (label, extra) in [
         (
             "pick + load",
-            json!({"load": {}, "outputs": ["pick", "retain"]}),
+            json!({"load": {"poll_ms": poll_ms}, "outputs": ["pick", "retain"]}),
         ),
         (
             "pick + load + residency",
-            json!({"load": {}, "residency": {}, "outputs": ["pick", "retain"]}),
+            json!({"load": {"poll_ms": poll_ms}, "residency": {}, "outputs": ["pick", "retain"]}),
         ),
     ] {
         let mut spec = StackSpec::new(ranks, Mode::Pick, &[]);
