@@ -218,9 +218,17 @@ fn resident(
         snap.residency
             .knows(i, req.resident, snap.now_ms, lc.max_age_ms)
     };
-    let c = pools
-        .decode
-        .place_resident(req.key, cfg.fallbacks, &rc.rule(), &loads, knows)?;
+    // The ranks' prefill backlogs: a holder busy with another session's long
+    // prefill passes a returning turn on when moving it is quicker.
+    let backlog = snap.view.prefill_tokens(0..n, snap.now_ms, lc.max_age_ms);
+    let c = pools.decode.place_resident_in(
+        req.key,
+        cfg.fallbacks,
+        &rc.rule(),
+        &loads,
+        &backlog,
+        knows,
+    )?;
     if req.keep_rank && c.pick.rank != home.rank {
         return None;
     }

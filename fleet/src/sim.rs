@@ -27,7 +27,7 @@ pub mod run;
 #[cfg(test)]
 pub(crate) mod testkit;
 
-pub use config::{CacheMode, FleetShape, PdOptions, Policy, SimConfig, Step};
+pub use config::{CacheMode, FleetShape, Migrate, PdOptions, Policy, SimConfig, Step};
 pub use identity::request_key;
 pub use report::{RunReport, Simulation};
 pub use run::{RunOutput, SimError, engine_name, oracle_hits, simulate};

@@ -5,7 +5,10 @@
 //! view and what each candidate says it holds ([`crate::residency`]):
 //!
 //! 1. a candidate holds the key's state and is under the load bound → stay
-//!    there ([`How::Stay`]; the holder with the most tokens when several do);
+//!    there ([`How::Stay`]; the holder with the most tokens when several do) —
+//!    unless, when the view has the ranks' prefill backlogs, the holder's
+//!    backlog would delay the turn longer than moving it to another candidate
+//!    ([`Placement::place_resident_in`]);
 //! 2. no candidate holds it → the least loaded candidate, ties by rendezvous
 //!    order (power of *d* choices: [`How::Least`]);
 //! 3. the holder is over the bound → the least loaded other candidate with
@@ -23,6 +26,10 @@
 use crate::load::{LoadBound, first_under_bound};
 use crate::rendezvous::{Pick, Placement};
 use crate::residency::Held;
+
+/// How much sooner a move must start a returning turn's prefill than
+/// staying, ms: small gains are not worth a transfer and a stale view.
+pub const WAIT_MARGIN_MS: f64 = 50.0;
 
 /// What a router knows of one endpoint's residency for one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +155,28 @@ impl Placement {
         loads: &[f64],
         knows: impl Fn(usize) -> Knows,
     ) -> Option<Choice> {
+        self.place_resident_in(key, fallbacks, rule, loads, &[], knows)
+    }
+
+    /// [`Placement::place_resident`] with each endpoint's prefill backlog
+    /// (`backlog[i]`: prompt tokens still to compute, the `/load` report's
+    /// `queued_prefill_tokens`; empty: unknown, rule 1 as above). A holder
+    /// under the bound whose backlog would hold the key's next prefill back
+    /// longer than moving it — the quickest other candidate with room: its
+    /// own backlog plus moving the state (transfer, or recompute when that is
+    /// cheaper) plus [`WAIT_MARGIN_MS`] — passes the key on: a returning turn
+    /// does not queue behind another session's 100 K-token prefill when its
+    /// state can cross the link in tens of ms. A backlog's wait is its tokens
+    /// at the rule's prefill rate.
+    pub fn place_resident_in(
+        &self,
+        key: u64,
+        fallbacks: usize,
+        rule: &Rule,
+        loads: &[f64],
+        backlog: &[f64],
+        knows: impl Fn(usize) -> Knows,
+    ) -> Option<Choice> {
         let d = rule.candidates.max(1);
         let mut pick = self.pick(key, fallbacks.max(d - 1))?;
         let cands: Vec<usize> = pick.order.iter().take(d).copied().collect();
@@ -181,7 +210,29 @@ impl Placement {
                 _ => Some(i),
             })
         };
+        let wait = |i: usize| {
+            backlog.get(i).copied().unwrap_or(0.0).max(0.0) * rule.cost.recompute_ms_per_token
+        };
         let (chosen, how) = match holder {
+            Some((h, held)) if room(h) && !backlog.is_empty() => {
+                let tokens = u64::from(held.tokens);
+                let (cost, how) = if rule.cost.migrate(tokens) {
+                    (rule.cost.transfer_ms(tokens), How::Migrate { from: h })
+                } else {
+                    (rule.cost.recompute_ms(tokens), How::Recompute { from: h })
+                };
+                let quickest = cands.iter().copied().filter(|&i| i != h && room(i)).fold(
+                    None,
+                    |best: Option<usize>, i| match best {
+                        Some(b) if wait(b) <= wait(i) => Some(b),
+                        _ => Some(i),
+                    },
+                );
+                match quickest {
+                    Some(t) if wait(t) + cost + WAIT_MARGIN_MS < wait(h) => (t, how),
+                    _ => (h, How::Stay),
+                }
+            }
             Some((h, _)) if room(h) => (h, How::Stay),
             Some((h, held)) => {
                 match least(&mut cands.iter().copied().filter(|&i| i != h && room(i))) {

@@ -228,6 +228,10 @@ fn plan_mix(name: &str, cmd: &str, opts: &GenerateOptions) -> Result<()> {
         interval_ms: 600_000.0,
         rounds: 6,
         observed_hits: None,
+        per_interval: false,
+        cap_context: false,
+        spend: None,
+        search: true,
     };
     let t0 = Instant::now();
     let r = plan(&trace, &qwen, &cfg)?;
@@ -236,47 +240,39 @@ fn plan_mix(name: &str, cmd: &str, opts: &GenerateOptions) -> Result<()> {
         "(planned and verified in {:.1} s)",
         t0.elapsed().as_secs_f64()
     );
-    let cost = |name: &str| {
-        r.variants.iter().find(|v| v.name == name).map(|v| {
-            (
-                v.simulated
-                    .as_ref()
-                    .map_or(v.predicted_usd_per_mtok, |s| s.sim.usd_per_mtok),
-                v,
-            )
-        })
+    let Some(chosen) = r.chosen() else {
+        println!("verdict: {name}: a configuration meets the objectives: MISSED");
+        return Ok(());
     };
-    if let (Some((p, pv)), Some((c, _)), Some((_, nv))) =
-        (cost("plan"), cost("coupled"), cost("no-reuse"))
-    {
+    let cost = chosen.usd_per_mtok().unwrap_or(f64::MAX);
+    let cheaper = r
+        .variants
+        .iter()
+        .filter(|v| v.meets() && v.usd_per_mtok().is_some_and(|c| c < cost - 1e-12))
+        .count();
+    println!(
+        "verdict: {name}: the chosen configuration is never more expensive than a variant meeting the objectives: {} (chosen {} at ${cost:.4}/Mtok; {cheaper} cheaper)",
+        verdict(cheaper == 0),
+        chosen.name
+    );
+    if let Some(nv) = r.variants.iter().find(|v| v.name == "no-reuse") {
         println!(
-            "verdict: {name}: the P/D plan beats coupled scaling on $/Mtok: {} (P/D ${p:.4} vs coupled ${c:.4} per Mtok, {:+.1} %)",
-            verdict(p < c),
-            100.0 * (p - c) / c
-        );
-        println!(
-            "verdict: {name}: the cache-aware plan needs fewer prefill GPUs than the no-reuse plan: {} (peak {} vs {} GPUs, {:.0} % fewer; {:.1} vs {:.1} prefill GPU-hours)",
-            verdict(pv.peak_prefill_gpus < nv.peak_prefill_gpus),
-            pv.peak_prefill_gpus,
-            nv.peak_prefill_gpus,
-            100.0 * (1.0 - pv.peak_prefill_gpus as f64 / nv.peak_prefill_gpus.max(1) as f64),
-            pv.prefill_gpu_hours,
-            nv.prefill_gpu_hours
-        );
-        let agree = r
-            .variants
-            .iter()
-            .all(|v| v.agreement.is_none_or(|a| (0.9..=1.1).contains(&a)));
-        println!(
-            "verdict: {name}: every plan's predicted and simulated $/Mtok within 10 %: {} ({})",
-            verdict(agree),
-            r.variants
-                .iter()
-                .map(|v| format!("{} {:.3}", v.name, v.agreement.unwrap_or(f64::NAN)))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "verdict: {name}: the chosen configuration needs fewer GPUs than the no-reuse plan: {} (peak {} vs {} GPUs; {:.1} vs {:.1} GPU-hours)",
+            verdict(
+                chosen.peak_prefill_gpus + chosen.peak_decode_gpus
+                    < nv.peak_prefill_gpus + nv.peak_decode_gpus
+            ),
+            chosen.peak_prefill_gpus + chosen.peak_decode_gpus,
+            nv.peak_prefill_gpus + nv.peak_decode_gpus,
+            chosen.gpu_hours(),
+            nv.gpu_hours()
         );
     }
+    let a = chosen.agreement.unwrap_or(0.0);
+    println!(
+        "verdict: {name}: the chosen configuration's predicted and simulated $/Mtok within 10 %: {} ({a:.3})",
+        verdict((0.9..=1.1).contains(&a))
+    );
     Ok(())
 }
 

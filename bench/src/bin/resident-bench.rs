@@ -35,7 +35,7 @@ use tether_fleet::import::{Format, ImportOptions, import};
 use tether_fleet::replay::assemble::Source;
 use tether_fleet::replay::{Options, Route, Schedule};
 use tether_fleet::sim::{
-    CacheMode, FleetShape, Policy, RunReport, SimConfig, oracle_hits, simulate,
+    CacheMode, FleetShape, Migrate, Policy, RunReport, SimConfig, oracle_hits, simulate,
 };
 use tether_fleet::synth::{Identity, SynthOptions};
 use tether_fleet::trace::Trace;
@@ -126,7 +126,7 @@ fn run(trace: &Trace, profile: &Profile, cfg: &SimConfig) -> Result<Row> {
     })
 }
 
-fn line(r: &RunReport) {
+fn line(r: &RunReport, migrate: Migrate) {
     let res = r
         .sim
         .resident
@@ -138,8 +138,12 @@ fn line(r: &RunReport) {
         })
         .unwrap_or_default();
     println!(
-        "  {:<16} {:>6.1} % of the oracle's saved prefill, busiest/mean {:.2}, TTFT p50 {:>7.0} p90 {:>7.0} p99 {:>8.0} ms, $/Mtok {:.4}{res}",
-        r.sim.policy.name(),
+        "  {:<22} {:>6.1} % of the oracle's saved prefill, busiest/mean {:.2}, TTFT p50 {:>7.0} p90 {:>7.0} p99 {:>8.0} ms, $/Mtok {:.4}{res}",
+        if r.sim.policy == Policy::TetherResident {
+            format!("{} ({})", r.sim.policy.name(), migrate.name())
+        } else {
+            r.sim.policy.name().to_owned()
+        },
         r.sim.oracle_share * 100.0,
         r.sim.balance.busy_max_over_mean,
         r.ttft_ms.p50,
@@ -164,90 +168,118 @@ fn compare(
     );
     let b = base(profile, FleetShape::aggregated(ranks), speedup);
     let mut rows = Vec::new();
-    for policy in [
-        Policy::Oracle,
-        Policy::Tether,
-        Policy::TetherLoad,
-        Policy::TetherResident,
+    for (policy, migrate) in [
+        (Policy::Oracle, Migrate::Leg),
+        (Policy::Tether, Migrate::Leg),
+        (Policy::TetherLoad, Migrate::Leg),
+        (Policy::TetherResident, Migrate::Leg),
+        (Policy::TetherResident, Migrate::Pull),
     ] {
-        let r = run(
-            trace,
-            profile,
-            &SimConfig {
-                policy,
-                ..b.clone()
-            },
-        )?;
-        line(&r.report);
+        let cfg = SimConfig {
+            policy,
+            migrate,
+            ..b.clone()
+        };
+        let r = run(trace, profile, &cfg)?;
+        line(&r.report, migrate);
         rows.push(r);
     }
     let oracle = &rows[0].report;
-    let res = &rows[3].report;
-    let share = res.sim.oracle_share;
-    let bal = res.sim.balance.busy_max_over_mean;
-    let p90 = res.ttft_ms.p90 / oracle.ttft_ms.p90.max(f64::MIN_POSITIVE);
-    let ok = share >= 0.95 && bal <= 1.25 && p90 <= 2.0;
     let ideal = tether_fleet::trace::stats::ideal_hits(trace);
-    println!(
-        "verdict [{name}, {ranks} ranks]: tether-resident >= 95 % of the oracle's saved prefill ({:.1} %), busiest/mean <= 1.25 ({bal:.2}), TTFT p90 <= 2x the oracle's ({p90:.2}x): {} (the oracle's own busiest/mean {:.2}; perfect session affinity reaches {:.0} % of the oracle's hits on this trace)",
-        share * 100.0,
-        verdict(ok),
-        oracle.sim.balance.busy_max_over_mean,
-        100.0 * ideal.session / ideal.global.max(1e-12)
-    );
-    Ok(ok)
+    let mut all = true;
+    for (res, migrate) in [
+        (&rows[3].report, Migrate::Leg),
+        (&rows[4].report, Migrate::Pull),
+    ] {
+        let share = res.sim.oracle_share;
+        let bal = res.sim.balance.busy_max_over_mean;
+        let p90 = res.ttft_ms.p90 / oracle.ttft_ms.p90.max(f64::MIN_POSITIVE);
+        let ok = share >= 0.95 && bal <= 1.25 && p90 <= 2.0;
+        all &= ok;
+        println!(
+            "verdict [{name}, {ranks} ranks, migrate {}]: tether-resident >= 95 % of the oracle's saved prefill ({:.1} %), busiest/mean <= 1.25 ({bal:.2}), TTFT p90 <= 2x the oracle's ({p90:.2}x): {} (the oracle's own busiest/mean {:.2}; perfect session affinity reaches {:.0} % of the oracle's hits on this trace)",
+            migrate.name(),
+            share * 100.0,
+            verdict(ok),
+            oracle.sim.balance.busy_max_over_mean,
+            100.0 * ideal.session / ideal.global.max(1e-12)
+        );
+    }
+    Ok(all)
 }
 
-/// P/D on the session's cache: the same P + D fleet with prefill placed by
-/// load alone (`tether-load`) and session-affine (`tether-resident`), and a
-/// coupled fleet of the same GPUs.
-fn pd(trace: &Trace, profile: &Profile, p: usize, d: usize, speedup: f64) -> Result<()> {
-    println!("P/D {p} + {d} against {} coupled ranks:", p + d);
-    let mut out = Vec::new();
-    for (label, fleet, policy) in [
-        (
-            "P/D, prefill by load",
-            FleetShape::disaggregated(p, d),
-            Policy::TetherLoad,
-        ),
-        (
-            "P/D, session-affine",
-            FleetShape::disaggregated(p, d),
-            Policy::TetherResident,
-        ),
-        (
-            "coupled",
-            FleetShape::aggregated(p + d),
-            Policy::TetherResident,
-        ),
-    ] {
-        let r = run(
-            trace,
-            profile,
-            &SimConfig {
-                policy,
-                ..base(profile, fleet, speedup)
-            },
-        )?
-        .report;
+/// P/D on the session's cache: `gpus` GPUs split P + D every way from 2 +
+/// (gpus − 2) to half and half, each with prefill placed by load alone
+/// (`tether-load`) and session-affine (`tether-resident`, pulled
+/// migrations), against a coupled fleet of the same GPUs; the cheapest
+/// P/D split that keeps TTFT p90 within 2× the coupled fleet's is the one
+/// compared on $/Mtok, and the cost terms are printed beside it.
+fn pd(trace: &Trace, profile: &Profile, gpus: usize, speedup: f64) -> Result<()> {
+    let row = |label: &str, r: &RunReport| {
         let computed = r.computed_tokens as f64 / r.prompt_tokens.max(1) as f64;
         println!(
-            "  {label:<22} prompt tokens computed {:>5.1} %, TTFT p50 {:>6.0} p90 {:>7.0} ms, ITL p50 {:.2} ms, interactivity {:.0} tok/s, $/Mtok {:.4}",
+            "  {label:<28} prompt tokens computed {:>5.1} %, TTFT p50 {:>8.0} p90 {:>9.0} ms, ITL p50 {:.2} ms, GPU-s {:.0}, $/Mtok {:.4}",
             computed * 100.0,
             r.ttft_ms.p50,
             r.ttft_ms.p90,
             r.sim.itl_ms.p50,
-            r.sim.interactivity_tok_s,
+            r.sim.gpu_seconds,
             r.sim.usd_per_mtok
         );
-        out.push(r);
+    };
+    let sim = |fleet: FleetShape, policy: Policy| -> Result<RunReport> {
+        let cfg = SimConfig {
+            policy,
+            migrate: Migrate::Pull,
+            ..base(profile, fleet, speedup)
+        };
+        Ok(run(trace, profile, &cfg)?.report)
+    };
+    println!("P/D against {gpus} coupled ranks:");
+    let coupled = sim(FleetShape::aggregated(gpus), Policy::TetherResident)?;
+    row("coupled, tether-resident", &coupled);
+    let mut best: Option<(usize, RunReport)> = None;
+    for p in 2..=gpus / 2 {
+        let d = gpus - p;
+        let by_load = sim(FleetShape::disaggregated(p, d), Policy::TetherLoad)?;
+        row(&format!("{p} + {d}, prefill by load"), &by_load);
+        let affine = sim(FleetShape::disaggregated(p, d), Policy::TetherResident)?;
+        row(&format!("{p} + {d}, session-affine"), &affine);
+        let saved = 1.0 - affine.computed_tokens as f64 / (by_load.computed_tokens as f64).max(1.0);
+        println!(
+            "    session-affine prefill computes {:.1} % fewer prompt tokens than prefill by load",
+            saved * 100.0
+        );
+        let within = affine.ttft_ms.p90 <= 2.0 * coupled.ttft_ms.p90;
+        if within
+            && best
+                .as_ref()
+                .is_none_or(|(_, b)| affine.sim.usd_per_mtok < b.sim.usd_per_mtok)
+        {
+            best = Some((p, affine));
+        }
     }
-    let recomputed = |r: &RunReport| r.computed_tokens as f64;
-    let saved = 1.0 - recomputed(&out[1]) / recomputed(&out[0]).max(1.0);
-    println!(
-        "  session-affine prefill computes {:.1} % fewer prompt tokens than prefill by load",
-        saved * 100.0
-    );
+    match best {
+        Some((p, b)) => {
+            let ok = b.sim.usd_per_mtok <= coupled.sim.usd_per_mtok;
+            println!(
+                "verdict [P/D vs coupled]: session-affine P/D ({p} + {}) costs <= coupled: {} (${:.4} vs ${:.4} per Mtok; prompt tokens computed {:.1} % vs {:.1} %; P/D pays a remote prefill leg and a KV transfer per remote request: {} of them, {:.0} ms mean)",
+                gpus - p,
+                verdict(ok),
+                b.sim.usd_per_mtok,
+                coupled.sim.usd_per_mtok,
+                100.0 * b.computed_tokens as f64 / b.prompt_tokens.max(1) as f64,
+                100.0 * coupled.computed_tokens as f64 / coupled.prompt_tokens.max(1) as f64,
+                b.sim.pd.map_or(0, |x| x.remote_prefills),
+                b.sim.pd.map_or(0.0, |x| x.transfer_ms_mean),
+            );
+        }
+        None => println!(
+            "verdict [P/D vs coupled]: no P/D split of {gpus} GPUs keeps TTFT p90 within 2x the coupled fleet's ({:.0} ms): coupled wins on this mix; the binding term is the prefill pool's capacity (every turn's new tokens and every cold start go through {}-way prefill)",
+            coupled.ttft_ms.p90,
+            gpus / 2
+        ),
+    }
     Ok(())
 }
 
@@ -278,10 +310,13 @@ fn envoy(
     }
     rank_args.extend(["--role".to_owned(), "decode".to_owned()]);
     let oracle = {
+        // The ranks run `speedup`× simulated time per wall time, so the
+        // replay's arrivals reach them on the trace's own timeline: the
+        // simulation that matches runs at 1×.
         let cfg = SimConfig {
             policy: Policy::Oracle,
             host_bytes: (host_gib * f64::from(1u32 << 30)) as u64,
-            ..base(profile, FleetShape::aggregated(ranks), speedup)
+            ..base(profile, FleetShape::aggregated(ranks), 1.0)
         };
         run(trace, profile, &cfg)?.report
     };
@@ -290,11 +325,18 @@ fn envoy(
         trace.requests().len(),
         oracle.ttft_ms.p90
     );
+    // Both settings send the turn markers the ranks retain by. The view is
+    // polled every 200 ms of trace time (as the simulator's): at a replay
+    // speedup of S that is 200 / S ms of wall time (at least the filter's 10).
+    let poll_ms = ((200.0 / speedup).round() as u64).max(10);
     for (label, extra) in [
-        ("pick + load", json!({"load": {}})),
+        (
+            "pick + load",
+            json!({"load": {"poll_ms": poll_ms}, "outputs": ["pick", "retain"]}),
+        ),
         (
             "pick + load + residency",
-            json!({"load": {}, "residency": {}}),
+            json!({"load": {"poll_ms": poll_ms}, "residency": {}, "outputs": ["pick", "retain"]}),
         ),
     ] {
         let mut spec = StackSpec::new(ranks, Mode::Pick, &[]);
@@ -408,7 +450,7 @@ fn main() -> Result<()> {
         let (cmd, o) = corpus(a.corpus_sessions, 8);
         println!("corpus: {cmd}");
         let trace = generate(&o)?;
-        pd(&trace, &coder, 2, 6, 1.0)?;
+        pd(&trace, &coder, 8, 1.0)?;
     }
     if !skip.contains(&"envoy") {
         for &ranks in &a.envoy_ranks {

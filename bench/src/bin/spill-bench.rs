@@ -64,15 +64,43 @@ fn words(seed: &str, n: usize) -> String {
     (0..n).map(|i| format!("{seed}{i} ")).collect()
 }
 
-async fn run(args: &Args, gap_ms: u64, ranks: &[SimRank], load: bool) -> Result<Vec<Sample>> {
+/// What the filter is configured with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Setting {
+    /// Pick mode alone.
+    Plain,
+    /// Pick + `load` (bounded-load spill).
+    Load,
+    /// Pick + `load` + `residency` (the state follows the key), with the
+    /// turn markers the ranks retain by.
+    Resident,
+}
+
+impl Setting {
+    fn name(self) -> &'static str {
+        match self {
+            Setting::Plain => "plain",
+            Setting::Load => "load-aware",
+            Setting::Resident => "residency",
+        }
+    }
+}
+
+async fn run(args: &Args, gap_ms: u64, ranks: &[SimRank], setting: Setting) -> Result<Vec<Sample>> {
     let eps: Vec<Value> = ranks
         .iter()
         .map(|r| json!({"address": r.addr().to_string()}))
         .collect();
     let mut cfg = json!({"mode": "pick", "endpoints": eps});
-    if load {
+    if setting != Setting::Plain {
         // The documented defaults (factor 2, floor 8), polled every 50 ms.
         cfg["load"] = json!({"poll_ms": 50});
+    }
+    if setting == Setting::Resident {
+        // Its documented defaults (d = 3, bound 1.5 / 1); the ranks retain by
+        // the markers and take migrations (`--role decode`).
+        cfg["residency"] = json!({});
+        cfg["outputs"] = json!(["pick", "retain"]);
     }
     let mut b = Envoy::builder().plugin_config(&cfg).concurrency(2);
     for (i, r) in ranks.iter().enumerate() {
@@ -192,20 +220,21 @@ async fn main() -> Result<()> {
         ("overload", args.overload_gap_ms),
     ] {
         let mut pair = Vec::new();
-        for load in [false, true] {
+        for setting in [Setting::Plain, Setting::Load, Setting::Resident] {
             let mut runs = Vec::new();
+            let mut args_here = rank_args.clone();
+            if setting == Setting::Resident {
+                args_here.extend(["--role".to_owned(), "decode".to_owned()]);
+            }
             for _ in 0..args.repeats.max(1) {
                 // Fresh ranks per run: no cache or queue carried over.
                 let ranks = (0..4)
-                    .map(|_| SimRank::start(&rank_args))
+                    .map(|_| SimRank::start(&args_here))
                     .collect::<Result<Vec<_>, _>>()?;
-                runs.push(summarize(&run(&args, gap, &ranks, load).await?));
+                runs.push(summarize(&run(&args, gap, &ranks, setting).await?));
             }
             let s = median(&runs);
-            let name = format!(
-                "{scenario} ({gap} ms) / {}",
-                if load { "load-aware" } else { "plain" }
-            );
+            let name = format!("{scenario} ({gap} ms) / {}", setting.name());
             println!(
                 "{name:<26} {:>8.1}ms {:>8.1}ms {:>7.2}ms {:>7.2}ms {:>9.0}% {:>6}",
                 s.ttft_p50,
@@ -242,6 +271,18 @@ async fn main() -> Result<()> {
         over[1].ranks_used,
         over[0].ranks_used,
         verdict(over[1].ranks_used > over[0].ranks_used)
+    );
+    // Residency (issue: the session's state follows it): the same targets.
+    let res = |p: &[Summary], f: fn(&Summary) -> f64| f(&p[0]) / f(&p[2]);
+    let over_p50 = res(over, |s| s.ttft_p50);
+    let light_p99 = res(light, |s| s.ttft_p99);
+    println!(
+        "residency, overload: TTFT p50 plain / residency = {over_p50:.2}x (target >= 1.5x): {}",
+        verdict(over_p50 >= 1.5)
+    );
+    println!(
+        "residency, light: TTFT p99 plain / residency = {light_p99:.2}x (target >= 0.95x): {}",
+        verdict(light_p99 >= 0.95)
     );
     Ok(())
 }

@@ -802,7 +802,8 @@ impl Engine {
             }
             let c = (l.uncached - l.prefilled).min(budget);
             budget -= c;
-            prefill_ms += self.model.chunk_ms(c, l.uncached);
+            let cached = l.req.prompt_tokens.saturating_sub(l.uncached);
+            prefill_ms += self.model.chunk_ms(c, l.uncached, cached);
             chunks.push((i, c));
         }
         if decodes.is_empty() && chunks.is_empty() {

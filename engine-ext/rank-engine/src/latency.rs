@@ -1,13 +1,19 @@
 //! The latency model: how long one engine step, one prefill chunk and one host
 //! restore take, computed from a [`Profile`]. Pure arithmetic, no clock.
 //!
-//! - **Prefill** of a request with `n` uncached tokens takes the profile's
-//!   `ttft(n)`; cached tokens (device hits and restored blocks) cost nothing.
-//!   Chunked prefill splits that time in proportion to the tokens of each chunk,
-//!   so a request prefilled alone in one chunk takes exactly `ttft(n)`, and in
-//!   several chunks the same total. Below the first profile point the time
-//!   scales in proportion to `n` (no fixed overhead is charged twice when short
-//!   prefills ride in a decode step).
+//! - **Prefill** of a request with `n` uncached tokens on top of `c` cached
+//!   ones (device hits, restored blocks, KV received) takes
+//!   `max(ttft(n), ttft(c + n) − ttft(c))`: the cached tokens are not
+//!   recomputed, but the new ones still attend over them, and the part of the
+//!   profile's `ttft` curve that grows faster than linearly *is* that attention
+//!   — so the marginal cost of the last `n` tokens of a `c + n` prompt is the
+//!   profile's own attention term (3 k new tokens on 27 k cached ≈ 1.5× a cold
+//!   3 k prefill on the shipped Llama profile). `ttft(n)` bounds it below (the
+//!   step's fixed cost). Chunked prefill splits that time in proportion to the
+//!   tokens of each chunk, so a request prefilled alone in one chunk takes
+//!   exactly its prefill time, and in several chunks the same total. Below the
+//!   first profile point the time scales in proportion to `n` (no fixed
+//!   overhead is charged twice when short prefills ride in a decode step).
 //! - **Decode**: one step over `b` sequences of mean context `c` takes
 //!   `itl(b, c)` from the profile's decode surface.
 //! - **Mixed step** (decodes and prefill chunks in one batch): the sum of the
@@ -50,7 +56,8 @@ impl LatencyModel {
         &self.profile
     }
 
-    /// Prefill time in ms of a lone request with `uncached` tokens to compute.
+    /// Prefill time in ms of a lone request with `uncached` tokens to compute
+    /// and nothing cached.
     pub fn prefill_ms(&self, uncached: usize) -> f64 {
         if uncached == 0 {
             return 0.0;
@@ -61,13 +68,26 @@ impl LatencyModel {
         if n < x0 { y0 * n / x0 } else { curve.at(n) }
     }
 
+    /// Prefill time in ms of a lone request with `uncached` tokens to compute
+    /// after `cached` tokens it already holds: the new tokens attend over the
+    /// cached ones (module docs).
+    pub fn prefill_after_ms(&self, uncached: usize, cached: usize) -> f64 {
+        let cold = self.prefill_ms(uncached);
+        if cached == 0 || uncached == 0 {
+            return cold;
+        }
+        let marginal = self.prefill_ms(cached + uncached) - self.prefill_ms(cached);
+        cold.max(marginal)
+    }
+
     /// Time in ms of a prefill chunk of `chunk` tokens of a request whose
-    /// uncached prompt is `total` tokens: its share of `prefill_ms(total)`.
-    pub fn chunk_ms(&self, chunk: usize, total: usize) -> f64 {
+    /// uncached prompt is `total` tokens on top of `cached` ones: its share of
+    /// `prefill_after_ms(total, cached)`.
+    pub fn chunk_ms(&self, chunk: usize, total: usize, cached: usize) -> f64 {
         if chunk == 0 || total == 0 {
             return 0.0;
         }
-        self.prefill_ms(total) * chunk as f64 / total as f64
+        self.prefill_after_ms(total, cached) * chunk as f64 / total as f64
     }
 
     /// Decode inter-token latency in ms for `batch` sequences of mean context `context`.
@@ -139,8 +159,23 @@ mod tests {
         assert_eq!(m.prefill_ms(5000), 70.0);
         // Chunks add up to the whole.
         let whole = m.prefill_ms(3000);
-        let parts = m.chunk_ms(1000, 3000) + m.chunk_ms(2000, 3000);
+        let parts = m.chunk_ms(1000, 3000, 0) + m.chunk_ms(2000, 3000, 0);
         assert!((whole - parts).abs() < 1e-9);
+    }
+
+    #[test]
+    fn new_tokens_attend_over_the_cached_context() {
+        let m = LatencyModel::new(profile());
+        // Nothing cached: the cold prefill.
+        assert_eq!(m.prefill_after_ms(1000, 0), m.prefill_ms(1000));
+        // 1000 new tokens after 2000 cached: ttft(3000) − ttft(2000) = 40 − 25.
+        assert_eq!(m.prefill_after_ms(1000, 2000), 15.0);
+        assert!(m.prefill_after_ms(1000, 2000) > m.prefill_ms(1000));
+        // Never below the cold prefill of the same tokens (its fixed cost).
+        assert_eq!(m.prefill_after_ms(500, 100), m.prefill_ms(500));
+        // Chunks of a request with a cached context add up to its prefill.
+        let parts = m.chunk_ms(400, 1000, 2000) + m.chunk_ms(600, 1000, 2000);
+        assert!((parts - 15.0).abs() < 1e-9);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use super::simulate::{FleetArgs, load_profile};
 use crate::cli::input::TraceArgs;
 use crate::plan::size::Slo;
-use crate::plan::{ApiPrice, PlanConfig, Target, output, plan};
+use crate::plan::{ApiPrice, PlanConfig, Spend, Target, deploy, output, plan};
 use crate::report::Report;
 use crate::report::observe::Observation;
 use crate::sim::{CacheMode, FleetShape, Policy};
@@ -39,9 +39,23 @@ pub struct Args {
     /// Cost target, $ per million tokens: `X` (every token) or `IN,OUT` (input and output prices).
     #[arg(long, value_parser = parse_target)]
     pub target: Option<Target>,
-    /// An API's prices per million tokens, `IN,CACHED_IN,OUT`: prints its cost ÷ the plan's.
+    /// An API's prices per million tokens, `IN,CACHE_READ,OUT` or
+    /// `IN,CACHE_READ,CACHE_WRITE,OUT`: prints its cost ÷ the chosen fleet's.
     #[arg(long, value_parser = parse_api)]
     pub api_price: Option<ApiPrice>,
+    /// Under the target, spend the headroom on this (`interactivity`).
+    #[arg(long, value_parser = parse_spend)]
+    pub spend_headroom: Option<Spend>,
+    /// Hold every planning interval to the objectives (default: the whole trace).
+    #[arg(long)]
+    pub per_interval_objectives: bool,
+    /// Plan a trace with requests over the profile's max_model_len: those are
+    /// refused as the engine refuses them, counted and left out of the objectives.
+    #[arg(long)]
+    pub cap_context: bool,
+    /// Size the given routing, cache and engine settings only (no search).
+    #[arg(long)]
+    pub no_search: bool,
     /// Routing policy of the planned fleet.
     #[arg(long, default_value = "tether-bounded", value_parser = Policy::parse)]
     pub policy: Policy,
@@ -63,9 +77,21 @@ pub struct Args {
     /// Write the replica counts per interval as JSON here.
     #[arg(long)]
     pub replicas: Option<PathBuf>,
-    /// Write a Kubernetes-style YAML snippet of the plan here.
+    /// Write the chosen configuration as a Dynamo DynamoGraphDeployment here.
     #[arg(long)]
-    pub yaml: Option<PathBuf>,
+    pub dynamo: Option<PathBuf>,
+    /// Write the chosen configuration as llm-d-style LeaderWorkerSets here.
+    #[arg(long)]
+    pub llm_d: Option<PathBuf>,
+    /// The engine image of the manifests (required with --dynamo or --llm-d).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Name of the deployment (a DNS label).
+    #[arg(long, default_value = "tether")]
+    pub name: String,
+    /// Write the tokens-per-GPU-second vs interactivity chart (SVG) here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
 }
 
 /// `s` as comma-separated non-negative prices, as many as one of `n`.
@@ -105,13 +131,27 @@ fn parse_target(s: &str) -> Result<Target> {
 }
 
 fn parse_api(s: &str) -> Result<ApiPrice> {
-    match numbers(s, &[3])?.as_slice() {
-        &[input, cached_input, output] => Ok(ApiPrice {
+    match *numbers(s, &[3, 4])?.as_slice() {
+        [input, cached_input, output] => Ok(ApiPrice {
             input,
             cached_input,
+            cache_write: None,
             output,
         }),
-        _ => bail!("`{s}`: expected 3 comma-separated numbers"),
+        [input, cached_input, cache_write, output] => Ok(ApiPrice {
+            input,
+            cached_input,
+            cache_write: Some(cache_write),
+            output,
+        }),
+        _ => bail!("`{s}`: expected 3 or 4 comma-separated numbers"),
+    }
+}
+
+fn parse_spend(s: &str) -> Result<Spend> {
+    match s {
+        "interactivity" => Ok(Spend::Interactivity),
+        _ => bail!("`{s}`: the headroom can be spent on `interactivity`"),
     }
 }
 
@@ -174,6 +214,21 @@ pub fn run(a: Args) -> Result<()> {
             "give at least one objective: --ttft-p90-ms, --ttft-p99-ms, --itl-p99-ms or --min-interactivity"
         );
     }
+    if (a.dynamo.is_some() || a.llm_d.is_some()) && a.image.is_none() {
+        bail!("--dynamo and --llm-d need --image (the engine image the pods run)");
+    }
+    let dns = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if a.name.is_empty()
+        || a.name.len() > 40
+        || !a.name.chars().all(dns)
+        || a.name.starts_with('-')
+        || a.name.ends_with('-')
+    {
+        bail!(
+            "--name {:?}: must be a DNS label of at most 40 characters (a-z, 0-9, -)",
+            a.name
+        );
+    }
     let observed = a
         .replay
         .as_deref()
@@ -190,7 +245,14 @@ pub fn run(a: Args) -> Result<()> {
         interval_ms: a.interval_s * 1000.0,
         rounds: a.rounds,
         observed_hits: observed,
+        per_interval: a.per_interval_objectives,
+        cap_context: a.cap_context,
+        spend: a.spend_headroom,
+        search: !a.no_search,
     };
+    if a.spend_headroom.is_some() && a.target.is_none() {
+        bail!("--spend-headroom needs a --target to spend under");
+    }
     let report = plan(&trace, &profile, &cfg)?;
     println!(
         "trace {} ({}): {} requests; profile {} ({} GPU/engine, ${}/GPU-hour)",
@@ -213,12 +275,34 @@ pub fn run(a: Args) -> Result<()> {
         )
         .with_context(|| format!("writing {}", p.display()))?;
     }
-    if let Some(p) = &a.yaml {
-        std::fs::write(
-            p,
-            output::yaml(&report, &profile.model, profile.gpus_per_engine),
-        )
-        .with_context(|| format!("writing {}", p.display()))?;
+    for (path, render) in [
+        (&a.dynamo, deploy::dynamo as fn(&_, &_) -> Option<String>),
+        (&a.llm_d, deploy::llm_d),
+    ] {
+        let Some(p) = path else { continue };
+        let Some(image) = &a.image else { continue };
+        let o = deploy::DeployOptions {
+            name: a.name.clone(),
+            model: profile.model.clone(),
+            image: image.clone(),
+            gpus_per_engine: profile.gpus_per_engine,
+            max_model_len: profile.max_model_len,
+            host_bytes: cfg.sim.host_bytes,
+        };
+        match render(&report, &o) {
+            Some(y) => std::fs::write(p, y).with_context(|| format!("writing {}", p.display()))?,
+            None => eprintln!(
+                "{}: not written, no configuration meets the objectives",
+                p.display()
+            ),
+        }
+    }
+    if let Some(p) = &a.svg {
+        std::fs::write(p, output::svg(&report))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if report.chosen.is_none() {
+        bail!("no configuration meets the objectives (see the verdict above)");
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use super::input::TraceArgs;
 use super::replay::write_report;
 use crate::name::UnknownName;
 use crate::sim::assemble::{self, ProfileSource};
-use crate::sim::config::PrefixOptions;
+use crate::sim::config::{Migrate, PrefixOptions};
 use crate::sim::identity::{Identities, IdentityModel};
 use crate::sim::plot::{self, Point};
 use crate::sim::report::{peak_rss_bytes, table};
@@ -114,6 +114,10 @@ pub struct FleetArgs {
     /// tether-resident: fixed cost of one KV transfer in the migrate rule, ms.
     #[arg(long, default_value_t = 5.0)]
     pub transfer_setup_ms: f64,
+    /// tether-resident: how a migrated state moves: `leg` (the P/D path, a
+    /// prefill leg on the old home) or `pull` (the new rank reads it).
+    #[arg(long, default_value = "leg", value_parser = parse_migrate)]
+    pub migrate: Migrate,
     /// P/D: prefill remotely only above this many uncached prompt tokens.
     #[arg(long, default_value_t = 2048)]
     pub pd_threshold: u64,
@@ -184,6 +188,7 @@ impl FleetArgs {
                 floor: a.resident_floor,
             },
             transfer_setup_ms: a.transfer_setup_ms,
+            migrate: a.migrate,
             prefix: PrefixOptions {
                 cache_threshold: a.prefix_threshold,
                 balance_abs: a.balance_abs,
@@ -473,4 +478,8 @@ fn trace_name(trace: &Trace, path: &Path) -> String {
         path.file_name()
             .map_or_else(String::new, |f| f.to_string_lossy().into_owned())
     })
+}
+
+fn parse_migrate(s: &str) -> Result<Migrate, String> {
+    Migrate::parse(s).map_err(|e| e.to_string())
 }

@@ -8,6 +8,8 @@ use serde::Serialize;
 /// One request as the planner sees it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Work {
+    /// Its index in the trace.
+    pub request: u32,
     /// Arrival, ms.
     pub arrival_ms: f64,
     /// Prompt tokens.
@@ -26,6 +28,7 @@ impl Work {
         let prompt = u32::try_from(s.prompt_tokens).unwrap_or(u32::MAX);
         let hits = u32::try_from(s.cached_tokens).unwrap_or(u32::MAX);
         Some(Self {
+            request: o.request,
             arrival_ms: o.sent_ms,
             prompt,
             uncached: prompt - hits.min(prompt),
@@ -66,6 +69,9 @@ pub struct Interval {
     /// Uncached prompt sizes of its requests (for prefill service times).
     #[serde(skip)]
     pub uncached: Vec<u32>,
+    /// Cached prompt sizes of the same requests (their prefill attends over them).
+    #[serde(skip)]
+    pub cached: Vec<u32>,
 }
 
 /// Buckets `work` (any order) into intervals of `interval_ms` from `start_ms`
@@ -92,6 +98,7 @@ pub fn intervals(work: &[Work], start_ms: f64, interval_ms: f64) -> Vec<Interval
         i.uncached_tokens += u64::from(w.uncached);
         i.output_tokens += u64::from(w.output);
         i.uncached.push(w.uncached);
+        i.cached.push(w.prompt - w.uncached.min(w.prompt));
         ctx_weight[k] += (f64::from(w.prompt) + f64::from(w.output) / 2.0) * f64::from(w.output);
         arrivals[k].push(w.arrival_ms);
     }

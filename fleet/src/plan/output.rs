@@ -1,18 +1,21 @@
-//! What an operator reads and applies: the plan as text, its replica counts
-//! as JSON, and a Kubernetes-style YAML snippet per pool.
+//! What an operator reads: the plan as text, its replica counts as JSON and
+//! the throughput-per-GPU vs interactivity chart (manifests: [`super::deploy`]).
 
-use super::{PlanReport, Variant};
+use super::PlanReport;
 use serde_json::{Value, json};
 use std::fmt::Write;
 
-fn gpu_hours(v: &Variant) -> f64 {
-    v.prefill_gpu_hours + v.decode_gpu_hours
+/// `x` with `d` decimals, `-` when absent or not finite (never `inf`/`NaN`).
+fn num(x: Option<f64>, d: usize) -> String {
+    match x {
+        Some(v) if v.is_finite() => format!("{v:.d$}"),
+        _ => "-".to_owned(),
+    }
 }
 
-fn cost(v: &Variant) -> f64 {
-    v.simulated
-        .as_ref()
-        .map_or(v.predicted_usd_per_mtok, |s| s.sim.usd_per_mtok)
+/// Interactivity at a TPOT quantile: `1000 / TPOT ms`.
+fn interactivity(tpot_ms: f64) -> Option<f64> {
+    (tpot_ms > 0.0).then(|| 1000.0 / tpot_ms)
 }
 
 /// The report for people.
@@ -22,7 +25,7 @@ pub fn text(r: &PlanReport) -> String {
     let opt = |x: Option<f64>| x.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
     let _ = writeln!(
         s,
-        "objectives: TTFT p90 {}, TTFT p99 {}, ITL p99 {}; interval {:.0} s; target {}",
+        "objectives (whole trace): TTFT p90 {}, TTFT p99 {}, ITL p99 {}; interval {:.0} s; target {}",
         opt(slo.ttft_p90_ms),
         opt(slo.ttft_p99_ms),
         opt(slo.itl_p99_ms),
@@ -30,9 +33,16 @@ pub fn text(r: &PlanReport) -> String {
         r.target_usd_per_mtok
             .map_or("none".to_owned(), |t| format!("${t:.4}/Mtok"))
     );
+    if r.too_long > 0 {
+        let _ = writeln!(
+            s,
+            "{} requests over the profile's max_model_len are refused (400), as the engine refuses them, and left out of the objectives",
+            r.too_long
+        );
+    }
     let _ = writeln!(
         s,
-        "tokens: {} prompt ({} cached under the plan, {:.1} %), {} output",
+        "tokens: {} prompt ({} cached under the chosen configuration, {:.1} %), {} output",
         r.tokens.prompt,
         r.tokens.cached,
         100.0 * r.tokens.cached as f64 / r.tokens.prompt.max(1) as f64,
@@ -40,26 +50,35 @@ pub fn text(r: &PlanReport) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<13} {:>9} {:>9} {:>10} {:>10} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8} {:>6}",
+        "  {:<14} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7} {:>6} {:>4}",
         "variant",
         "prefill",
         "decode",
-        "GPU-hours",
+        "GPU-h",
         "$/Mtok",
         "sim $/Mt",
         "sim/pred",
         "TTFT90",
         "TTFT99",
         "ITL99",
+        "tok/GPU-s",
+        "int p50",
+        "int p90",
         "SLO",
-        "rounds"
+        "runs"
     );
-    for v in &r.variants {
+    for (k, v) in r.variants.iter().enumerate() {
         let sim = v.simulated.as_ref();
-        let f = |x: Option<f64>, d: usize| x.map_or("-".to_owned(), |v| format!("{v:.d$}"));
+        let mark = if Some(k) == r.chosen {
+            "*"
+        } else if Some(k) == r.runner_up {
+            "+"
+        } else {
+            " "
+        };
         let _ = writeln!(
             s,
-            "{:<13} {:>9} {:>9} {:>10.2} {:>10.4} {:>9} {:>9} {:>8} {:>9} {:>9} {:>8} {:>6}",
+            "{mark} {:<14} {:>8} {:>8} {:>9.2} {:>9} {:>9} {:>8} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7} {:>6} {:>4}",
             v.name,
             if v.disaggregated {
                 format!("{} GPU", v.peak_prefill_gpus)
@@ -67,13 +86,16 @@ pub fn text(r: &PlanReport) -> String {
                 "-".into()
             },
             format!("{} GPU", v.peak_decode_gpus),
-            gpu_hours(v),
-            v.predicted_usd_per_mtok,
-            f(sim.map(|x| x.sim.usd_per_mtok), 4),
-            f(v.agreement, 3),
-            f(sim.map(|x| x.ttft_ms.p90), 0),
-            f(sim.map(|x| x.ttft_ms.p99), 0),
-            f(sim.map(|x| x.sim.itl_ms.p99), 1),
+            v.gpu_hours(),
+            num(v.predicted_usd_per_mtok, 4),
+            num(sim.map(|x| x.sim.usd_per_mtok), 4),
+            num(v.agreement, 3),
+            num(sim.map(|x| x.ttft_ms.p90), 0),
+            num(sim.map(|x| x.ttft_ms.p99), 0),
+            num(sim.map(|x| x.sim.itl_ms.p99), 1),
+            num(sim.map(|x| x.sim.tokens_per_gpu_s), 0),
+            num(sim.and_then(|x| interactivity(x.tpot_ms.p50)), 0),
+            num(sim.and_then(|x| interactivity(x.tpot_ms.p90)), 0),
             if v.simulated.is_none() {
                 "none"
             } else if v.slo_met {
@@ -86,52 +108,103 @@ pub fn text(r: &PlanReport) -> String {
     }
     let _ = writeln!(
         s,
-        "(prefill/decode: peak GPUs; $/Mtok predicted from planned GPU-hours; sim: the planned fleet simulated on the trace)"
+        "(* chosen, + runner-up; prefill/decode: peak GPUs; $/Mtok predicted from planned GPU-hours; sim: the fleet simulated on the trace; int: interactivity, output tokens/s per stream = 1000 / TPOT at p50 and p90)"
     );
-    let plan = &r.variants[0];
-    for v in &r.variants[1..] {
-        let d = cost(v) - cost(plan);
+    for v in &r.variants {
+        let _ = writeln!(s, "  {:<14} {}", v.name, v.what);
+    }
+    if !r.search.is_empty() {
         let _ = writeln!(
             s,
-            "{:<13} vs plan: {:+.4} $/Mtok ({:+.1} %), {:+.2} GPU-hours{}",
-            v.name,
-            d,
-            100.0 * d / cost(plan).max(1e-12),
-            gpu_hours(v) - gpu_hours(plan),
-            if v.disaggregated && plan.disaggregated {
-                format!(
-                    ", prefill {:+.2} GPU-hours (peak {} vs {} GPUs)",
-                    v.prefill_gpu_hours - plan.prefill_gpu_hours,
-                    v.peak_prefill_gpus,
-                    plan.peak_prefill_gpus
-                )
-            } else {
-                String::new()
-            }
+            "search ({} candidates pruned by their profile-only cost):",
+            r.pruned
         );
-    }
-    for v in &r.variants {
-        if let Some(inf) = &v.infeasible {
-            let sized = if v.simulated.is_some() {
-                " (sized for throughput alone and simulated)"
-            } else {
-                ""
-            };
+        for st in &r.search {
             let _ = writeln!(
                 s,
-                "{}: no fleet meets the objectives: {}{sized}",
-                v.name, inf.why
+                "  {:<40} tried {:>2}: {} (saved ${}/Mtok)",
+                st.step,
+                st.tried,
+                st.chose,
+                num(Some(st.saved_usd_per_mtok), 4)
             );
         }
     }
-    if let Some(a) = r.api_ratio {
+    if !r.waterfall.is_empty() {
         let _ = writeln!(
             s,
-            "the API would charge {a:.1}x the plan's cost for this trace's tokens"
+            "waterfall (simulated $/Mtok, peak GPUs, hit ratio, retained turns):"
+        );
+        for w in &r.waterfall {
+            let _ = writeln!(
+                s,
+                "  {:<64} ${:>9} ({:>+9}) {:>5} GPU ({:>+4}) hits {:>5.1} % retained {}",
+                w.step,
+                num(Some(w.usd_per_mtok), 4),
+                num(Some(w.delta_usd_per_mtok), 4),
+                w.gpus,
+                w.delta_gpus,
+                100.0 * w.hit_ratio,
+                w.retained_turns
+            );
+        }
+    }
+    if !r.changes.is_empty() {
+        let _ = writeln!(
+            s,
+            "other configurations, by simulated $/Mtok (change from the chosen one):"
+        );
+        for c in r.changes.iter().take(12) {
+            let _ = writeln!(
+                s,
+                "  {:<14} {:>+9} $/Mtok {:>+8.2} GPU-h  {}{}",
+                c.variant,
+                num(Some(c.delta_usd_per_mtok), 4),
+                c.delta_gpu_hours,
+                c.change,
+                c.misses
+                    .as_ref()
+                    .map_or(String::new(), |m| format!(" — misses: {m}"))
+            );
+        }
+    }
+    if let Some(a) = r.api {
+        let _ = writeln!(
+            s,
+            "an API would charge ${:.2} for this trace's tokens, {:.1}x the chosen fleet's ${:.2}",
+            a.api_usd, a.ratio, a.fleet_usd
         );
     }
     let _ = writeln!(s, "verdict: {}", r.verdict);
     s
+}
+
+/// The throughput-per-GPU vs interactivity chart of every simulated variant.
+pub fn svg(r: &PlanReport) -> String {
+    let points: Vec<crate::sim::plot::Point> = r
+        .variants
+        .iter()
+        .filter_map(|v| {
+            let sim = v.simulated.as_ref()?;
+            Some(crate::sim::plot::Point {
+                label: format!(
+                    "{}{}",
+                    v.name,
+                    if r.chosen().is_some_and(|c| c.name == v.name) {
+                        " (chosen)"
+                    } else {
+                        ""
+                    }
+                ),
+                x: sim.sim.interactivity_tok_s,
+                y: sim.sim.tokens_per_gpu_s,
+            })
+        })
+        .collect();
+    crate::sim::plot::svg(
+        "tether plan: tokens per GPU-second vs interactivity",
+        &points,
+    )
 }
 
 /// Replica counts per interval, per variant.
@@ -142,6 +215,7 @@ pub fn replicas_json(r: &PlanReport) -> Value {
         .map(|v| {
             json!({
                 "name": v.name,
+                "chosen": r.chosen().is_some_and(|c| c.name == v.name),
                 "disaggregated": v.disaggregated,
                 "steps": v.steps.iter().map(|s| json!({
                     "from_s": (s.start_ms / 1000.0).round(),
@@ -155,36 +229,4 @@ pub fn replicas_json(r: &PlanReport) -> Value {
         })
         .collect();
     json!({"interval_s": r.interval_s, "variants": variants})
-}
-
-/// A Kubernetes-style snippet for the plan: one Deployment per pool, replicas
-/// at the plan's peak, the per-interval schedule in an annotation (apply it
-/// with a scheduled scaler, or keep the peak).
-pub fn yaml(r: &PlanReport, model: &str, gpus_per_engine: u32) -> String {
-    let v = &r.variants[0];
-    let mut s = String::new();
-    let _ = writeln!(s, "# tether plan: {} (verdict: {})", v.what, r.verdict);
-    let pools: Vec<(&str, Vec<usize>)> = if v.disaggregated {
-        vec![
-            ("prefill", v.steps.iter().map(|x| x.prefill).collect()),
-            ("decode", v.steps.iter().map(|x| x.decode).collect()),
-        ]
-    } else {
-        vec![("aggregated", v.steps.iter().map(|x| x.decode).collect())]
-    };
-    for (pool, counts) in pools {
-        let peak = counts.iter().copied().max().unwrap_or(0);
-        let schedule: Vec<String> = v
-            .steps
-            .iter()
-            .zip(&counts)
-            .map(|(st, c)| format!("{}s={c}", (st.start_ms / 1000.0).round()))
-            .collect();
-        let _ = write!(
-            s,
-            "---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: llm-{pool}\n  labels:\n    app.kubernetes.io/component: {pool}\n  annotations:\n    tether.dev/model: \"{model}\"\n    tether.dev/replica-schedule: \"{}\"\nspec:\n  replicas: {peak}\n  selector:\n    matchLabels:\n      app.kubernetes.io/component: {pool}\n  template:\n    metadata:\n      labels:\n        app.kubernetes.io/component: {pool}\n    spec:\n      containers:\n      - name: engine\n        resources:\n          limits:\n            nvidia.com/gpu: {gpus_per_engine}\n",
-            schedule.join(",")
-        );
-    }
-    s
 }

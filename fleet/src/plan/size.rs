@@ -37,6 +37,8 @@ pub enum Binding {
     Itl,
     /// KV memory for the decoding sequences.
     KvMemory,
+    /// vLLM `--max-num-seqs`: the most sequences one engine runs at once.
+    MaxNumSeqs,
     /// Raised after the simulation of the plan missed an objective.
     Simulation,
 }
@@ -51,6 +53,7 @@ impl Binding {
             Binding::TtftP99 => "ttft-p99",
             Binding::Itl => "itl",
             Binding::KvMemory => "kv-memory",
+            Binding::MaxNumSeqs => "max-num-seqs",
             Binding::Simulation => "simulation",
         }
     }
@@ -63,6 +66,51 @@ pub struct Size {
     pub replicas: usize,
     /// The constraint that set it.
     pub binding: Binding,
+    /// For a decode (or aggregated) pool: the batch each engine runs, the
+    /// mean context and the step time there — the binding in engineering terms.
+    pub at: Option<DecodePoint>,
+}
+
+/// Where a decode engine is planned to run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct DecodePoint {
+    /// Sequences per engine.
+    pub batch: usize,
+    /// Mean context of the decoding sequences, tokens.
+    pub context: f64,
+    /// Step time there, ms.
+    pub step_ms: f64,
+}
+
+impl Size {
+    /// A pool sized by `binding` with no decode point.
+    pub const fn of(replicas: usize, binding: Binding) -> Self {
+        Self {
+            replicas,
+            binding,
+            at: None,
+        }
+    }
+
+    /// What set the size, in engineering terms (`decode ITL at batch 180`).
+    pub fn describe(&self, pool: &str) -> String {
+        let Some(p) = self.at else {
+            return format!("{pool} {}", self.binding.name());
+        };
+        let (b, c, ms) = (p.batch, p.context, p.step_ms);
+        match self.binding {
+            Binding::Itl => {
+                format!("{pool} ITL at batch {b} ({ms:.1} ms per step, mean context {c:.0} tokens)")
+            }
+            Binding::KvMemory => format!(
+                "{pool} KV memory: {b} sequences of {c:.0} tokens fill the device ({ms:.1} ms per step)"
+            ),
+            Binding::MaxNumSeqs => {
+                format!("{pool} --max-num-seqs {b} ({ms:.1} ms per step at context {c:.0})")
+            }
+            other => format!("{pool} {} (batch {b}, {ms:.1} ms per step)", other.name()),
+        }
+    }
 }
 
 /// An objective no pool size meets, and why.
@@ -185,10 +233,7 @@ pub fn floor(load: &PrefillLoad, slo: &Slo) -> Result<(), Infeasible> {
 /// stays below 0.95), or why none does.
 pub fn prefill(load: &PrefillLoad, slo: &Slo) -> Result<Size, Infeasible> {
     if load.service_ms.is_empty() {
-        return Ok(Size {
-            replicas: 0,
-            binding: Binding::Minimum,
-        });
+        return Ok(Size::of(0, Binding::Minimum));
     }
     floor(load, slo)?;
     let work: f64 = load.service_ms.iter().sum::<f64>() / (1.0 - load.busy_share).max(1e-3);
@@ -203,10 +248,7 @@ pub fn prefill(load: &PrefillLoad, slo: &Slo) -> Result<Size, Infeasible> {
         let miss90 = slo.ttft_p90_ms.is_some_and(|t| p90 > t);
         let miss99 = slo.ttft_p99_ms.is_some_and(|t| p99 > t);
         if !miss90 && !miss99 {
-            return Ok(Size {
-                replicas: c,
-                binding,
-            });
+            return Ok(Size::of(c, binding));
         }
         binding = if miss99 {
             Binding::TtftP99
@@ -232,26 +274,41 @@ pub struct DecodeLoad {
     pub local_prefill_ms: f64,
 }
 
-/// The most sequences one engine decodes while its step meets the ITL target
-/// and their KV fits; `None` when even one sequence misses the target.
+/// What bounds one engine's batch: its KV tokens and `--max-num-seqs`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineLimits {
+    /// Device KV tokens (`--kv-tokens`, else the profile's).
+    pub kv_tokens: u64,
+    /// `--max-num-seqs`.
+    pub max_num_seqs: usize,
+}
+
+/// The most sequences one engine decodes while its step meets the ITL target,
+/// their KV fits and `--max-num-seqs` allows; `None` when even one sequence
+/// misses the target.
 pub fn max_batch(
     model: &LatencyModel,
     context: f64,
     itl_target: Option<f64>,
-    max_kv: u64,
+    limits: EngineLimits,
 ) -> Option<(usize, Binding)> {
-    let kv_cap = ((KV_FILL * max_kv as f64) / context.max(1.0))
+    let kv_cap = ((KV_FILL * limits.kv_tokens as f64) / context.max(1.0))
         .floor()
         .max(1.0) as usize;
+    let (cap, cap_binding) = if limits.max_num_seqs.max(1) < kv_cap {
+        (limits.max_num_seqs.max(1), Binding::MaxNumSeqs)
+    } else {
+        (kv_cap, Binding::KvMemory)
+    };
     let fits =
         |b: usize| itl_target.is_none_or(|t| model.decode_ms(b, context) <= t / ITL_HEADROOM);
     if !fits(1) {
         return None;
     }
-    // Largest b ≤ kv_cap meeting the target (step time grows with the batch).
-    let (mut lo, mut hi) = (1usize, kv_cap.max(1));
+    // Largest b ≤ cap meeting the target (step time grows with the batch).
+    let (mut lo, mut hi) = (1usize, cap.max(1));
     if fits(hi) {
-        return Some((hi, Binding::KvMemory));
+        return Some((hi, cap_binding));
     }
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
@@ -269,15 +326,21 @@ pub fn decode(
     model: &LatencyModel,
     load: &DecodeLoad,
     slo: &Slo,
-    max_kv: u64,
+    limits: EngineLimits,
 ) -> Result<Size, Infeasible> {
     if load.output_tokens <= 0.0 {
-        return Ok(Size {
-            replicas: 0,
-            binding: Binding::Minimum,
+        return Ok(Size::of(0, Binding::Minimum));
+    }
+    if load.context > limits.kv_tokens as f64 {
+        return Err(Infeasible {
+            binding: Binding::KvMemory,
+            why: format!(
+                "decode KV memory: one sequence of mean context {:.0} tokens needs more than the engine's {} KV tokens",
+                load.context, limits.kv_tokens
+            ),
         });
     }
-    let Some((b, why)) = max_batch(model, load.context, slo.itl_p99_ms, max_kv) else {
+    let Some((b, why)) = max_batch(model, load.context, slo.itl_p99_ms, limits) else {
         return Err(Infeasible {
             binding: Binding::Itl,
             why: format!(
@@ -304,6 +367,11 @@ pub fn decode(
     Ok(Size {
         replicas: need,
         binding: if need == 1 { Binding::Minimum } else { why },
+        at: Some(DecodePoint {
+            batch: b,
+            context: load.context,
+            step_ms: model.decode_ms(b, load.context),
+        }),
     })
 }
 
@@ -315,7 +383,7 @@ pub fn coupled(
     demand: &Interval,
     service_ms: &[f64],
     slo: &Slo,
-    max_kv: u64,
+    limits: EngineLimits,
     chunk_tokens: usize,
 ) -> Result<Size, Infeasible> {
     let len = demand.len_ms;
@@ -326,8 +394,8 @@ pub fn coupled(
         local_prefill_ms: 0.0,
     };
     let prefill_ms: f64 = service_ms.iter().sum();
-    let base = decode(model, &d, slo, max_kv)?;
-    let (b, _) = max_batch(model, d.context.max(1.0), slo.itl_p99_ms, max_kv)
+    let base = decode(model, &d, slo, limits)?;
+    let (b, _) = max_batch(model, d.context.max(1.0), slo.itl_p99_ms, limits)
         .unwrap_or((1, Binding::Minimum));
     // A decode step that carries a full prefill chunk.
     let stall = model.prefill_ms(chunk_tokens.max(1));
@@ -366,6 +434,7 @@ pub fn coupled(
         return Ok(Size {
             replicas: n,
             binding,
+            at: base.at,
         });
     }
     Err(Infeasible {

@@ -20,6 +20,8 @@ use tether_wire::headers;
 struct Polled {
     at: Instant,
     load: f64,
+    /// Prompt tokens still to compute.
+    backlog: f64,
     /// `None`: the reply had no (usable) residency summary.
     resident: Option<Resident>,
 }
@@ -86,6 +88,7 @@ impl ResidentRoute {
                         Polled {
                             at: Instant::now(),
                             load: r.server_load as f64,
+                            backlog: r.queued_prefill_tokens() as f64,
                             resident,
                         }
                     }
@@ -127,15 +130,19 @@ impl ResidentRoute {
         let loads: Vec<f64> = (0..self.origins.len())
             .map(|i| fresh(i).map_or(0.0, |p| p.load))
             .collect();
+        let backlog: Vec<f64> = (0..self.origins.len())
+            .map(|i| fresh(i).map_or(0.0, |p| p.backlog))
+            .collect();
         let knows = |i: usize| match fresh(i).and_then(|p| p.resident.as_ref()) {
             None => Knows::Unknown,
             Some(res) => res.get(rkey).map_or(Knows::Nothing, Knows::Holds),
         };
-        let choice = self.placement.place_resident(
+        let choice = self.placement.place_resident_in(
             key,
             self.rule.candidates.saturating_sub(1),
             &self.rule,
             &loads,
+            &backlog,
             knows,
         )?;
         let target = choice.endpoint()?;

@@ -87,6 +87,40 @@ impl Policy {
     }
 }
 
+/// How `tether-resident` moves a key's state to its new rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Migrate {
+    /// The P/D path with the old home as prefiller: the old home runs the
+    /// request as a one-token prefill leg on its retained state (computing
+    /// the turn's new tokens) and the KV crosses to the new rank — what
+    /// `tether-rank` and vLLM's NIXL connector do (`x-prefiller-host-port`).
+    #[default]
+    Leg,
+    /// The new rank reads the retained state over its link and computes the
+    /// new tokens itself; nothing is scheduled on the old home (a KV store
+    /// such as LMCache or Mooncake's, or a one-sided read of pinned blocks).
+    Pull,
+}
+
+impl Migrate {
+    /// Both, in report order.
+    pub const ALL: [Migrate; 2] = [Migrate::Leg, Migrate::Pull];
+
+    /// The name on the command line and in reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Migrate::Leg => "leg",
+            Migrate::Pull => "pull",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(s: &str) -> Result<Migrate, UnknownName> {
+        pick(&Self::ALL, Migrate::name, s, "migration")
+    }
+}
+
 /// How each rank caches (the `tether-rank --cache` modes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -262,6 +296,8 @@ pub struct SimConfig {
     pub resident_bound: tether_placement::LoadBound,
     /// `tether-resident`: fixed cost of one KV transfer (the migrate rule), ms.
     pub transfer_setup_ms: f64,
+    /// `tether-resident`: how a migrated state moves.
+    pub migrate: Migrate,
     /// SGLang cache-aware thresholds of `prefix`.
     pub prefix: PrefixOptions,
     /// Users and client addresses (client-hash, user-hash).
@@ -298,6 +334,7 @@ impl Default for SimConfig {
                 floor: 1.0,
             },
             transfer_setup_ms: 5.0,
+            migrate: Migrate::Leg,
             prefix: PrefixOptions::default(),
             identity: IdentityModel::default(),
             track_reusable: false,

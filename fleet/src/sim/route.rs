@@ -204,16 +204,26 @@ impl Router {
         &mut self,
         key: u64,
         loads: &[f64],
+        backlog: &[f64],
         rule: &Rule,
         knows: impl Fn(usize) -> Knows,
     ) -> Option<(usize, How)> {
         self.gather(loads);
         let active = &self.active;
-        let choice = self.placement.place_resident(
+        let queued: Vec<f64> = if backlog.is_empty() {
+            Vec::new()
+        } else {
+            active
+                .iter()
+                .map(|&r| backlog.get(r).copied().unwrap_or(0.0))
+                .collect()
+        };
+        let choice = self.placement.place_resident_in(
             key,
             rule.candidates.saturating_sub(1),
             rule,
             &self.view,
+            &queued,
             |j| active.get(j).map_or(Knows::Unknown, |&r| knows(r)),
         )?;
         let rank = |j: usize| active.get(j).copied();

@@ -9,7 +9,7 @@
 //! [`Engine::next_finish_hint`], a time before which none of its requests
 //! finishes, so only engines with something finishing are advanced.
 
-use super::config::{CacheMode, FleetShape, Policy, SimConfig};
+use super::config::{CacheMode, FleetShape, Migrate, Policy, SimConfig};
 use super::identity::{Identities, request_key};
 use super::prompt::{BlockSizeError, PromptBlocks};
 use super::report::{
@@ -87,6 +87,7 @@ struct Pool {
     inflight: Vec<f64>,
     inflight_total: f64,
     polled: Vec<f64>,
+    polled_prefill: Vec<f64>,
     requests: Vec<u64>,
     router: Router,
     /// Keep a wake per engine (a load view needs in-flight counts exact, or
@@ -113,6 +114,8 @@ struct Req {
     leg_pool: u8,
     /// Its prefill leg has handed over.
     handed: bool,
+    /// Migrated by a pull: its transferred tokens are saved prefill.
+    pulled: bool,
 }
 
 const NO_LEG: u8 = u8::MAX;
@@ -296,6 +299,7 @@ pub fn simulate(
             inflight: vec![0.0; count],
             inflight_total: 0.0,
             polled: vec![0.0; count],
+            polled_prefill: vec![0.0; count],
             requests: vec![0; count],
             router,
             wakes: p == PREFILL || policy.reads_inflight() || policy == Policy::TetherResident,
@@ -327,6 +331,7 @@ pub fn simulate(
                 prefill_hits: 0,
                 leg_pool: NO_LEG,
                 handed: false,
+                pulled: false,
             };
             n
         ],
@@ -605,6 +610,7 @@ impl Sim<'_> {
             self.advance(DECODE, r, t);
             let g = self.pools[DECODE].engines[r].gauges();
             self.pools[DECODE].polled[r] = (g.running + g.waiting) as f64;
+            self.pools[DECODE].polled_prefill[r] = g.queued_prefill_tokens as f64;
         }
     }
 
@@ -767,6 +773,17 @@ impl Sim<'_> {
         self.track_reusable(d, q);
         let prompt = req.input_tokens as usize;
         let output = (req.output_tokens as usize).max(1);
+        if let (Some(How::Migrate { from }), Migrate::Pull) = (how, self.cfg.migrate) {
+            // The new rank reads the held state over its link; nothing runs on
+            // the old home (a KV store or a one-sided read of pinned blocks).
+            let held = self.held(from, id).min(prompt);
+            self.reqs[q].pulled = true;
+            let sr = self.sim_request(id, output, held);
+            if !self.submit(DECODE, d, sr, t) {
+                self.tot.refused += 1;
+            }
+            return Ok(());
+        }
         if let Some(How::Migrate { from }) = how {
             // The state's old home runs the prefill leg (cached) and the KV
             // crosses the link to `d`: the P/D path with the old home as prefiller.
@@ -870,16 +887,38 @@ impl Sim<'_> {
         } else {
             &pool.inflight
         };
-        let (r, how) =
-            pool.router
-                .route_resident(key, loads, &rule, knows)
-                .ok_or(SimError::NoRanks(if p == DECODE {
-                    "active"
-                } else {
-                    "prefill"
-                }))?;
+        // The prefill pool's backlog is exact (its engines were advanced to `t`).
+        let exact: Vec<f64>;
+        let backlog = if p == DECODE {
+            &pool.polled_prefill
+        } else {
+            exact = engines
+                .iter()
+                .map(|e| e.gauges().queued_prefill_tokens as f64)
+                .collect();
+            &exact
+        };
+        let (r, how) = pool
+            .router
+            .route_resident(key, loads, backlog, &rule, knows)
+            .ok_or(SimError::NoRanks(if p == DECODE {
+                "active"
+            } else {
+                "prefill"
+            }))?;
         self.tot.resident.count(how);
         Ok((r, how))
+    }
+
+    /// Prompt tokens decode rank `r` retains for request `id`'s retention key
+    /// (device record, else host record; 0 for none).
+    fn held(&self, r: usize, id: RequestId) -> usize {
+        let (_, rk) = request_key(self.trace, id);
+        let c = self.pools[DECODE].engines[r].cache();
+        c.device_record(&rk)
+            .map(|x| x.meta.tokens)
+            .or_else(|| c.host().record(&rk).map(|x| x.meta.tokens))
+            .map_or(0, |t| usize::try_from(t).unwrap_or(usize::MAX))
     }
 
     /// Starts a request's prefill leg on rank `pr` of pool `lp` (the prefill
@@ -984,7 +1023,7 @@ impl Sim<'_> {
             // Prefilled on the prefill pool: its hits there; the decode rank only
             // took the KV (and recomputed the last token, an artifact we drop).
             req.prefill_hits as usize
-        } else if self.oracle {
+        } else if self.oracle || req.pulled {
             o.cached_tokens + o.transferred_tokens
         } else {
             o.cached_tokens
@@ -1003,7 +1042,7 @@ impl Sim<'_> {
         if req.leg_pool == PREFILL as u8 {
             t.transferred += o.transferred_tokens as u64;
             t.transfer_ms += o.transfer_ms;
-        } else if req.leg_pool == DECODE as u8 {
+        } else if req.leg_pool == DECODE as u8 || req.pulled {
             t.resident.migrated_served += 1;
             t.resident.migrated_tokens += o.transferred_tokens as u64;
             t.migrate_ms += o.transfer_ms;

@@ -68,7 +68,7 @@ fn simulate_writes_its_table_json_and_chart() {
 }
 
 #[test]
-fn plan_writes_replicas_and_yaml_and_gives_a_verdict() {
+fn plan_writes_replicas_manifests_and_chart_and_gives_a_verdict() {
     let dir = TempDir::new("plan");
     let o = tether(&[
         "plan",
@@ -82,29 +82,58 @@ fn plan_writes_replicas_and_yaml_and_gives_a_verdict() {
         "--target",
         "1,4",
         "--api-price",
-        "3,0.3,15",
+        "3,0.3,3.75,15",
+        "--spend-headroom",
+        "interactivity",
         "--interval-s",
         "120",
         "--rounds",
         "3",
         "--replicas",
         &dir.path("r.json"),
-        "--yaml",
-        &dir.path("p.yaml"),
+        "--dynamo",
+        &dir.path("dgd.yaml"),
+        "--llm-d",
+        &dir.path("lws.yaml"),
+        "--image",
+        "vllm/vllm-openai:v0.11.0",
         "--json",
         &dir.path("p.json"),
+        "--svg",
+        &dir.path("p.svg"),
     ]);
     assert!(o.status.success(), "{}", text(&o));
     let out = text(&o);
     assert!(out.contains("verdict: target met"), "{out}");
-    assert!(out.contains("the API would charge"), "{out}");
+    assert!(out.contains("an API would charge"), "{out}");
+    assert!(
+        out.contains("waterfall") && out.contains("search ("),
+        "{out}"
+    );
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path("r.json")).unwrap()).unwrap();
     assert_eq!(r["variants"][0]["name"], "plan");
     assert!(
-        std::fs::read_to_string(dir.path("p.yaml"))
+        r["variants"]
+            .as_array()
             .unwrap()
-            .contains("kind: Deployment")
+            .iter()
+            .any(|v| v["chosen"] == true)
+    );
+    assert!(
+        std::fs::read_to_string(dir.path("p.svg"))
+            .unwrap()
+            .contains("<svg")
+    );
+    assert!(
+        std::fs::read_to_string(dir.path("dgd.yaml"))
+            .unwrap()
+            .contains("kind: DynamoGraphDeployment")
+    );
+    assert!(
+        std::fs::read_to_string(dir.path("lws.yaml"))
+            .unwrap()
+            .contains("kind: LeaderWorkerSet")
     );
 }
 
@@ -155,7 +184,8 @@ fn bad_input_gets_a_clear_answer() {
         "{}",
         text(&o)
     );
-    // An objective no configuration meets: an answer, not a plan.
+    // An objective no configuration meets: an answer naming what binds, no
+    // inf or NaN, and a failing exit status.
     let o = tether(&[
         "plan",
         &example(TRACE),
@@ -165,13 +195,16 @@ fn bad_input_gets_a_clear_answer() {
         "0.5",
         "--rounds",
         "1",
+        "--no-search",
     ]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(
-        text(&o).contains("verdict: cannot meet the objectives"),
-        "{}",
-        text(&o)
-    );
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.contains("verdict: cannot meet the objectives"), "{out}");
+    assert!(out.contains("ITL p99 <= 0.5 ms"), "{out}");
+    let bad = out
+        .split(|c: char| !(c.is_alphanumeric() || c == '-'))
+        .any(|w| ["nan", "inf", "-inf"].contains(&w.to_lowercase().as_str()));
+    assert!(!bad, "{out}");
     // No objective at all, a bad target, a bare NPZ.
     let o = tether(&["plan", &example(TRACE), "--profile", &example(PROFILE)]);
     assert!(!o.status.success() && text(&o).contains("at least one objective"));

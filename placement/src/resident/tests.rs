@@ -175,3 +175,38 @@ fn the_choice_is_deterministic_and_bounded() {
         }
     }
 }
+
+#[test]
+fn a_holder_busy_with_another_prefill_passes_the_turn_on_when_moving_is_quicker() {
+    let p = placement(4);
+    let k = key(5);
+    let order = p.pick(k, 3).unwrap().order;
+    let loads = vec![1.0; 4];
+    let knows = |i: usize| {
+        if i == order[0] {
+            holds(30_000)
+        } else {
+            Knows::Nothing
+        }
+    };
+    // The holder has 100 K tokens queued (5 s at 20 K tokens/s); moving 30 K
+    // tokens costs 5 + 315 ms.
+    let mut backlog = vec![0.0; 4];
+    backlog[order[0]] = 100_000.0;
+    let c = p
+        .place_resident_in(k, 2, &rule(3), &loads, &backlog, knows)
+        .unwrap();
+    assert_eq!(c.how, How::Migrate { from: order[0] });
+    assert_ne!(c.endpoint(), Some(order[0]));
+    // A short backlog (2 K tokens: 100 ms) is not worth the move.
+    backlog[order[0]] = 2_000.0;
+    let c = p
+        .place_resident_in(k, 2, &rule(3), &loads, &backlog, knows)
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[0]), How::Stay));
+    // Without backlogs the rule is the plain one.
+    let c = p
+        .place_resident_in(k, 2, &rule(3), &loads, &[], knows)
+        .unwrap();
+    assert_eq!(c.how, How::Stay);
+}

@@ -648,3 +648,113 @@ fn patched_bootstrap(envoy_filter: &Value) -> Result<Value> {
     }]}]);
     Ok(json!({"static_resources": {"listeners": [listener], "clusters": [cluster]}}))
 }
+
+/// What `tether plan --dynamo` / `--llm-d` write for a P/D plan and a coupled
+/// one: valid against the vendored DynamoGraphDeployment and LeaderWorkerSet
+/// CRDs, each pool with its replicas, role and engine arguments — and a
+/// malformed object is rejected, so the check can fail.
+#[test]
+fn the_planners_manifests_are_valid_dynamo_and_leaderworkerset_objects() -> Result<()> {
+    use tether_fleet::plan::{PlanConfig, deploy, plan, size::Slo};
+    use tether_fleet::sim::{CacheMode, Policy, SimConfig};
+    let schemas = Schemas::load()?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let trace = tether_fleet::trace::read_trace(&root.join("examples/traces/agent-demo.jsonl"))?;
+    let profile =
+        tether_fleet::profile::load(&root.join("examples/profiles/llama-3.1-8b-fp8-h200-tp1.json"))
+            .map_err(|e| anyhow!("{e}"))?;
+    for disaggregated in [true, false] {
+        let mut sim = SimConfig {
+            policy: Policy::TetherBounded,
+            cache: CacheMode::RetentionHost,
+            host_bytes: 1 << 34,
+            ..SimConfig::default()
+        };
+        // Every prefill remote (P/D), or none (coupled).
+        sim.pd.threshold_tokens = if disaggregated { 0 } else { 1 << 30 };
+        let cfg = PlanConfig {
+            sim,
+            slo: Slo {
+                ttft_p99_ms: Some(5000.0),
+                itl_p99_ms: Some(40.0),
+                ..Slo::default()
+            },
+            target: None,
+            api_price: None,
+            interval_ms: 60_000.0,
+            rounds: 2,
+            observed_hits: None,
+            per_interval: false,
+            cap_context: false,
+            spend: None,
+            search: false,
+        };
+        let mut report = plan(&trace, &profile, &cfg)?;
+        // Deploy the starting configuration (P/D or coupled by the threshold).
+        report.chosen = report.variants.iter().position(|v| v.name == "plan");
+        let chosen = report.chosen().context("plan variant")?.clone();
+        ensure!(chosen.meets(), "{}", report.verdict);
+        ensure!(chosen.disaggregated == disaggregated, "{:?}", chosen.steps);
+        let o = deploy::DeployOptions {
+            name: "agents".into(),
+            model: profile.model.clone(),
+            image: "nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.6.1".into(),
+            gpus_per_engine: 1,
+            max_model_len: profile.max_model_len,
+            host_bytes: 1 << 34,
+        };
+        let dgd = parse_yaml(&deploy::dynamo(&report, &o).context("dynamo")?)?;
+        let lws = parse_yaml(&deploy::llm_d(&report, &o).context("llm-d")?)?;
+        for doc in dgd.iter().chain(&lws) {
+            assert_valid(&schemas, doc).with_context(|| format!("{doc}"))?;
+        }
+        let services = dgd[0]["spec"]["services"].as_object().context("services")?;
+        let decode = &services["VllmDecodeWorker"];
+        let peak_decode = chosen.steps.iter().map(|s| s.decode).max().unwrap_or(0);
+        ensure!(decode["replicas"] == json!(peak_decode));
+        ensure!(lws.len() == if disaggregated { 2 } else { 1 });
+        let roles: Vec<&str> = lws
+            .iter()
+            .filter_map(|d| d["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"]["llm-d.ai/role"].as_str())
+            .collect();
+        if disaggregated {
+            let prefill = &services["VllmPrefillWorker"];
+            ensure!(
+                prefill["subComponentType"] == "prefill" && decode["subComponentType"] == "decode"
+            );
+            let args = prefill["extraPodSpec"]["mainContainer"]["args"].to_string();
+            ensure!(
+                args.contains("--is-prefill-worker") && args.contains("NixlConnector"),
+                "{args}"
+            );
+            ensure!(roles == ["prefill", "decode"], "{roles:?}");
+        } else {
+            ensure!(!services.contains_key("VllmPrefillWorker"));
+            ensure!(roles == ["decode"], "{roles:?}");
+            let args = lws[0]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"].to_string();
+            ensure!(
+                args.contains("TetherConnector") && args.contains("--max-num-seqs"),
+                "{args}"
+            );
+        }
+        // A misspelt field and a wrong type are rejected.
+        let mut bad = dgd[0].clone();
+        bad["spec"]["services"]["VllmDecodeWorker"]["replicas"] = json!("three");
+        assert_rejected(
+            &schemas,
+            &bad,
+            ".spec.services.VllmDecodeWorker.replicas",
+            "",
+        )?;
+        let mut bad = lws[0].clone();
+        bad["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["imagee"] =
+            json!("x");
+        assert_rejected(
+            &schemas,
+            &bad,
+            ".spec.leaderWorkerTemplate.workerTemplate.spec.containers[0].imagee",
+            "unknown field",
+        )?;
+    }
+    Ok(())
+}

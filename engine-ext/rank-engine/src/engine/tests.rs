@@ -204,7 +204,10 @@ fn chunked_prefill_takes_the_same_time_alone_and_shares_steps_with_decodes() {
 
 #[test]
 fn results_do_not_depend_on_how_often_time_is_advanced() {
-    let schedule: Vec<(u64, SimMs, usize)> = (0..20)
+    // Submitted in arrival order: the loop below submits a request once time
+    // reaches it, so an unsorted schedule would hold a due request behind a
+    // later one by an amount that depends on the step.
+    let mut schedule: Vec<(u64, SimMs, usize)> = (0..20)
         .map(|i| {
             (
                 i + 1,
@@ -213,6 +216,7 @@ fn results_do_not_depend_on_how_often_time_is_advanced() {
             )
         })
         .collect();
+    schedule.sort_by(|a, b| a.1.total_cmp(&b.1));
     let outcomes = |step: f64| {
         let mut e = engine_with(4096, 0, true, 4, 1024);
         let mut out = Vec::new();
@@ -310,7 +314,7 @@ fn a_host_tier_restore_is_counted_and_costs_link_time() {
     // 80 blocks × 16 KiB at 1 GB/s.
     let bytes = 80.0 * 16.0 * 1024.0;
     assert!((o.restore_ms - bytes / 1e6).abs() < 1e-9);
-    let compute = e.model().prefill_ms(64);
+    let compute = e.model().prefill_after_ms(64, 1280);
     assert!((o.ttft_ms() - o.restore_ms - compute).abs() < 1e-9, "{o:?}");
     assert_eq!(e.metrics().external_hits, 1280);
     assert_eq!(e.cache().stats().restored_blocks, 80);
@@ -493,7 +497,7 @@ fn prompt_kv_from_a_prefill_engine_crosses_the_link_and_is_not_computed() {
     assert_eq!(o.computed_tokens(), 2000 - cap);
     let link_ms = cap as f64 * 1024.0 / 1e6;
     assert!((o.transfer_ms - link_ms).abs() < 1e-9);
-    let prefill = e.model().prefill_ms(2000 - cap);
+    let prefill = e.model().prefill_after_ms(2000 - cap, cap);
     assert!((o.ttft_ms() - link_ms - prefill).abs() < 1e-9, "{o:?}");
     assert_eq!(e.metrics().transferred_tokens, cap as u64);
     // The same session's next turn finds the transferred prefix cached here:

@@ -25,6 +25,17 @@ fn shipped_profiles_parse_and_hit_their_published_points() {
     assert_eq!(h.align_tokens, 544);
     assert_eq!(next.kv_bytes_per_token, 12 * 2 * 2 * 256 * 2);
     assert!(llama.hybrid.is_none());
+    // DeepSeek-R1 on 8x H200: the published decode points (users -> tokens/s per user).
+    let r1 = Profile::from_file(&examples().join("deepseek-r1-fp8-h200-tp8.json")).unwrap();
+    assert_eq!((r1.gpus_per_engine, r1.max_model_len), (8, Some(163_840)));
+    for (b, itl) in [(1.0, 1000.0 / 33.0), (16.0, 50.0), (64.0, 1000.0 / 10.4)] {
+        assert!(
+            (r1.decode_itl_ms.itl_ms(b, 1500.0) - itl).abs() < 1e-3,
+            "batch {b}"
+        );
+    }
+    // 52.3 k prefill tokens/s per engine at ISL 2,000, plus its 20 ms fixed cost.
+    assert!((r1.prefill_ttft_ms.at(2000.0) - (20.0 + 2000.0 / 52.3)).abs() < 1e-2);
 }
 
 fn base() -> serde_json::Value {

@@ -86,43 +86,58 @@ fn prefill_replicas_meet_the_ttft_objective_and_no_more() {
     assert_eq!(prefill(&idle, &slo).unwrap().replicas, 0);
 }
 
+/// `kv` KV tokens and vLLM's default `--max-num-seqs` 256.
+fn kv(kv_tokens: u64) -> EngineLimits {
+    EngineLimits {
+        kv_tokens,
+        max_num_seqs: 256,
+    }
+}
+
+/// 66,000 output tokens of 1,000-token contexts in a minute, ITL p99 ≤ 23 ms.
+fn minute_of_decode() -> (DecodeLoad, Slo) {
+    (
+        DecodeLoad {
+            output_tokens: 66_000.0,
+            context: 1000.0,
+            len_ms: 60_000.0,
+            local_prefill_ms: 0.0,
+        },
+        Slo {
+            itl_p99_ms: Some(23.0),
+            ..Slo::default()
+        },
+    )
+}
+
 #[test]
 fn decode_batches_up_to_the_itl_target_and_kv() {
     let m = model();
     // ITL 23 ms / 1.15 = 20 ms → batch 11 (10 ms + 10 × 1 ms).
     assert_eq!(
-        max_batch(&m, 1000.0, Some(23.0), 1_000_000),
+        max_batch(&m, 1000.0, Some(23.0), kv(1_000_000)),
         Some((11, Binding::Itl))
     );
     // KV: 0.9 × 10,000 / 1,000 = 9 sequences.
     assert_eq!(
-        max_batch(&m, 1000.0, Some(23.0), 10_000),
+        max_batch(&m, 1000.0, Some(23.0), kv(10_000)),
         Some((9, Binding::KvMemory))
     );
     assert_eq!(
-        max_batch(&m, 1000.0, Some(11.0), 1_000_000),
+        max_batch(&m, 1000.0, Some(11.0), kv(1_000_000)),
         None,
         "one sequence takes 10 ms"
     );
     // 11 sequences at 20 ms: 0.55 tokens/ms per engine. 66,000 tokens in 60 s =
     // 1.1 tokens/ms → 2 engines at full batch, /0.95 → 3.
-    let load = DecodeLoad {
-        output_tokens: 66_000.0,
-        context: 1000.0,
-        len_ms: 60_000.0,
-        local_prefill_ms: 0.0,
-    };
-    let slo = Slo {
-        itl_p99_ms: Some(23.0),
-        ..Slo::default()
-    };
-    assert_eq!(decode(&m, &load, &slo, 1_000_000).unwrap().replicas, 3);
+    let (load, slo) = minute_of_decode();
+    assert_eq!(decode(&m, &load, &slo, kv(1_000_000)).unwrap().replicas, 3);
     // A minute of local prefill adds one engine's worth.
     let with = DecodeLoad {
         local_prefill_ms: 60_000.0,
         ..load
     };
-    assert_eq!(decode(&m, &with, &slo, 1_000_000).unwrap().replicas, 4);
+    assert_eq!(decode(&m, &with, &slo, kv(1_000_000)).unwrap().replicas, 4);
     let e = decode(
         &m,
         &with,
@@ -130,10 +145,40 @@ fn decode_batches_up_to_the_itl_target_and_kv() {
             itl_p99_ms: Some(5.0),
             ..Slo::default()
         },
-        1_000_000,
+        kv(1_000_000),
     )
     .unwrap_err();
     assert_eq!(e.binding, Binding::Itl);
+}
+
+#[test]
+fn decode_is_bounded_by_max_num_seqs_and_the_context() {
+    let m = model();
+    // ITL alone allows 11; --max-num-seqs 4 binds first.
+    let four = EngineLimits {
+        kv_tokens: 1_000_000,
+        max_num_seqs: 4,
+    };
+    assert_eq!(
+        max_batch(&m, 1000.0, Some(23.0), four),
+        Some((4, Binding::MaxNumSeqs))
+    );
+    let (load, slo) = minute_of_decode();
+    // 4 sequences at 13 ms: 0.3077 tokens/ms per engine; 1.1 tokens/ms → 3.575 / 0.95 → 4.
+    let n = decode(&m, &load, &slo, four).unwrap();
+    assert_eq!((n.replicas, n.binding), (4, Binding::MaxNumSeqs));
+    assert!(
+        n.describe("decode").contains("--max-num-seqs 4"),
+        "{}",
+        n.describe("decode")
+    );
+    // A context longer than the device's KV is refused by name.
+    let long = DecodeLoad {
+        context: 2_000_000.0,
+        ..load
+    };
+    let e = decode(&m, &long, &slo, kv(1_000_000)).unwrap_err();
+    assert_eq!(e.binding, Binding::KvMemory);
 }
 
 #[test]
@@ -155,7 +200,7 @@ fn coupling_pays_for_prefill_stalls_in_decode_steps() {
     };
     // A 1,000-token chunk stalls a step by 100 ms > 23 ms: only a fleet where
     // prefill takes ≤ 1 % of each engine's time meets the ITL objective.
-    let big = coupled(&m, &demand, &service, &slo, 1_000_000, 1000).unwrap();
+    let big = coupled(&m, &demand, &service, &slo, kv(1_000_000), 1000).unwrap();
     assert!(big.replicas >= 100, "{big:?}");
     assert_eq!(big.binding, Binding::Itl);
     // Without an ITL objective decode and prefill simply share the engines.
@@ -167,7 +212,7 @@ fn coupling_pays_for_prefill_stalls_in_decode_steps() {
             ttft_p99_ms: Some(2000.0),
             ..Slo::default()
         },
-        1_000_000,
+        kv(1_000_000),
         1000,
     )
     .unwrap();

@@ -24,6 +24,7 @@ fn set(route: &ResidentRoute, i: usize, load: f64, resident: Option<Resident>) {
     route.view.write().unwrap()[i] = Some(Polled {
         at: Instant::now(),
         load,
+        backlog: 0.0,
         resident,
     });
 }

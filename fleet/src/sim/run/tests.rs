@@ -324,6 +324,15 @@ fn an_overloaded_holder_hands_its_sessions_on_with_their_state() {
     assert!(counts.migrate > 0, "{counts:?}");
     assert_eq!(counts.migrated_served, counts.migrate);
     assert!(counts.migrated_tokens > 0);
+    // Pulled instead: the new rank reads the state, the old home runs nothing,
+    // and the transferred tokens count as saved prefill.
+    let mut pc = c.clone();
+    pc.migrate = crate::sim::Migrate::Pull;
+    let rp = run(&t, &pc).report;
+    let cp = rp.sim.resident.unwrap();
+    assert!(cp.migrate > 0 && cp.migrated_served == cp.migrate, "{cp:?}");
+    assert!(cp.migrated_tokens > 0);
+    assert!(rp.returning.hit_ratio > 0.5, "{:?}", rp.returning);
     // Over a link too slow to beat recompute, the same holders recompute instead.
     c.pd.kv_link_gbps = 0.001;
     let r0 = run(&t, &c).report;

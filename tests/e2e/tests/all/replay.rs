@@ -369,3 +369,81 @@ fn rendered_bootstraps_pass_envoy_validate() {
         }
     }
 }
+
+/// `tether replay --route resident` with the ranks as targets (no gateway):
+/// the replay polls their `/load`, places every request with the filter's
+/// residency rule and sends the turn markers they retain by; returning turns
+/// find their state where the replay sent them, where round robin over the
+/// same ranks mostly does not.
+#[test]
+fn replay_route_resident_places_by_what_the_ranks_hold() {
+    need_rank();
+    let trace = Arc::new(agent_trace(12, 6));
+    let mut args = rank_args(SPEEDUP, "retention", 1 << 20, 0.0);
+    args.extend(["--role".to_owned(), "decode".to_owned()]);
+    let run_over = |route: Route, label: &str| -> Report {
+        let ranks: Vec<tether_e2e::SimRank> = (0..4)
+            .map(|_| tether_e2e::SimRank::start(&args).expect("tether-rank starts"))
+            .collect();
+        let origins: Vec<String> = ranks
+            .iter()
+            .map(|r| format!("http://{}", r.addr()))
+            .collect();
+        let mut opts = options(Identity::None);
+        opts.targets = origins
+            .iter()
+            .map(|o| tether_fleet::replay::Target::parse(o).expect("target"))
+            .collect();
+        opts.route = route;
+        opts.ranks = origins;
+        let src = Source {
+            path: "test".into(),
+            format: "tether".into(),
+        };
+        let (r, _) = replay_blocking(&trace, &src, &opts, label).expect("replay");
+        drop(ranks);
+        r
+    };
+    let rule = tether_placement::Rule {
+        candidates: 3,
+        bound: tether_placement::LoadBound {
+            factor: 1.5,
+            floor: 1.0,
+        },
+        cost: tether_placement::MoveCost::from_link(131_072.0, 50.0, 5.0, 20_000.0),
+    };
+    let resident = run_over(Route::Resident { rule, poll_ms: 50 }, "resident");
+    let rr = run_over(Route::RoundRobin, "round-robin");
+    for r in [&resident, &rr] {
+        // No gateway here: the rest of `check_adds_up` holds.
+        assert_eq!(r.requests.completed, trace.requests().len() as u64);
+        assert_eq!(r.requests.errors, 0, "{:?}", r.requests.errors_by_kind);
+        assert_eq!(r.tokens.cached + r.tokens.computed, r.tokens.prompt);
+        assert_eq!(r.load.unattributed, 0);
+    }
+    println!(
+        "returning-turn hit: resident {:.3} ({:.3} of ideal), round robin {:.3}",
+        resident.hit_ratio.returning, resident.hit_ratio.of_ideal_returning, rr.hit_ratio.returning
+    );
+    assert!(
+        resident.hit_ratio.returning >= rr.hit_ratio.returning + 0.25,
+        "resident vs round robin"
+    );
+    assert!(
+        resident.hit_ratio.of_ideal_returning >= 0.85,
+        "{:?}",
+        resident.hit_ratio
+    );
+    // Every rank took work: new keys spread over their candidates.
+    assert!(
+        resident
+            .load
+            .engines
+            .iter()
+            .filter(|e| e.requests > 0)
+            .count()
+            >= 3,
+        "{:?}",
+        resident.load.engines
+    );
+}
