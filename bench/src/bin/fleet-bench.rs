@@ -14,10 +14,10 @@
 
 use anyhow::Result;
 use clap::Parser;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
+use tether_bench::root;
 use tether_fleet::generate::{GenerateOptions, generate};
-use tether_fleet::import::{Format, ImportOptions, import};
 use tether_fleet::plan::size::Slo;
 use tether_fleet::plan::{PlanConfig, Target, output, plan};
 use tether_fleet::sim::report::peak_rss_bytes;
@@ -46,10 +46,6 @@ struct Args {
     /// Skip parts: `routing`, `plan`, `scale` (comma-separated).
     #[arg(long, default_value = "")]
     skip: String,
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn profile(name: &str) -> Result<Profile> {
@@ -337,25 +333,7 @@ fn main() -> Result<()> {
             "== routing: {} ranks of {}, retention + host tier",
             a.ranks, llama.name
         );
-        let mut traces: Vec<(String, Trace)> = Vec::new();
-        for t in ["agent-demo", "agent-subagents", "agent-tenants"] {
-            let p = root().join(format!("examples/traces/{t}.jsonl"));
-            traces.push((
-                t.into(),
-                import(Format::Tether, &p, &ImportOptions::default())?,
-            ));
-        }
-        let syn = root().join("examples/traces/mooncake_synthetic_trace.jsonl");
-        traces.push((
-            "mooncake-synthetic".into(),
-            import(Format::Mooncake, &syn, &ImportOptions::default())?,
-        ));
-        if let Some(p) = &a.real {
-            traces.push((
-                "mooncake-conversation (real)".into(),
-                import(Format::Mooncake, p, &ImportOptions::default())?,
-            ));
-        }
+        let traces = tether_bench::recorded_traces(a.real.as_deref())?;
         for (name, trace) in &traces {
             println!(
                 "{name}: {} requests, {} sessions",

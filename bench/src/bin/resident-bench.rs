@@ -22,9 +22,10 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tether_bench::root;
 use tether_e2e::stack::{rank_args, replay_blocking};
 use tether_e2e::{Stack, StackSpec};
 use tether_envoy::Mode;
@@ -73,10 +74,6 @@ struct Args {
     /// Reports of the Envoy replays go here.
     #[arg(long, default_value = "target/resident-bench")]
     out: PathBuf,
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -415,25 +412,7 @@ fn main() -> Result<()> {
     let mut met = [0usize; 2];
     let mut all = 0;
     if !skip.contains(&"bundled") {
-        let mut traces: Vec<(String, Trace)> = Vec::new();
-        for t in ["agent-demo", "agent-subagents", "agent-tenants"] {
-            let p = root().join(format!("examples/traces/{t}.jsonl"));
-            traces.push((
-                t.into(),
-                import(Format::Tether, &p, &ImportOptions::default())?,
-            ));
-        }
-        let syn = root().join("examples/traces/mooncake_synthetic_trace.jsonl");
-        traces.push((
-            "mooncake-synthetic".into(),
-            import(Format::Mooncake, &syn, &ImportOptions::default())?,
-        ));
-        if let Some(p) = &a.real {
-            traces.push((
-                "mooncake-conversation (real)".into(),
-                import(Format::Mooncake, p, &ImportOptions::default())?,
-            ));
-        }
+        let traces = tether_bench::recorded_traces(a.real.as_deref())?;
         for (name, trace) in &traces {
             for &ranks in &a.ranks {
                 let speedup = a.speedup * (ranks as f64 / 8.0).max(1.0);
