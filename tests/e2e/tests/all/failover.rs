@@ -16,6 +16,12 @@ use tether_envoy::Mode;
 const SESSIONS: usize = 40;
 /// The ejection time the tests configure (seconds).
 const EJECT_S: u64 = 3;
+/// The ejection time with a hanging rank: its first round waits out three
+/// attempt timeouts before the ejection, and the rest of that round and the
+/// whole second one must fall inside the ejection (3 s was missed on a
+/// loaded machine: Envoy returns a host on its first outlier-detection tick
+/// after the ejection time, as little as 3 s after it).
+const EJECT_HANG_S: u64 = 10;
 
 /// Where one turn of a session went.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,13 +80,20 @@ enum Failure {
 /// rounds while it fails, heal it, wait out the ejection, one more round.
 async fn fail_and_heal(mode: Mode, failure: Failure) {
     let mut ranks = ranks(3);
+    let hang = matches!(failure, Failure::Answers(Fault::Hang));
+    let eject_s = if hang { EJECT_HANG_S } else { EJECT_S };
     let envoy = gateway(mode, &ranks, false, |s| {
         s.eject_after = 3;
-        s.eject_for_s = EJECT_S;
+        s.eject_for_s = eject_s;
+        // Hash mode: no load bound. With MAGLEV's default bound (150) a
+        // session moved when the previous answer's upstream stream was still
+        // counted active as the next request arrived (seen on a loaded
+        // machine); these tests are about failover, not balance.
+        s.hash_balance_factor = Some(1_000_000);
         // A hang is told from a slow answer by the wait for response
         // headers; generous, so a healthy rank on a loaded test machine is
         // not taken for a hanging one. The other failures run on the defaults.
-        if matches!(failure, Failure::Answers(Fault::Hang)) {
+        if hang {
             s.timeouts.attempt_s = 5;
         }
     });
@@ -154,7 +167,7 @@ async fn fail_and_heal(mode: Mode, failure: Failure) {
     let healed = Instant::now();
     // Hash mode: Envoy returns an ejected host on its outlier-detection
     // interval (5 s) after the ejection time.
-    let back_within = Duration::from_secs(EJECT_S + if mode == Mode::Hash { 6 } else { 1 });
+    let back_within = Duration::from_secs(eject_s + if mode == Mode::Hash { 6 } else { 1 });
     let after = loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let r = round(&envoy).await;
