@@ -20,6 +20,11 @@ pub trait ApiShape: Copy {
     /// From the end of a conversation, the first entry that is neither a tool
     /// result nor a tool call: everything after it is the turn that just ended.
     fn ends_turn_run(self, v: Value<'_>) -> bool;
+    /// Where the walk back from a conversation's end may stop: an entry that
+    /// ends the run of tool traffic and is not the user's (an assistant entry,
+    /// a preamble), so the turn that just ended and the last assistant entry
+    /// before it are both in view (the P/D estimate's new bytes).
+    fn ends_tail_walk(self, v: Value<'_>) -> bool;
 }
 
 impl ApiShape for Api {
@@ -94,6 +99,21 @@ impl ApiShape for Api {
     fn looks_like_turn_fast(self, v: Value<'_>) -> bool {
         (v.get_near("role", 2).is_some() || v.get_near("type", 2).is_some())
             && self.looks_like_turn(v)
+    }
+
+    fn ends_tail_walk(self, v: Value<'_>) -> bool {
+        let role_in = |allowed: &[&str]| {
+            v.get("role")
+                .is_some_and(|r| allowed.iter().any(|a| r.str_is(a)))
+        };
+        match self {
+            Api::Chat => role_in(&["assistant", "system", "developer"]),
+            Api::Messages => role_in(&["assistant"]),
+            Api::Responses => {
+                self.looks_like_turn(v) && self.ends_turn_run(v) && !role_in(&["user"])
+            }
+            Api::Completions => self.looks_like_turn_fast(v) && self.ends_turn_run(v),
+        }
     }
 
     fn ends_turn_run(self, v: Value<'_>) -> bool {

@@ -158,6 +158,34 @@ fn a_long_first_turn_is_disaggregated_to_the_least_loaded_prefiller() {
     assert_eq!(prefiller(&decide(&c, &short, &LoadView::new(6), 0)), None);
 }
 
+/// A long conversation (read from its two ends) whose turn ends with the
+/// user's reply: the walk back from the end reaches the assistant entry
+/// before it, so only the reply counts as new and the turn prefills in place
+/// (it stopped at the reply and counted the whole prompt as new before).
+#[test]
+fn a_long_returning_turn_ending_with_the_users_reply_counts_only_the_reply() {
+    let c = cfg(json!({}));
+    let mut messages = vec![json!({"role": "user", "content": "start"})];
+    for i in 0..40 {
+        messages.push(json!({"role": "assistant", "content": "x ".repeat(1000)}));
+        messages.push(json!({"role": "user", "content": format!("step {i}")}));
+    }
+    messages.push(json!({"role": "assistant", "content": "ok"}));
+    messages.push(json!({"role": "user", "content": "and now?"}));
+    let returning = json!({"model": "m", "messages": messages, "session_id": "s3"})
+        .to_string()
+        .into_bytes();
+    assert!(returning.len() > 64 * 1024);
+    let d = decide(&c, &returning, &LoadView::new(6), 0);
+    assert!(!d.read.stats.full, "read from its ends");
+    assert!(
+        d.read.new_bytes.is_some_and(|n| n < 100),
+        "{:?}",
+        d.read.new_bytes
+    );
+    assert_eq!(prefiller(&d), None);
+}
+
 #[test]
 fn a_returning_turn_of_a_pinned_session_prefills_in_place_unless_spilled() {
     let c = cfg(json!({}));

@@ -109,18 +109,20 @@ pub fn head_hash(api: Api, doc: &Doc, view: &View) -> Option<u64> {
     }
     h.update(b"conversation");
     match conv {
-        Conv::Array { first, .. } => {
-            let mut any = false;
-            for s in first {
-                let v = view.value(*s)?;
-                feed(&mut h, v, 0);
-                any = true;
-                if !api.is_preamble(v) {
-                    break;
-                }
-            }
-            if !any {
+        Conv::Array { first, opening, .. } => {
+            if first.is_empty() {
                 return None;
+            }
+            // Up to and including the first entry that is not a preamble.
+            let upto = match opening {
+                Some(i) => *i,
+                None => first
+                    .iter()
+                    .position(|s| view.value(*s).is_some_and(|v| !api.is_preamble(v)))
+                    .unwrap_or(first.len() - 1),
+            };
+            for s in first.get(..=upto).unwrap_or(first) {
+                feed(&mut h, view.value(*s)?, 0);
             }
         }
         Conv::Text { prefix } => {

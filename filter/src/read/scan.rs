@@ -52,6 +52,11 @@ pub struct HeadScan {
     pub conv_elems: Vec<Span>,
     /// Start of the conversation member's value, when it was reached.
     pub conv_start: Option<usize>,
+    /// The conversation member's key, when it was reached.
+    pub conv_key: Option<Span>,
+    /// The walk of the conversation stopped at an element `enough` accepted
+    /// (the last of `conv_elems`).
+    pub opened: bool,
     pub end: HeadEnd,
 }
 
@@ -67,6 +72,8 @@ pub fn scan_head(buf: &[u8], conv_key: &str, enough: Enough<'_>) -> Result<HeadS
         members: Vec::new(),
         conv_elems: Vec::new(),
         conv_start: None,
+        conv_key: None,
+        opened: false,
         end: HeadEnd::InOther { at: 0 },
     };
     let mut i = json::skip_ws(buf, 0);
@@ -114,8 +121,9 @@ pub fn scan_head(buf: &[u8], conv_key: &str, enough: Enough<'_>) -> Result<HeadS
             .is_some_and(|k| json::key_eq(k, conv_key));
         let ve = if is_conv {
             out.conv_start = Some(vs);
+            out.conv_key = Some(key);
             out.conv_elems.clear();
-            scan_array_head(buf, vs, &mut out.conv_elems, enough)
+            scan_array_head(buf, vs, &mut out.conv_elems, enough, &mut out.opened)
         } else {
             json::skip_value(buf, vs)
         };
@@ -158,6 +166,7 @@ fn scan_array_head(
     i: usize,
     elems: &mut Vec<Span>,
     enough: Enough<'_>,
+    opened: &mut bool,
 ) -> Result<usize, Stop> {
     if buf.get(i) != Some(&b'[') {
         return json::skip_value(buf, i);
@@ -170,6 +179,7 @@ fn scan_array_head(
         let e = json::skip_value(buf, j)?;
         elems.push(Span::new(j, e));
         if enough.is_some_and(|f| buf.get(j..e).is_some_and(|b| f(Value(b)))) {
+            *opened = true;
             return Err(Stop::Incomplete);
         }
         j = json::skip_ws(buf, e);
@@ -193,7 +203,18 @@ pub enum TailEnd {
         end: usize,
         is_array: bool,
         elems: Vec<Span>,
+        walked: Walked,
     },
+}
+
+/// What a [`TailWalk`] found on its way back through an array, so the
+/// caller need not ask its predicates again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Walked {
+    /// The last element passed `turnlike`.
+    pub turnlike: bool,
+    /// The walk stopped at an element `enough` accepted (the first of `elems`).
+    pub accepted: bool,
 }
 
 /// Result of the backward scan over the tail bytes (absolute offsets).
@@ -233,6 +254,7 @@ pub fn scan_tail(
                 end: base + e,
                 is_array: false,
                 elems: Vec::new(),
+                walked: Walked::default(),
             };
             return Ok(TailScan { members, end });
         }
@@ -249,9 +271,10 @@ pub fn scan_tail(
     loop {
         let value_end = e;
         let mut elems = Vec::new();
+        let mut walked = Walked::default();
         let is_array = buf.get(value_end.wrapping_sub(1)) == Some(&b']');
         let vs = if is_array {
-            scan_array_tail(buf, value_end, &mut elems, walk)
+            scan_array_tail(buf, value_end, &mut elems, walk, &mut walked)
         } else {
             json::skip_value_back(buf, value_end)
         };
@@ -261,6 +284,7 @@ pub fn scan_tail(
                 end: base + value_end,
                 is_array,
                 elems,
+                walked,
             }
         };
         let vs = match vs {
@@ -311,6 +335,7 @@ pub fn scan_tail(
                     end: base + sep,
                     is_array: false,
                     elems: Vec::new(),
+                    walked: Walked::default(),
                 };
                 return Ok(TailScan { members, end });
             }
@@ -336,6 +361,7 @@ fn scan_array_tail(
     end: usize,
     elems: &mut Vec<Span>,
     walk: Option<TailWalk<'_>>,
+    walked: &mut Walked,
 ) -> Result<usize, Stop> {
     let mut j = json::skip_ws_back(buf, end - 1);
     if j > 0 && buf.get(j - 1) == Some(&b'[') {
@@ -346,10 +372,14 @@ fn scan_array_tail(
         elems.push(Span::new(s, j));
         if let Some(w) = walk {
             let value = buf.get(s..j).map(Value);
-            if elems.len() == 1 && !value.is_some_and(|v| (w.turnlike)(v)) {
-                return json::skip_value_back(buf, end);
+            if elems.len() == 1 {
+                if !value.is_some_and(|v| (w.turnlike)(v)) {
+                    return json::skip_value_back(buf, end);
+                }
+                walked.turnlike = true;
             }
             if value.is_some_and(|v| (w.enough)(v)) {
+                walked.accepted = true;
                 return Err(Stop::Incomplete);
             }
         }
@@ -357,6 +387,9 @@ fn scan_array_tail(
         match j.checked_sub(1).and_then(|k| buf.get(k)) {
             None => return Err(Stop::Incomplete),
             Some(b',') => j = json::skip_ws_back(buf, j - 1),
+            // A walk that reached the start has every element: it stops
+            // there too (what comes before is the head's to read).
+            Some(b'[') if walk.is_some() => return Err(Stop::Incomplete),
             Some(b'[') => return Ok(j - 1),
             Some(_) => return Err(Stop::Malformed),
         }
@@ -407,6 +440,9 @@ pub enum Conv {
         first: Vec<Span>,
         last: Vec<Span>,
         all: bool,
+        /// Index in `first` of the first entry that is not a preamble, when
+        /// the head's walk stopped there (else the callers look).
+        opening: Option<usize>,
     },
     /// A string (`input`, `prompt`): `prefix` covers the bytes read from its start.
     Text { prefix: Span },
@@ -416,7 +452,9 @@ impl Conv {
     /// The last `n` known elements in order (from `last`, or from `first` when all are known).
     pub fn last_elems(&self) -> &[Span] {
         match self {
-            Conv::Array { first, last, all } => {
+            Conv::Array {
+                first, last, all, ..
+            } => {
                 if *all {
                     first
                 } else {
@@ -491,6 +529,17 @@ pub struct ReadStats {
     pub middle: bool,
 }
 
+/// How the tail walks a conversation: back to the entry that ends the last
+/// turn's run, recognising the conversation by its last entry.
+macro_rules! tail_walk {
+    ($api:expr) => {
+        TailWalk {
+            enough: &|v| $api.ends_tail_walk(v),
+            turnlike: &|v| $api.looks_like_turn(v),
+        }
+    };
+}
+
 /// Reads the document of a body of `size` bytes through `fetch(start, len)`.
 pub fn read_doc(
     api: Api,
@@ -499,7 +548,6 @@ pub fn read_doc(
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
 ) -> Result<(View, Doc, ReadStats), ScanError> {
     let mut stats = ReadStats::default();
-    let conv_key = api.conversation_key();
     if size <= limits.full_max {
         return read_full(api, size, fetch, stats).map(|(v, d, mut s)| {
             s.middle = false;
@@ -514,10 +562,13 @@ pub fn read_doc(
         // had to grow and would cover half of it: one forward scan of the
         // whole costs less than walking most of it from both ends again.
         let ends = head_len.saturating_add(tail_len);
+        if ends >= size && stats.regrows == 0 {
+            // A body the first two ends already cover needed nothing from a
+            // middle: fetched whole, but read from its ends all the same.
+            return read_small(api, size, fetch, stats);
+        }
         if ends >= size || (stats.regrows > 0 && ends.saturating_mul(2) >= size) {
-            // A middle read only when the ends had to grow: a body the first
-            // two ends already cover (no `full_max`) needed nothing from a middle.
-            stats.middle = stats.regrows > 0;
+            stats.middle = true;
             return read_full(api, size, fetch, stats);
         }
         if head.len() != head_len {
@@ -527,97 +578,173 @@ pub fn read_doc(
         if tail.len() != tail_len {
             tail = fetch_exact(fetch, tail_base, tail_len, &mut stats)?;
         }
-        let hs = scan_head(&head, conv_key, Some(&|v| !api.is_preamble(v)))?;
-        let ts = scan_tail(
-            &tail,
-            tail_base,
-            Some(TailWalk {
-                enough: &|v| api.looks_like_turn_fast(v) && api.ends_turn_run(v),
-                turnlike: &|v| api.looks_like_turn(v),
-            }),
+        let hs = scan_head(
+            &head,
+            api.conversation_key(),
+            Some(&|v| !api.is_preamble(v)),
         )?;
+        let ts = scan_tail(&tail, tail_base, Some(tail_walk!(api)))?;
         let view = View {
             head,
             tail,
             tail_base,
             size,
         };
-        let conv_is_text = matches!(hs.end, HeadEnd::InConversation { start } if view.head.get(start) == Some(&b'"'));
-        let need_head = match hs.end {
-            HeadEnd::Complete { .. } => false,
-            HeadEnd::InOther { .. } => true,
-            HeadEnd::InConversation { .. } => {
-                !conv_is_text
-                    && hs
-                        .conv_elems
-                        .iter()
-                        .all(|s| view.value(*s).is_some_and(|v| api.is_preamble(v)))
+        match meet(api, hs, ts, &view) {
+            Meeting::Met(doc) => return Ok((view, doc, stats)),
+            Meeting::Whole => {
+                // One end saw the whole object although the ends do not
+                // overlap: only whitespace or garbage lies beyond; read it all to decide.
+                stats.middle = true;
+                return read_full(api, size, fetch, stats);
             }
+            Meeting::Grow {
+                head: need_head,
+                tail: need_tail,
+            } => {
+                let View {
+                    head: h, tail: t, ..
+                } = view;
+                head = h;
+                tail = t;
+                if need_head {
+                    head_len = head_len.saturating_mul(4);
+                }
+                if need_tail {
+                    tail_len = tail_len.saturating_mul(4);
+                }
+                stats.regrows += 1;
+            }
+        }
+    }
+}
+
+/// What the two ends' scans say together.
+enum Meeting {
+    /// They meet inside the conversation: the document (members from both ends).
+    Met(Doc),
+    /// Read more of one end or both.
+    Grow { head: bool, tail: bool },
+    /// One end saw the whole object: only a whole read decides.
+    Whole,
+}
+
+fn meet(api: Api, hs: HeadScan, ts: TailScan, view: &View) -> Meeting {
+    let conv_is_text =
+        matches!(hs.end, HeadEnd::InConversation { start } if view.head.get(start) == Some(&b'"'));
+    let need_head = match hs.end {
+        HeadEnd::Complete { .. } => false,
+        HeadEnd::InOther { .. } => true,
+        // The head's walk stops at the first entry that is not a preamble.
+        HeadEnd::InConversation { .. } => !conv_is_text && !hs.opened,
+    };
+    let need_tail = match &ts.end {
+        TailEnd::Complete { .. } => false,
+        TailEnd::InValue {
+            is_array: true,
+            elems,
+            walked,
+            ..
+        } => {
+            // The last entry must look like a turn; when tool results end the
+            // conversation, the assistant entry that called them must be in
+            // view too (an entry the walk stopped at ends the run).
+            !walked.turnlike
+                || !walked.accepted
+                    && !elems
+                        .first()
+                        .and_then(|s| view.value(*s))
+                        .is_some_and(|v| api.ends_turn_run(v))
+        }
+        TailEnd::InValue {
+            is_array: false, ..
+        } => !conv_is_text,
+    };
+    if let (HeadEnd::Complete { .. }, _) | (_, TailEnd::Complete { .. }) = (&hs.end, &ts.end) {
+        return Meeting::Whole;
+    }
+    if need_head || need_tail {
+        return Meeting::Grow {
+            head: need_head,
+            tail: need_tail,
         };
-        let need_tail = match &ts.end {
-            TailEnd::Complete { .. } => false,
+    }
+    let conv = match (hs.end, ts.end) {
+        (
+            HeadEnd::InConversation { start },
             TailEnd::InValue {
                 is_array: true,
                 elems,
                 ..
-            } => {
-                // The last entry must look like a turn; when tool results end the
-                // conversation, the assistant entry that called them must be in view too.
-                !elems
-                    .last()
-                    .and_then(|s| view.value(*s))
-                    .is_some_and(|v| api.looks_like_turn(v))
-                    || !elems
-                        .first()
-                        .and_then(|s| view.value(*s))
-                        .is_some_and(|v| api.ends_turn_run(v))
-            }
-            TailEnd::InValue {
-                is_array: false, ..
-            } => !conv_is_text,
+            },
+        ) if view.head.get(start) == Some(&b'[') => Some(Conv::Array {
+            opening: hs.opened.then(|| hs.conv_elems.len().saturating_sub(1)),
+            first: hs.conv_elems,
+            last: elems,
+            all: false,
+        }),
+        (HeadEnd::InConversation { start }, TailEnd::InValue { .. }) => Some(Conv::Text {
+            prefix: Span::new(start, view.head.len()),
+        }),
+        _ => None,
+    };
+    let mut members = hs.members;
+    members.extend(ts.members);
+    Meeting::Met(Doc { members, conv })
+}
+
+/// A body the first two ends cover, fetched whole and read from its two ends
+/// as a long one is, so a small conversation is not walked entry by entry:
+/// the middle of the conversation is trusted to be well formed, as a long
+/// body's unread middle is (walking it cost as much as the rest of the
+/// decision). When the ends do not meet inside one conversation array the
+/// body is scanned whole, as before.
+fn read_small(
+    api: Api,
+    size: usize,
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+    mut stats: ReadStats,
+) -> Result<(View, Doc, ReadStats), ScanError> {
+    let body = fetch_exact(fetch, 0, size, &mut stats)?;
+    stats.full = true;
+    let view = View {
+        head: body,
+        tail: Vec::new(),
+        tail_base: size,
+        size,
+    };
+    let ends = scan_head(
+        &view.head,
+        api.conversation_key(),
+        Some(&|v| !api.is_preamble(v)),
+    )
+    .and_then(|hs| Ok((hs, scan_tail(&view.head, 0, Some(tail_walk!(api)))?)));
+    if let Ok((hs, ts)) = ends {
+        let conv = match (&hs.end, &ts.end, hs.conv_key) {
+            (
+                HeadEnd::InConversation { start },
+                TailEnd::InValue {
+                    end,
+                    is_array: true,
+                    ..
+                },
+                Some(key),
+            ) if start < end && view.head.get(*start) == Some(&b'[') => Some(Member {
+                key,
+                value: Span::new(*start, *end),
+            }),
+            _ => None,
         };
-        if let (HeadEnd::Complete { .. }, _) | (_, TailEnd::Complete { .. }) = (&hs.end, &ts.end) {
-            // One end saw the whole object although the ends do not overlap: only
-            // whitespace or garbage lies beyond; read it all to decide.
-            stats.middle = true;
-            return read_full(api, size, fetch, stats);
+        let before = hs.members.len();
+        if let (Some(conv), Meeting::Met(mut doc)) = (conv, meet(api, hs, ts, &view)) {
+            // The whole body is at hand: the conversation is a member as in a
+            // whole walk (the rewrite rebuilds members up to its cut from them).
+            doc.members.insert(before, conv);
+            return Ok((view, doc, stats));
         }
-        if !need_head && !need_tail {
-            let conv = match (hs.end, ts.end) {
-                (
-                    HeadEnd::InConversation { start },
-                    TailEnd::InValue {
-                        is_array: true,
-                        elems,
-                        ..
-                    },
-                ) if view.head.get(start) == Some(&b'[') => Some(Conv::Array {
-                    first: hs.conv_elems,
-                    last: elems,
-                    all: false,
-                }),
-                (HeadEnd::InConversation { start }, TailEnd::InValue { .. }) => Some(Conv::Text {
-                    prefix: Span::new(start, view.head.len()),
-                }),
-                _ => None,
-            };
-            let mut members = hs.members;
-            members.extend(ts.members);
-            return Ok((view, Doc { members, conv }, stats));
-        }
-        let View {
-            head: h, tail: t, ..
-        } = view;
-        head = h;
-        tail = t;
-        if need_head {
-            head_len = head_len.saturating_mul(4);
-        }
-        if need_tail {
-            tail_len = tail_len.saturating_mul(4);
-        }
-        stats.regrows += 1;
     }
+    let doc = scan_full(&view.head, api)?;
+    Ok((view, doc, stats))
 }
 
 fn fetch_exact(
@@ -677,6 +804,7 @@ pub fn scan_full(body: &[u8], api: Api) -> Result<Doc, ScanError> {
             first: hs.conv_elems,
             last: Vec::new(),
             all: true,
+            opening: None,
         }),
         Some(b'"') => hs
             .members

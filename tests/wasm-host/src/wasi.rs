@@ -79,6 +79,12 @@ pub(crate) fn define(
         "clock_time_get",
         |mut c: Ctx<'_>, _id: i32, _precision: i64, out: i32| -> i32 {
             let now = c.data().now_ns;
+            // Diagnostic: with a metered module built with feature
+            // `phase-timing`, the fuel left at each clock read gives the wasm
+            // operators of each phase (BENCHMARKS.md, the body path).
+            if std::env::var_os("TETHER_FUEL_AT_CLOCK").is_some() {
+                eprintln!("fuel at clock read: {}", c.get_fuel().unwrap_or(0));
+            }
             errno(write_u64(&mut c, out, now))
         },
     )?;

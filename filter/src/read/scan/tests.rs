@@ -91,7 +91,7 @@ proptest! {
             if k == "messages" { continue; }
             prop_assert!(found.contains(&(k.clone(), v.clone())), "member {} missing", k);
         }
-        let Some(Conv::Array { first, last, all }) = &doc.conv else { panic!("no conversation: {:?}", doc.conv) };
+        let Some(Conv::Array { first, last, all, .. }) = &doc.conv else { panic!("no conversation: {:?}", doc.conv) };
         let parse = |s: &Span| -> J { serde_json::from_slice(view.bytes(*s).unwrap()).unwrap() };
         let firsts: Vec<J> = first.iter().map(parse).collect();
         prop_assert_eq!(&firsts[..], &msgs[..firsts.len()]);
@@ -306,7 +306,8 @@ fn tail_scan_edges_give_absolute_offsets() {
         TailEnd::InValue {
             end: base,
             is_array: false,
-            elems: Vec::new()
+            elems: Vec::new(),
+            walked: Walked::default(),
         }
     );
     // The whole (empty) object is in the bytes: its brace's absolute offset.
@@ -331,6 +332,7 @@ fn tail_scan_edges_give_absolute_offsets() {
             end: base + 5,
             is_array: true,
             elems: vec![Span::new(base + 1, base + 2), Span::new(base + 3, base + 4)],
+            walked: Walked::default(),
         }
     );
     // Only the colon of the key survived: still keyless, never read before the bytes.
@@ -341,7 +343,8 @@ fn tail_scan_edges_give_absolute_offsets() {
         TailEnd::InValue {
             end: base + 6,
             is_array: true,
-            elems: vec![Span::new(base + 4, base + 5)]
+            elems: vec![Span::new(base + 4, base + 5)],
+            walked: Walked::default(),
         }
     );
     // A complete member before the cut one.
@@ -368,7 +371,8 @@ fn tail_scan_edges_give_absolute_offsets() {
         TailEnd::InValue {
             end: base,
             is_array: false,
-            elems: Vec::new()
+            elems: Vec::new(),
+            walked: Walked::default(),
         }
     );
     // Exactly at a key's quote, the bytes cannot tell whether a backslash just
@@ -381,7 +385,8 @@ fn tail_scan_edges_give_absolute_offsets() {
         TailEnd::InValue {
             end: base + 5,
             is_array: false,
-            elems: Vec::new()
+            elems: Vec::new(),
+            walked: Walked::default(),
         }
     );
     // A value must follow `"key":` exactly: a stray byte for the colon, or a bare key, is malformed.
@@ -393,4 +398,95 @@ fn tail_scan_edges_give_absolute_offsets() {
             String::from_utf8_lossy(bad)
         );
     }
+}
+
+/// A body the first two ends cover is read from its ends, not walked entry
+/// by entry: what the filter derives from it — head hash, turn, the P/D
+/// estimate's new bytes, every top-level member — is what the whole walk
+/// gives, for every API, member order and conversation shape.
+#[test]
+fn a_small_body_read_from_its_ends_reads_as_the_whole_walk() {
+    use crate::read::{head::head_hash, turn};
+    let tools = vec!["Task".to_owned()];
+    let long = "x".repeat(3000);
+    let shapes = [
+        Convo::new("sys", "task"),
+        Convo::new("", "task"),
+        Convo::new("sys", "task").with(Step::User("more".into())),
+        Convo::new("sys", &long).with(Step::User(long.clone())),
+        Convo::new("sys", "task").with(Step::Tool {
+            id: "t1".into(),
+            tool: "Read".into(),
+            result: long.clone(),
+        }),
+        Convo::new("sys", "task")
+            .with(Step::Parallel(vec![
+                ("t1".into(), "Read".into()),
+                ("t2".into(), "Task".into()),
+            ]))
+            .with(Step::User("thanks".into())),
+        Convo::new("sys", "task")
+            .with(Step::User("a".into()))
+            .with(Step::Tool {
+                id: "t9".into(),
+                tool: "Task".into(),
+                result: "done".into(),
+            })
+            .extra("prompt_cache_key", json!("k")),
+        // A client copy of an owned field: the rewrite's cut crosses the conversation.
+        Convo::new("sys", "task")
+            .with(Step::User("a".into()))
+            .extra("kv_transfer_params", json!({"do_remote_prefill": true})),
+    ];
+    let mut ends_read = 0;
+    for api in ALL_APIS {
+        for order in ALL_ORDERS {
+            for c in &shapes {
+                let body = c.body(api, order);
+                let read = |full_max: usize| {
+                    let mut f = SliceFetch::new(&body);
+                    let limits = ReadLimits {
+                        full_max,
+                        ..ReadLimits::default()
+                    };
+                    read_doc(api, body.len(), limits, &mut |s, l| f.fetch(s, l)).unwrap()
+                };
+                let (wv, whole, _) = read(usize::MAX);
+                let (ev, ends, stats) = read(0);
+                assert!(stats.full && !stats.middle);
+                let at = format!("{api:?} {order:?} {c:?}");
+                ends_read += usize::from(matches!(ends.conv, Some(Conv::Array { all: false, .. })));
+                assert_eq!(
+                    head_hash(api, &ends, &ev),
+                    head_hash(api, &whole, &wv),
+                    "{at}"
+                );
+                let t =
+                    |d: &Doc, v: &View| turn::classify_counting(api, d, v, &tools, false, false);
+                assert_eq!(t(&ends, &ev), t(&whole, &wv), "{at}");
+                assert_eq!(
+                    turn::new_turn_bytes(api, &ends, &ev),
+                    turn::new_turn_bytes(api, &whole, &wv),
+                    "{at}"
+                );
+                // Every member, the conversation included, in body order
+                // (the rewrite rebuilds a prefix of the body from them).
+                assert_eq!(members_of(&ends, &ev), members_of(&whole, &wv), "{at}");
+                let owned = [
+                    ("session_id", b"\"x\"".to_vec()),
+                    ("kv_transfer_params", b"{}".to_vec()),
+                ];
+                assert_eq!(
+                    crate::emit::rewrite::plan(&ends, &ev, &owned),
+                    crate::emit::rewrite::plan(&whole, &wv, &owned),
+                    "{at}"
+                );
+            }
+        }
+    }
+    // Completions prompts are text: the rest were read from their ends.
+    assert!(
+        ends_read >= 3 * ALL_ORDERS.len() * shapes.len(),
+        "{ends_read}"
+    );
 }
