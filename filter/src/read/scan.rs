@@ -529,8 +529,9 @@ pub struct ReadStats {
     pub middle: bool,
 }
 
-/// How the tail walks a conversation: back to the entry that ends the last
-/// turn's run, recognising the conversation by its last entry.
+/// How the tail walks a conversation: back to the last assistant (or
+/// preamble) entry before the turn that just ended ([`ApiShape::ends_tail_walk`]),
+/// recognising the conversation by its last entry.
 macro_rules! tail_walk {
     ($api:expr) => {
         TailWalk {
