@@ -706,14 +706,7 @@ fn read_small(
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
     mut stats: ReadStats,
 ) -> Result<(View, Doc, ReadStats), ScanError> {
-    let body = fetch_exact(fetch, 0, size, &mut stats)?;
-    stats.full = true;
-    let view = View {
-        head: body,
-        tail: Vec::new(),
-        tail_base: size,
-        size,
-    };
+    let view = fetch_whole(size, fetch, &mut stats)?;
     let ends = scan_head(
         &view.head,
         api.conversation_key(),
@@ -768,23 +761,29 @@ fn read_full(
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
     mut stats: ReadStats,
 ) -> Result<(View, Doc, ReadStats), ScanError> {
+    let view = fetch_whole(size, fetch, &mut stats)?;
+    let doc = scan_full(&view.head, api)?;
+    Ok((view, doc, stats))
+}
+
+/// The whole body, fetched once, as a view whose head is all of it.
+fn fetch_whole(
+    size: usize,
+    fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
+    stats: &mut ReadStats,
+) -> Result<View, ScanError> {
     let head = if size == 0 {
         Vec::new()
     } else {
-        fetch_exact(fetch, 0, size, &mut stats)?
+        fetch_exact(fetch, 0, size, stats)?
     };
     stats.full = true;
-    let doc = scan_full(&head, api)?;
-    Ok((
-        View {
-            head,
-            tail: Vec::new(),
-            tail_base: size,
-            size,
-        },
-        doc,
-        stats,
-    ))
+    Ok(View {
+        head,
+        tail: Vec::new(),
+        tail_base: size,
+        size,
+    })
 }
 
 /// Scans a whole body (the head scan over all of it).
