@@ -29,8 +29,9 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, Status};
+use proxy_wasm::types::{Action, Bytes, ContextType, LogLevel, MapType, Status};
 use std::net::SocketAddr;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Filter-state key read by an `ORIGINAL_DST` cluster to pick the upstream.
 const ORIGINAL_DST_KEY: &str = "envoy.network.transport_socket.original_dst_address";
@@ -54,6 +55,12 @@ enum Mode {
     /// tether's body path.
     BodyRead {
         key: String,
+    },
+    /// `body-read` plus the least decision a filter keyed on a body field can
+    /// make: the last `"<field>":"…"` in the bytes read, hashed (xxh3) into
+    /// the key. No JSON walk, no head hash, no other source.
+    BodyKey {
+        field: String,
     },
     Probe,
     Pause,
@@ -160,6 +167,16 @@ fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
                 Mode::BodyRead { key }
             })
         }
+        "body-key" => {
+            let field = value
+                .get("field")
+                .and_then(|k| k.as_str())
+                .filter(|k| !k.is_empty())
+                .ok_or("field `field` is missing or not a non-empty string (mode `body-key`)")?;
+            Ok(Mode::BodyKey {
+                field: format!("\"{field}\""),
+            })
+        }
         "body" => {
             let dst = value
                 .get("dst")
@@ -172,7 +189,7 @@ fn parse_mode(raw: &[u8]) -> Result<Mode, String> {
             })
         }
         other => Err(format!(
-            "field `mode` has unknown value {other:?} (expected header, body, body-state, body-read, probe, pause or local)"
+            "field `mode` has unknown value {other:?} (expected header, body, body-state, body-read, body-key, probe, pause or local)"
         )),
     }
 }
@@ -189,20 +206,53 @@ struct FloorHttp {
 
 /// The first read of tether's scanner with its default outputs: the two
 /// 16 KiB ends of the body, or the whole body when the ends would cover it.
-fn read_body_ends(size: usize) {
+/// Returns the last range read (the tail, or the whole body).
+fn read_body_ends(size: usize) -> Option<Bytes> {
     const END: usize = 16 * 1024;
     let ranges = if size <= 2 * END {
         vec![(0, size)]
     } else {
         vec![(0, END), (size - END, END)]
     };
+    let mut last = None;
     for (start, len) in ranges {
-        if let Err(s) =
-            hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpRequestBody, start, len)
-        {
-            log_status("get request body", s);
+        match hostcalls::get_buffer(proxy_wasm::types::BufferType::HttpRequestBody, start, len) {
+            Ok(b) => last = b,
+            Err(s) => log_status("get request body", s),
         }
     }
+    last
+}
+
+/// Key of mode `body-key` when the field is not in the bytes read.
+const BODY_KEY_MISSING: &str = "body-key-missing";
+
+/// The raw value of the last `"<field>": "…"` in `buf` (`quoted` = the field
+/// name in quotes): a byte search, not a JSON walk — the least a filter keyed
+/// on a body field does.
+fn last_string_member<'b>(buf: &'b [u8], quoted: &str) -> Option<&'b [u8]> {
+    let name = quoted.as_bytes();
+    let at = buf.windows(name.len()).rposition(|w| w == name)?;
+    let rest = &buf[at + name.len()..];
+    let colon = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+    if rest[colon] != b':' {
+        return None;
+    }
+    let rest = &rest[colon + 1..];
+    let open = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+    if rest[open] != b'"' {
+        return None;
+    }
+    let value = &rest[open + 1..];
+    let mut i = 0;
+    while i < value.len() {
+        match value[i] {
+            b'\\' => i += 2,
+            b'"' => return Some(&value[..i]),
+            _ => i += 1,
+        }
+    }
+    None
 }
 
 /// The local reply of mode `local`.
@@ -233,7 +283,7 @@ impl HttpContext for FloorHttp {
                 send_local(details, body, headers);
                 Action::Pause
             }
-            Mode::BodyRead { .. } => {
+            Mode::BodyRead { .. } | Mode::BodyKey { .. } => {
                 // The whole map in one call, as tether's header callback reads it.
                 if let Err(s) = hostcalls::get_map_bytes(MapType::HttpRequestHeaders) {
                     log_status("get request headers", s);
@@ -286,7 +336,20 @@ impl HttpContext for FloorHttp {
                 Action::Continue
             }
             Mode::BodyRead { key } => {
-                read_body_ends(body_size);
+                let _ = read_body_ends(body_size);
+                if let Err(s) =
+                    hostcalls::set_property(vec!["tether.x-tether-key"], Some(key.as_bytes()))
+                {
+                    log_status("set_property", s);
+                }
+                Action::Continue
+            }
+            Mode::BodyKey { field } => {
+                let tail = read_body_ends(body_size);
+                let key = match tail.as_deref().and_then(|t| last_string_member(t, field)) {
+                    Some(v) => format!("{:016x}", xxh3_64(v)),
+                    None => BODY_KEY_MISSING.to_owned(),
+                };
                 if let Err(s) =
                     hostcalls::set_property(vec!["tether.x-tether-key"], Some(key.as_bytes()))
                 {

@@ -119,8 +119,15 @@ pub async fn latency_interleaved(
     Ok(hists)
 }
 
+/// What a saturation phase measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Saturation {
+    pub requests: u64,
+    pub rps: f64,
+}
+
 /// Requests/s with `conns` keep-alive connections each sending back to back for `time`.
-pub async fn saturate(target: &Target, conns: usize, time: Duration) -> Result<f64> {
+pub async fn saturate(target: &Target, conns: usize, time: Duration) -> Result<Saturation> {
     let target = Arc::new(target.clone());
     let mut opened = Vec::with_capacity(conns);
     for _ in 0..conns {
@@ -147,5 +154,8 @@ pub async fn saturate(target: &Target, conns: usize, time: Duration) -> Result<f
     for task in tasks {
         total += task.await??;
     }
-    Ok(total as f64 / start.elapsed().as_secs_f64())
+    Ok(Saturation {
+        requests: total,
+        rps: total as f64 / start.elapsed().as_secs_f64(),
+    })
 }

@@ -6,7 +6,9 @@
 //! gateway-bench -- --quick`). Method and measured figures: `docs/bench-gateway.md`.
 
 mod body;
+mod cpu;
 mod load;
+mod perf;
 mod report;
 mod upstream;
 
@@ -46,14 +48,27 @@ struct Args {
     /// h the body floor inside tether's chain (e's floor),
     /// i (diagnostic) d with every header output, j (diagnostic) e with every
     /// header output, k (diagnostic) e for a vLLM connector (outputs vllm),
-    /// l (diagnostic) h plus the host calls of tether's body path.
-    #[arg(long, default_value = "a,b,c,d,e,f,g,h,i,j,k,l")]
+    /// l (diagnostic) h plus the host calls of tether's body path,
+    /// m (diagnostic) l plus the least body-key decision.
+    #[arg(long, default_value = "a,b,c,d,e,f,g,h,i,j,k,l,m")]
     variants: String,
     /// Print the phase timings a diagnostic filter build logs (`cargo build
     /// --features phase-timing`, given as `TETHER_FILTER_WASM`), per variant:
     /// where the time of a request goes inside Envoy's V8.
     #[arg(long)]
     phases: bool,
+    /// Sample each variant's Envoy with Linux `perf` during the first round's
+    /// saturation phase (files in this directory) and print where its CPU per
+    /// request goes: the filter's wasm code, Envoy and V8, the kernel.
+    #[arg(long)]
+    perf: Option<std::path::PathBuf>,
+    /// Pin every Envoy (all threads) to the last CPU and this process (client
+    /// and upstream) to the others, with `taskset`: unpinned, each Envoy
+    /// process lands where the scheduler puts it relative to the client, a
+    /// per-process bias of tens of µs at concurrency 1 on a 2-core machine
+    /// that the per-round pairing cannot cancel.
+    #[arg(long)]
+    pin: bool,
     /// Body sizes in bytes (the body-path target is judged at the largest).
     #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 409600])]
     sizes: Vec<usize>,
@@ -92,10 +107,10 @@ impl Args {
         {
             let mut chars = part.chars();
             let (Some(c), None) = (chars.next(), chars.next()) else {
-                bail!("variant {part:?} is not one letter a-l")
+                bail!("variant {part:?} is not one letter a-m")
             };
             let v =
-                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-l)"))?;
+                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-m)"))?;
             if !out.contains(&v) {
                 out.push(v);
             }
@@ -137,6 +152,7 @@ fn envoy_key(v: Variant) -> &'static str {
         Variant::AllBody => "tether-all-body",
         Variant::VllmBody => "tether-vllm-body",
         Variant::BodyReadInChain => "body-read-chain",
+        Variant::MinimalKeyInChain => "body-key-chain",
     }
 }
 
@@ -208,6 +224,11 @@ fn start_envoy(v: Variant, upstream: &upstream::Upstream) -> Result<Envoy> {
         Variant::BodyReadInChain => {
             paths::require_floor_wasm()?;
             let config = serde_json::json!({"mode": "body-read", "key": BODY_FLOOR_KEY});
+            (bootstraps::BODY_FLOOR_CHAIN, builder.plugin_config(&config))
+        }
+        Variant::MinimalKeyInChain => {
+            paths::require_floor_wasm()?;
+            let config = serde_json::json!({"mode": "body-key", "field": "prompt_cache_key"});
             (bootstraps::BODY_FLOOR_CHAIN, builder.plugin_config(&config))
         }
     };
@@ -285,8 +306,41 @@ fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
             header("x-up-x-tether-key").as_deref() == Some(BODY_FLOOR_KEY),
             "the body floor's filter state did not reach the upstream as x-tether-key"
         ),
+        // The hash of the body's prompt_cache_key, not the floor's "missing" key.
+        Variant::MinimalKeyInChain => ensure!(
+            header("x-up-x-tether-key")
+                .is_some_and(|k| k.len() == 16 && k.bytes().all(|b| b.is_ascii_hexdigit())),
+            "the body-key floor did not find prompt_cache_key (x-tether-key {:?})",
+            header("x-up-x-tether-key")
+        ),
         Variant::NoFilter | Variant::BodyFloor => {}
     }
+    Ok(())
+}
+
+/// `--pin`: Envoys on the last CPU, this process on the others.
+fn pin(envoys: &BTreeMap<&str, Envoy>) -> Result<()> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    ensure!(cpus >= 2, "--pin needs at least 2 CPUs, {cpus} visible");
+    let taskset = |cpus: &str, pid: u32| -> Result<()> {
+        let status = std::process::Command::new("taskset")
+            .args(["-a", "-p", "-c", cpus])
+            .arg(pid.to_string())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .context("running taskset (util-linux) for --pin")?;
+        ensure!(status.success(), "taskset -c {cpus} {pid}: {status}");
+        Ok(())
+    };
+    let last = (cpus - 1).to_string();
+    for envoy in envoys.values() {
+        taskset(&last, envoy.pid())?;
+    }
+    taskset(&format!("0-{}", cpus - 2), std::process::id())?;
+    eprintln!(
+        "gateway-bench: Envoys pinned to CPU {last}, client and upstream to CPU 0-{}",
+        cpus - 2
+    );
     Ok(())
 }
 
@@ -379,6 +433,14 @@ fn main() -> Result<()> {
         .filter_map(|(v, s, b)| envoys.get(envoy_key(v)).map(|e| ((v, s), target(v, e, b))))
         .collect();
 
+    // Counted before --pin narrows this process's affinity.
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    if args.pin {
+        pin(&envoys)?;
+    }
+
     eprintln!("gateway-bench: warming up");
     for t in targets.values() {
         rt.block_on(async {
@@ -388,6 +450,7 @@ fn main() -> Result<()> {
     }
 
     let mut results = Results::default();
+    let mut splits = BTreeMap::new();
     for round in 0..plan.rounds {
         eprintln!("gateway-bench: round {}/{}", round + 1, plan.rounds);
         for &size in &sizes {
@@ -401,28 +464,52 @@ fn main() -> Result<()> {
             let turn = round % order.len();
             order.rotate_left(turn);
             for (i, v) in order {
-                let rps = rt.block_on(load::saturate(
+                let pid = envoys.get(envoy_key(v)).map(Envoy::pid);
+                let recording = match (&args.perf, pid) {
+                    (Some(dir), Some(pid)) if round == 0 => Some(perf::record(
+                        dir,
+                        &format!("{}-{size}", v.letter()),
+                        pid,
+                        plan.saturation,
+                    )?),
+                    _ => None,
+                };
+                let before = pid.and_then(cpu::process_ns);
+                let sat = rt.block_on(load::saturate(
                     &targets[&(v, size)],
                     args.conns,
                     plan.saturation,
                 ))?;
+                let after = pid.and_then(cpu::process_ns);
+                let cpu_us = match (before, after) {
+                    (Some(b), Some(a)) if sat.requests > 0 => {
+                        Some(a.saturating_sub(b) as f64 / 1e3 / sat.requests as f64)
+                    }
+                    _ => None,
+                };
+                if let Some(rec) = recording {
+                    splits.insert((v, size), (rec.finish()?, cpu_us));
+                }
                 let hist = &hists[i];
                 let sample = Sample {
                     p50_us: hist.value_at_quantile(0.5) as f64 / 1000.0,
                     p99_us: hist.value_at_quantile(0.99) as f64 / 1000.0,
-                    rps,
+                    rps: sat.rps,
+                    cpu_us,
                 };
                 results.record(v, size, sample);
             }
         }
     }
 
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
     println!(
-        "gateway-bench: Envoy {} --concurrency 1, {cores} CPU cores visible",
-        envoy_version()
+        "gateway-bench: Envoy {} --concurrency 1, {cores} CPU cores visible{}",
+        envoy_version(),
+        if args.pin {
+            ", Envoys pinned to the last core, client and upstream to the others"
+        } else {
+            ""
+        }
     );
     println!(
         "{} rounds (medians shown; ratios and deltas are medians of per-round pairs); latency at concurrency 1, variants interleaved request by request, {:.1} s per variant per round; saturation: {} connections for {:.1} s per variant per round",
@@ -476,13 +563,49 @@ fn main() -> Result<()> {
                 Variant::BodyReadInChain,
                 "body path, tether vs the floor making its host calls (e vs l)",
             ),
+            (
+                Variant::MinimalKeyInChain,
+                Variant::BodyReadInChain,
+                "body path, the least body-key decision vs the floor making tether's calls (m vs l)",
+            ),
+            (
+                Variant::TetherBody,
+                Variant::MinimalKeyInChain,
+                "body path, tether vs the least body-key decision (e vs m)",
+            ),
         ] {
             if let (Some(r), Some(dp)) = (
                 results.rps_ratio(v, base, size),
                 results.added_p50(v, base, size),
             ) {
-                println!("  {what} at {at}: {r:.3}x rps, {dp:+.0} µs p50");
+                let cpu = results.added_cpu(v, base, size).map_or(String::new(), |c| {
+                    format!(", {c:+.0} µs Envoy CPU per request")
+                });
+                println!("  {what} at {at}: {r:.3}x rps, {dp:+.0} µs p50{cpu}");
             }
+        }
+    }
+    if !splits.is_empty() {
+        println!(
+            "where Envoy's CPU per request goes at saturation (perf, first round; µs/request):"
+        );
+        println!(
+            "| body | variant | CPU | wasm code (JIT) | Envoy + V8 runtime | kernel | other (libc, vdso) |"
+        );
+        println!("|---|---|---:|---:|---:|---:|---:|");
+        for ((v, size), (split, cpu_us)) in &splits {
+            let Some(cpu_us) = cpu_us else { continue };
+            let us = |share: f64| format!("{:.1}", share * cpu_us);
+            println!(
+                "| {} | {}. {} | {cpu_us:.1} | {} | {} | {} | {} |",
+                report::human_size(*size),
+                v.letter(),
+                v.label(),
+                us(split.wasm),
+                us(split.envoy),
+                us(split.kernel),
+                us(split.other)
+            );
         }
     }
     if args.phases {

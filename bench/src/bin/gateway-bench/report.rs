@@ -41,10 +41,15 @@ pub enum Variant {
     /// without its computation: l − h is what those calls cost in Envoy,
     /// e − l what tether computes.
     BodyReadInChain,
+    /// m. (diagnostic) l plus the least decision a filter keyed on a body
+    /// field makes (floor mode `body-key`: the last `"prompt_cache_key"` in
+    /// the bytes read, hashed): m − l is the cheapest body-key decision,
+    /// e − m what tether's own decision (head hash, sources) adds to it.
+    MinimalKeyInChain,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 12] = [
+    pub const ALL: [Variant; 13] = [
         Variant::NoFilter,
         Variant::HeaderFloor,
         Variant::BodyFloor,
@@ -57,6 +62,7 @@ impl Variant {
         Variant::AllBody,
         Variant::VllmBody,
         Variant::BodyReadInChain,
+        Variant::MinimalKeyInChain,
     ];
 
     /// The one-letter name used on the command line (`--variants a,b,c`).
@@ -74,6 +80,7 @@ impl Variant {
             Variant::AllBody => 'j',
             Variant::VllmBody => 'k',
             Variant::BodyReadInChain => 'l',
+            Variant::MinimalKeyInChain => 'm',
         }
     }
 
@@ -95,6 +102,7 @@ impl Variant {
             Variant::AllBody => "tether, body key, all outputs",
             Variant::VllmBody => "tether, body key, outputs vllm",
             Variant::BodyReadInChain => "body floor + tether's reads, in chain",
+            Variant::MinimalKeyInChain => "l + the least body-key decision",
         }
     }
 
@@ -108,7 +116,8 @@ impl Variant {
             Variant::TetherBody
             | Variant::AllBody
             | Variant::VllmBody
-            | Variant::BodyReadInChain => Some(Variant::BodyFloorInChain),
+            | Variant::BodyReadInChain
+            | Variant::MinimalKeyInChain => Some(Variant::BodyFloorInChain),
             Variant::FloorInChain => Some(Variant::HeaderFloor),
             Variant::NativeJson | Variant::BodyFloorInChain => Some(Variant::BodyFloor),
             _ => None,
@@ -124,6 +133,10 @@ pub struct Sample {
     pub p99_us: f64,
     /// Requests/s at saturation.
     pub rps: f64,
+    /// CPU time of the variant's Envoy process per request at saturation,
+    /// microseconds (all its threads, from `/proc/<pid>/task/*/schedstat`);
+    /// `None` where the kernel does not expose it.
+    pub cpu_us: Option<f64>,
 }
 
 /// Every round's samples, keyed by (variant, body size in bytes).
@@ -186,6 +199,30 @@ impl Results {
     /// p50 added over `other`, microseconds (median of per-round differences).
     pub fn added_p50(&self, variant: Variant, other: Variant, size: usize) -> Option<f64> {
         self.paired(variant, other, size, |x, y| x.p50_us - y.p50_us)
+    }
+
+    /// Envoy CPU per request added over `other`, microseconds (median of
+    /// per-round differences over the rounds where both were measured).
+    pub fn added_cpu(&self, variant: Variant, other: Variant, size: usize) -> Option<f64> {
+        let a = self.rounds(variant, size);
+        let b = self.rounds(other, size);
+        let d: Vec<f64> = a
+            .iter()
+            .zip(b)
+            .filter_map(|(x, y)| Some(x.cpu_us? - y.cpu_us?))
+            .collect();
+        median(&d)
+    }
+
+    /// Median Envoy CPU per request, microseconds.
+    pub fn cpu(&self, variant: Variant, size: usize) -> Option<f64> {
+        median(
+            &self
+                .rounds(variant, size)
+                .iter()
+                .filter_map(|s| s.cpu_us)
+                .collect::<Vec<_>>(),
+        )
     }
 }
 
@@ -275,9 +312,12 @@ pub fn table(results: &Results, variants: &[Variant], sizes: &[usize]) -> String
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| body | variant | p50 µs | p99 µs | +p50 vs a µs | rps | rps vs a | rps vs floor | +p50 vs floor µs |"
+        "| body | variant | p50 µs | p99 µs | +p50 vs a µs | rps | rps vs a | rps vs floor | +p50 vs floor µs | Envoy CPU µs/req | +CPU vs floor µs |"
     );
-    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for &size in sizes {
         for &v in variants {
             if results.rounds(v, size).is_empty() {
@@ -286,7 +326,7 @@ pub fn table(results: &Results, variants: &[Variant], sizes: &[usize]) -> String
             let floor = v.floor();
             let _ = writeln!(
                 out,
-                "| {} | {}. {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {}. {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 human_size(size),
                 v.letter(),
                 v.label(),
@@ -311,6 +351,11 @@ pub fn table(results: &Results, variants: &[Variant], sizes: &[usize]) -> String
                     floor.and_then(|f| results.added_p50(v, f, size)),
                     |x| format!("{x:+.0}")
                 ),
+                cell(results.cpu(v, size), |x| format!("{x:.0}")),
+                cell(
+                    floor.and_then(|f| results.added_cpu(v, f, size)),
+                    |x| format!("{x:+.0}")
+                ),
             );
         }
     }
@@ -326,6 +371,7 @@ mod tests {
             p50_us,
             p99_us: p50_us * 2.0,
             rps,
+            cpu_us: Some(1e6 / rps),
         }
     }
 

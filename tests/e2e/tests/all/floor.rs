@@ -53,3 +53,52 @@ async fn floor_body_mode_routes_through_original_dst_filter_state() {
         assert_eq!(resp.echo().expect("echo").rank, target.name());
     }
 }
+
+/// The gateway benchmark's body floors (variants h, l, m) in tether's own
+/// chain, through real Envoy: each hands its key to `header_mutation` through
+/// filter state; `body-key` (m) keys by the hash of the body's
+/// `prompt_cache_key`, also past the 32 KiB where only the tail is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_body_floors_hand_their_keys_through_tethers_chain() {
+    need_envoy_and_floor();
+    let ranks = ranks(4);
+    let mut builder = tether_e2e::Envoy::builder();
+    for (i, r) in ranks.iter().enumerate() {
+        builder = builder.var(format!("UP_{i}_PORT"), r.addr().port().to_string());
+    }
+    let chain = include_str!("../../../../envoy/bench/body-floor-chain.yaml");
+    let hashed = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(b"run-7"));
+    let client = HttpClient::new();
+    for (config, want) in [
+        (json!({"mode": "body-state", "key": "k-h"}), "k-h"),
+        (json!({"mode": "body-read", "key": "k-l"}), "k-l"),
+        (
+            json!({"mode": "body-key", "field": "prompt_cache_key"}),
+            hashed.as_str(),
+        ),
+    ] {
+        let envoy = builder
+            .clone()
+            .plugin_config(&config)
+            .start(chain)
+            .expect("envoy starts");
+        for pad in [100, 100_000] {
+            // A string that names the field earlier in the body: the last one counts.
+            let body = json!({
+                "messages": [{"role": "user", "content": format!("\"prompt_cache_key\":\"decoy\" {}", "x".repeat(pad))}],
+                "prompt_cache_key": "run-7",
+            });
+            let resp = client
+                .post_json(envoy.listen_addr(), "/v1/chat/completions", &[], &body)
+                .await
+                .expect("answered");
+            assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+            let echo = resp.echo().expect("echo json");
+            assert_eq!(
+                echo.header("x-tether-key"),
+                Some(want),
+                "{config} pad {pad}"
+            );
+        }
+    }
+}

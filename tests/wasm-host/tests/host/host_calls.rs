@@ -1,5 +1,5 @@
 //! What tether's body path asks of the host per request, against the body
-//! floors in tether's chain (gateway-bench h and l): body callbacks, host
+//! floors in tether's chain (gateway-bench h, l and m): body callbacks, host
 //! calls by kind and bytes copied into the VM, at the benchmark's two sizes.
 //! Counted here rather than timed, so the figures do not depend on a quiet
 //! machine (BENCHMARKS.md, "Where the body path's time goes").
@@ -79,6 +79,11 @@ fn tether_makes_the_body_floors_host_calls_and_copies_no_more() {
             json!({"mode": "body-read", "key": "k"}),
             &body,
         );
+        let least = run(
+            floor_plugin(),
+            json!({"mode": "body-key", "field": "prompt_cache_key"}),
+            &body,
+        );
         println!(
             "{} bytes, {} chunks of 16 KiB:",
             body.len(),
@@ -88,6 +93,7 @@ fn tether_makes_the_body_floors_host_calls_and_copies_no_more() {
             ("tether", &tether),
             ("h body-state", &state),
             ("l body-read", &read),
+            ("m body-key", &least),
         ] {
             println!(
                 "  {name}: body callbacks {}, host calls {:?}, bytes into the VM {}",
@@ -110,6 +116,12 @@ fn tether_makes_the_body_floors_host_calls_and_copies_no_more() {
                 "tether_floor_filter.wasm",
                 json!({"mode": "body-read", "key": "k"}),
             ),
+            (
+                "m body-key",
+                "TETHER_FLOOR_WASM",
+                "tether_floor_filter.wasm",
+                json!({"mode": "body-key", "field": "prompt_cache_key"}),
+            ),
         ] {
             let path = tether_wasm_host::module_path(var, module).unwrap();
             let metered = Plugin::new(&std::fs::read(path).unwrap(), true).unwrap();
@@ -131,5 +143,13 @@ fn tether_makes_the_body_floors_host_calls_and_copies_no_more() {
         // makes its reads, and copies the same bytes into the VM.
         assert_eq!(calls(&tether), calls(&read), "{size}");
         assert_eq!(tether.bytes_to_guest, read.bytes_to_guest, "{size}");
+        // The least body-key decision makes them too, and keys by the field.
+        assert_eq!(calls(&least), calls(&read), "{size}");
+        assert_eq!(least.bytes_to_guest, read.bytes_to_guest, "{size}");
+        let want = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(b"run-1"));
+        assert_eq!(
+            least.filter_state_value("wasm.tether.x-tether-key"),
+            Some(want.as_str())
+        );
     }
 }
