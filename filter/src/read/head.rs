@@ -9,7 +9,7 @@
 //! and last [`LONG_STRING`]/2 bytes (a pasted file is identified by its ends;
 //! the hash stays cheap for 100-KB first messages).
 
-use crate::api::{Api, ApiShape};
+use crate::api::Api;
 use crate::json::{self, Value};
 use crate::read::scan::{Conv, Doc, View};
 use xxhash_rust::xxh3::Xxh3;
@@ -109,18 +109,12 @@ pub fn head_hash(api: Api, doc: &Doc, view: &View) -> Option<u64> {
     }
     h.update(b"conversation");
     match conv {
-        Conv::Array { first, opening, .. } => {
+        Conv::Array { first, .. } => {
             if first.is_empty() {
                 return None;
             }
             // Up to and including the first entry that is not a preamble.
-            let upto = match opening {
-                Some(i) => *i,
-                None => first
-                    .iter()
-                    .position(|s| view.value(*s).is_some_and(|v| !api.is_preamble(v)))
-                    .unwrap_or(first.len() - 1),
-            };
+            let upto = conv.opening_index(api, view).unwrap_or(first.len() - 1);
             for s in first.get(..=upto).unwrap_or(first) {
                 feed(&mut h, view.value(*s)?, 0);
             }

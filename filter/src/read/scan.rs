@@ -449,6 +449,23 @@ pub enum Conv {
 }
 
 impl Conv {
+    /// Index in `first` of the first entry that is not a preamble: where the
+    /// head's walk stopped when it stopped there, else the first such entry
+    /// in view. `None` for a text conversation or when every entry in view is
+    /// a preamble. (The head hash feeds entries up to it; the turn reads it
+    /// as the opening turn.)
+    pub fn opening_index(&self, api: Api, view: &View) -> Option<usize> {
+        match self {
+            Conv::Array {
+                opening: Some(i), ..
+            } => Some(*i),
+            Conv::Array { first, .. } => first
+                .iter()
+                .position(|s| view.value(*s).is_some_and(|v| !api.is_preamble(v))),
+            Conv::Text { .. } => None,
+        }
+    }
+
     /// The last `n` known elements in order (from `last`, or from `first` when all are known).
     pub fn last_elems(&self) -> &[Span] {
         match self {

@@ -140,7 +140,7 @@ pub fn classify_counting(
     } else {
         TurnKind::First
     };
-    let (first, last, all, opening) = match conv {
+    let (first, last, all) = match conv {
         Conv::Text { .. } => {
             let kind = if api == Api::Completions {
                 TurnKind::User
@@ -155,11 +155,8 @@ pub fn classify_counting(
             });
         }
         Conv::Array {
-            first,
-            last,
-            all,
-            opening,
-        } => (first, if *all { first } else { last }, *all, *opening),
+            first, last, all, ..
+        } => (first, if *all { first } else { last }, *all),
     };
     if api == Api::Completions {
         return Some(Turn {
@@ -181,12 +178,7 @@ pub fn classify_counting(
         .filter_map(|s| Some((*s, entry(api, view.value(*s)?))))
         .collect();
     // The first turn-taking entry from the start: when the prompt ends with it, this is the first turn.
-    let opening = match opening {
-        Some(i) => first.get(i),
-        None => first
-            .iter()
-            .find(|s| view.value(**s).is_some_and(|v| !api.is_preamble(v))),
-    };
+    let opening = conv.opening_index(api, view).and_then(|i| first.get(i));
     let count =
         (all && count).then(|| count_turns(api, last.iter().filter_map(|s| view.value(*s))));
     let (last_span, last_entry) = entries.last()?;
