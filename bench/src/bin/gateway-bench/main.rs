@@ -318,7 +318,9 @@ fn check_reply(v: Variant, reply: &Reply, body_len: usize) -> Result<()> {
     Ok(())
 }
 
-/// `--pin`: Envoys on the last CPU, this process on the others.
+/// `--pin`: Envoys on the last CPU, this process on the others. Assumes the
+/// visible CPUs are numbered 0..N−1 (a cpuset that starts elsewhere makes
+/// `taskset` fail, and the run stops with its status).
 fn pin(envoys: &BTreeMap<&str, Envoy>) -> Result<()> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     ensure!(cpus >= 2, "--pin needs at least 2 CPUs, {cpus} visible");
