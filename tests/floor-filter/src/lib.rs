@@ -224,6 +224,14 @@ fn read_body_ends(size: usize) -> Option<Bytes> {
     last
 }
 
+/// Hands `key` to Envoy as filter state `wasm.tether.x-tether-key`, tether's
+/// body-path channel (the body floors h, l and m alike).
+fn set_key(key: &str) {
+    if let Err(s) = hostcalls::set_property(vec!["tether.x-tether-key"], Some(key.as_bytes())) {
+        log_status("set_property", s);
+    }
+}
+
 /// Key of mode `body-key` when the field is not in the bytes read.
 const BODY_KEY_MISSING: &str = "body-key-missing";
 
@@ -337,11 +345,7 @@ impl HttpContext for FloorHttp {
             }
             Mode::BodyRead { key } => {
                 let _ = read_body_ends(body_size);
-                if let Err(s) =
-                    hostcalls::set_property(vec!["tether.x-tether-key"], Some(key.as_bytes()))
-                {
-                    log_status("set_property", s);
-                }
+                set_key(key);
                 Action::Continue
             }
             Mode::BodyKey { field } => {
@@ -350,19 +354,11 @@ impl HttpContext for FloorHttp {
                     Some(v) => format!("{:016x}", xxh3_64(v)),
                     None => BODY_KEY_MISSING.to_owned(),
                 };
-                if let Err(s) =
-                    hostcalls::set_property(vec!["tether.x-tether-key"], Some(key.as_bytes()))
-                {
-                    log_status("set_property", s);
-                }
+                set_key(&key);
                 Action::Continue
             }
             Mode::BodyState { key } => {
-                if let Err(s) =
-                    hostcalls::set_property(vec!["tether.x-tether-key"], Some(key.as_bytes()))
-                {
-                    log_status("set_property", s);
-                }
+                set_key(key);
                 Action::Continue
             }
             Mode::Probe => {

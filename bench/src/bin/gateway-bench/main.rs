@@ -476,19 +476,13 @@ fn main() -> Result<()> {
                     )?),
                     _ => None,
                 };
-                let before = pid.and_then(cpu::process_ns);
+                let meter = pid.map(cpu::Meter::start);
                 let sat = rt.block_on(load::saturate(
                     &targets[&(v, size)],
                     args.conns,
                     plan.saturation,
                 ))?;
-                let after = pid.and_then(cpu::process_ns);
-                let cpu_us = match (before, after) {
-                    (Some(b), Some(a)) if sat.requests > 0 => {
-                        Some(a.saturating_sub(b) as f64 / 1e3 / sat.requests as f64)
-                    }
-                    _ => None,
-                };
+                let cpu_us = meter.and_then(|m| m.per_request_us(sat.requests));
                 if let Some(rec) = recording {
                     splits.insert((v, size), (rec.finish()?, cpu_us));
                 }
@@ -588,27 +582,7 @@ fn main() -> Result<()> {
         }
     }
     if !splits.is_empty() {
-        println!(
-            "where Envoy's CPU per request goes at saturation (perf, first round; µs/request):"
-        );
-        println!(
-            "| body | variant | CPU | wasm code (JIT) | Envoy + V8 runtime | kernel | other (libc, vdso) |"
-        );
-        println!("|---|---|---:|---:|---:|---:|---:|");
-        for ((v, size), (split, cpu_us)) in &splits {
-            let Some(cpu_us) = cpu_us else { continue };
-            let us = |share: f64| format!("{:.1}", share * cpu_us);
-            println!(
-                "| {} | {}. {} | {cpu_us:.1} | {} | {} | {} | {} |",
-                report::human_size(*size),
-                v.letter(),
-                v.label(),
-                us(split.wasm),
-                us(split.envoy),
-                us(split.kernel),
-                us(split.other)
-            );
-        }
+        print!("{}", perf::table(&splits));
     }
     if args.phases {
         println!("phase timings logged by the filter (median µs per window of requests):");

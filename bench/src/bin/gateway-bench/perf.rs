@@ -6,8 +6,10 @@
 //! symbols are needed (the Envoy wheel is stripped): the split by region is
 //! what tells "the filter's own wasm code" from "what Envoy does around it".
 
+use crate::report::{Variant, human_size};
 use anyhow::{Context, Result, ensure};
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -94,6 +96,40 @@ pub fn split(report: &str) -> Split {
         kernel: get("kernel"),
         other: get("other"),
     }
+}
+
+/// The split of each (variant, size) as µs per request: its share of the
+/// samples times the CPU per request measured in the same phase.
+pub fn table(splits: &BTreeMap<(Variant, usize), (Split, Option<f64>)>) -> String {
+    let mut out = String::from(
+        "where Envoy's CPU per request goes at saturation (perf, first round; µs/request):\n\
+         | body | variant | CPU | wasm code (JIT) | Envoy + V8 runtime | kernel | other (libc, vdso) |\n\
+         |---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for ((v, size), (split, cpu_us)) in splits {
+        let Some(cpu_us) = cpu_us else { continue };
+        // perf starts while the phase runs: a short phase can end before it samples.
+        let sampled = split.wasm + split.envoy + split.kernel + split.other > 0.0;
+        let us = |share: f64| {
+            if sampled {
+                format!("{:.1}", share * cpu_us)
+            } else {
+                "—".to_owned()
+            }
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {}. {} | {cpu_us:.1} | {} | {} | {} | {} |",
+            human_size(*size),
+            v.letter(),
+            v.label(),
+            us(split.wasm),
+            us(split.envoy),
+            us(split.kernel),
+            us(split.other)
+        );
+    }
+    out
 }
 
 #[cfg(test)]

@@ -167,62 +167,56 @@ impl Results {
             .unwrap_or(&[])
     }
 
-    /// Median over rounds of one figure.
+    /// Median over rounds of one figure, over the rounds that have it.
     pub fn median_of(
         &self,
         variant: Variant,
         size: usize,
-        f: impl Fn(&Sample) -> f64,
+        f: impl Fn(&Sample) -> Option<f64>,
     ) -> Option<f64> {
-        median(&self.rounds(variant, size).iter().map(f).collect::<Vec<_>>())
+        median(
+            &self
+                .rounds(variant, size)
+                .iter()
+                .filter_map(f)
+                .collect::<Vec<_>>(),
+        )
     }
 
     /// Median over rounds of `f(variant's sample, other's sample)`, pairing the
-    /// samples of the same round so that noise common to a round cancels.
+    /// samples of the same round so that noise common to a round cancels;
+    /// rounds where `f` has no value are left out.
     pub fn paired(
         &self,
         variant: Variant,
         other: Variant,
         size: usize,
-        f: impl Fn(&Sample, &Sample) -> f64,
+        f: impl Fn(&Sample, &Sample) -> Option<f64>,
     ) -> Option<f64> {
         let a = self.rounds(variant, size);
         let b = self.rounds(other, size);
-        median(&a.iter().zip(b).map(|(x, y)| f(x, y)).collect::<Vec<_>>())
+        median(
+            &a.iter()
+                .zip(b)
+                .filter_map(|(x, y)| f(x, y))
+                .collect::<Vec<_>>(),
+        )
     }
 
     /// Saturated throughput relative to `other` (median of per-round ratios).
     pub fn rps_ratio(&self, variant: Variant, other: Variant, size: usize) -> Option<f64> {
-        self.paired(variant, other, size, |x, y| x.rps / y.rps)
+        self.paired(variant, other, size, |x, y| Some(x.rps / y.rps))
     }
 
     /// p50 added over `other`, microseconds (median of per-round differences).
     pub fn added_p50(&self, variant: Variant, other: Variant, size: usize) -> Option<f64> {
-        self.paired(variant, other, size, |x, y| x.p50_us - y.p50_us)
+        self.paired(variant, other, size, |x, y| Some(x.p50_us - y.p50_us))
     }
 
     /// Envoy CPU per request added over `other`, microseconds (median of
     /// per-round differences over the rounds where both were measured).
     pub fn added_cpu(&self, variant: Variant, other: Variant, size: usize) -> Option<f64> {
-        let a = self.rounds(variant, size);
-        let b = self.rounds(other, size);
-        let d: Vec<f64> = a
-            .iter()
-            .zip(b)
-            .filter_map(|(x, y)| Some(x.cpu_us? - y.cpu_us?))
-            .collect();
-        median(&d)
-    }
-
-    /// Median Envoy CPU per request, microseconds.
-    pub fn cpu(&self, variant: Variant, size: usize) -> Option<f64> {
-        median(
-            &self
-                .rounds(variant, size)
-                .iter()
-                .filter_map(|s| s.cpu_us)
-                .collect::<Vec<_>>(),
-        )
+        self.paired(variant, other, size, |x, y| Some(x.cpu_us? - y.cpu_us?))
     }
 }
 
@@ -330,16 +324,18 @@ pub fn table(results: &Results, variants: &[Variant], sizes: &[usize]) -> String
                 human_size(size),
                 v.letter(),
                 v.label(),
-                cell(results.median_of(v, size, |s| s.p50_us), |x| format!(
+                cell(results.median_of(v, size, |s| Some(s.p50_us)), |x| format!(
                     "{x:.0}"
                 )),
-                cell(results.median_of(v, size, |s| s.p99_us), |x| format!(
+                cell(results.median_of(v, size, |s| Some(s.p99_us)), |x| format!(
                     "{x:.0}"
                 )),
                 cell(results.added_p50(v, Variant::NoFilter, size), |x| format!(
                     "{x:+.0}"
                 )),
-                cell(results.median_of(v, size, |s| s.rps), |x| format!("{x:.0}")),
+                cell(results.median_of(v, size, |s| Some(s.rps)), |x| format!(
+                    "{x:.0}"
+                )),
                 cell(results.rps_ratio(v, Variant::NoFilter, size), |x| format!(
                     "{x:.3}x"
                 )),
@@ -351,7 +347,9 @@ pub fn table(results: &Results, variants: &[Variant], sizes: &[usize]) -> String
                     floor.and_then(|f| results.added_p50(v, f, size)),
                     |x| format!("{x:+.0}")
                 ),
-                cell(results.cpu(v, size), |x| format!("{x:.0}")),
+                cell(results.median_of(v, size, |s| s.cpu_us), |x| format!(
+                    "{x:.0}"
+                )),
                 cell(
                     floor.and_then(|f| results.added_cpu(v, f, size)),
                     |x| format!("{x:+.0}")
@@ -395,6 +393,28 @@ mod tests {
             .expect("ratio");
         assert!((ratio - 0.9).abs() < 1e-9);
         assert!(matches!(header_target(&r, &[4096]), Verdict::Miss(_)));
+    }
+
+    #[test]
+    fn added_cpu_pairs_only_rounds_where_both_were_measured() {
+        let mut r = Results::default();
+        let with = |cpu: Option<f64>| Sample {
+            cpu_us: cpu,
+            ..s(100.0, 1000.0)
+        };
+        r.record(Variant::BodyFloorInChain, 4096, with(Some(100.0)));
+        r.record(Variant::BodyFloorInChain, 4096, with(None));
+        r.record(Variant::BodyFloorInChain, 4096, with(Some(300.0)));
+        r.record(Variant::TetherBody, 4096, with(Some(130.0)));
+        r.record(Variant::TetherBody, 4096, with(Some(999.0)));
+        r.record(Variant::TetherBody, 4096, with(Some(310.0)));
+        // Rounds 1 and 3 pair: +30 and +10; round 2 has no floor figure.
+        let d = r
+            .added_cpu(Variant::TetherBody, Variant::BodyFloorInChain, 4096)
+            .expect("two paired rounds");
+        assert!((d - 20.0).abs() < 1e-9, "{d}");
+        let floor = r.median_of(Variant::BodyFloorInChain, 4096, |s| s.cpu_us);
+        assert_eq!(floor, Some(200.0));
     }
 
     #[test]
