@@ -6,6 +6,8 @@
 //! configuration passes the filter's own parser; and what the filter's outputs
 //! set is what the objects around it read.
 
+#[path = "k8s_manifests/envoy_gateway.rs"]
+mod envoy_gateway;
 #[path = "istio_manifests/header_mutation.rs"]
 mod header_mutation;
 #[path = "istio_manifests/objects.rs"]
@@ -272,6 +274,8 @@ fn every_manifest_is_valid_against_its_crd_schema() -> Result<()> {
         "envoy-gateway/EnvoyExtensionPolicy",
         "envoy-gateway/HTTPRoute",
         "envoy-gateway/BackendTrafficPolicy",
+        "envoy-gateway/EnvoyProxy",
+        "envoy-gateway/Gateway",
         "llm-d/InferencePool",
         "llm-d/HTTPRoute",
         "llm-d/WasmPlugin",
@@ -317,6 +321,26 @@ fn the_vendored_schemas_reject_what_the_api_server_rejects() -> Result<()> {
         ".spec.loadBalancer.consistentHash.tableSize",
         "above the maximum",
     )?;
+
+    let mut proxy = find(&eg, "EnvoyProxy")?.clone();
+    proxy["spec"]["filterOrder"][0]["name"] = json!("envoy.filters.http.bufer");
+    assert_rejected(
+        &schemas,
+        &proxy,
+        ".spec.filterOrder[0].name",
+        "is not one of",
+    )?;
+    let mut gateway = find(&eg, "Gateway")?.clone();
+    gateway["spec"]["infrastructure"]["parametersRef"]["nme"] = json!("tether");
+    assert_rejected(
+        &schemas,
+        &gateway,
+        ".spec.infrastructure.parametersRef.nme",
+        "unknown field",
+    )?;
+    let mut btp = find(&eg, "BackendTrafficPolicy")?.clone();
+    btp["spec"]["requestBuffer"]["limit"] = json!("16 MiB");
+    assert_rejected(&schemas, &btp, ".spec.requestBuffer.limit", "")?;
 
     let mut pool = find(&llm_d, "InferencePool")?.clone();
     pool["spec"]["targetPorts"][0]["number"] = json!(70000);
@@ -412,20 +436,84 @@ fn the_filter_accepts_each_configuration_and_its_outputs_are_read() -> Result<()
             .contains(&"x-session-id")
     );
 
-    // Envoy Gateway: header path only (README), so the hashed header must be
-    // one the header path sets.
+    // Envoy Gateway: both paths. The route's header modifier copies exactly
+    // the headers the body path hands over, the hash reads one the filter
+    // sets on both paths, the buffer is as large as the largest body the
+    // filter reads and runs after it, and the Gateway carries that order.
     let eg = folder("envoy-gateway")?;
-    let want = accepted(plugin_config(find(&eg, "EnvoyExtensionPolicy")?)?)?;
+    let eep = find(&eg, "EnvoyExtensionPolicy")?;
+    let want = accepted(plugin_config(eep)?)?;
     let hashed = find(&eg, "BackendTrafficPolicy")?
         .pointer("/spec/loadBalancer/consistentHash/headers/0/name")
         .and_then(Value::as_str)
         .context("hashed header")?;
     ensure!(
-        want.header_path.contains(&hashed),
-        "Envoy Gateway hashes {hashed}, which the header path does not set ({:?})",
-        want.header_path
+        want.headers.contains(&hashed),
+        "Envoy Gateway hashes {hashed}, which the filter does not set ({:?})",
+        want.headers
     );
-    let route_name = &find(&eg, "HTTPRoute")?["metadata"]["name"];
+    let route = find(&eg, "HTTPRoute")?;
+    let mut set: Vec<(String, String)> = route["spec"]["rules"][0]["filters"]
+        .as_array()
+        .context("HTTPRoute filters")?
+        .iter()
+        .filter(|f| f["type"] == "RequestHeaderModifier")
+        .flat_map(|f| {
+            f["requestHeaderModifier"]["set"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .map(|h| {
+            (
+                h["name"].as_str().unwrap_or_default().to_owned(),
+                h["value"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    set.sort();
+    let mut expected: Vec<(String, String)> = want
+        .copied
+        .iter()
+        .map(|h| {
+            (
+                h.to_string(),
+                format!("%FILTER_STATE(wasm.tether.{h}:PLAIN)%"),
+            )
+        })
+        .collect();
+    expected.sort();
+    ensure!(
+        set == expected,
+        "the HTTPRoute sets {set:?}, the outputs hand over {expected:?}"
+    );
+    ensure!(
+        envoy_gateway::quantity_bytes(
+            &find(&eg, "BackendTrafficPolicy")?["spec"]["requestBuffer"]["limit"]
+        )? == plugin_config(eep)?["max_body_bytes"]
+            .as_u64()
+            .context("max_body_bytes")?,
+        "requestBuffer.limit must equal the filter's max_body_bytes"
+    );
+    let proxy = find(&eg, "EnvoyProxy")?;
+    ensure!(
+        proxy["spec"]["filterOrder"]
+            == json!([{"name": "envoy.filters.http.buffer", "after": "envoy.filters.http.wasm"}]),
+        "the EnvoyProxy must move the buffer after the wasm filter"
+    );
+    let gateway = find(&eg, "Gateway")?;
+    ensure!(
+        gateway.pointer("/spec/infrastructure/parametersRef")
+            == Some(
+                &json!({"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": proxy["metadata"]["name"]})
+            ),
+        "the Gateway must carry the EnvoyProxy"
+    );
+    ensure!(
+        route.pointer("/spec/parentRefs/0/name") == Some(&gateway["metadata"]["name"]),
+        "the HTTPRoute must attach to the Gateway"
+    );
+    let route_name = &route["metadata"]["name"];
     for kind in ["EnvoyExtensionPolicy", "BackendTrafficPolicy"] {
         ensure!(
             find(&eg, kind)?.pointer("/spec/targetRefs/0/name") == Some(route_name),
