@@ -13,8 +13,9 @@ bench-gateway: wasm envoy-install
 
 # envoy/istio/*.yaml against Istio's CRD schemas (strict, as the API server) and each other;
 # the Kustomize overlays (rendered by `kubectl kustomize`), Envoy Gateway and llm-d
-# manifests against their vendored CRD schemas (envoy/k8s-schema/).
-test-istio:
+# manifests against their vendored CRD schemas (envoy/k8s-schema/); what Envoy
+# Gateway makes of its manifests runs in real Envoy with the filter module.
+test-istio: wasm envoy-install
 	$(CARGO) test --quiet -p tether-e2e --test istio_manifests --test k8s_manifests
 
 # The benchmark's body generator and statistics (no Envoy needed).
