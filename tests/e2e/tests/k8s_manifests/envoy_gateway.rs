@@ -18,7 +18,7 @@
 use super::{find, folder};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use tether_e2e::agent::{Api, Conversation};
@@ -280,7 +280,7 @@ async fn envoy_gateway_carries_the_body_path_with_the_manifests_filter_order() -
             &["bash"],
             "Fix the test.",
         );
-        let mut seen: BTreeMap<String, String> = BTreeMap::new();
+        let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
         for turn in 0..3 {
             let e = echo(&client, &envoy, body_of(&conv, &format!("eg-{s}"))).await?;
             let key = e.header("x-tether-key").with_context(|| {
@@ -300,7 +300,7 @@ async fn envoy_gateway_carries_the_body_path_with_the_manifests_filter_order() -
                     "session {s} turn {turn}: no {marker}"
                 );
             }
-            seen.insert(key.to_owned(), e.rank.clone());
+            seen.insert((key.to_owned(), e.rank.clone()));
             conv.tool_round(
                 &format!("c{turn}"),
                 "bash",
