@@ -47,6 +47,20 @@ impl SimRank {
         self.addr
     }
 
+    /// Its load report (`GET /load`: `server_load`, per-rank gauges and the
+    /// residency summary; docs/rank.md).
+    pub fn load(&self) -> Result<serde_json::Value, HarnessError> {
+        let (status, body) = crate::envoy::admin_get(self.addr, "/load")?;
+        let protocol = |why: String| HarnessError::Protocol {
+            what: format!("tether-rank {} /load", self.addr),
+            why,
+        };
+        if status != 200 {
+            return Err(protocol(format!("status {status}")));
+        }
+        serde_json::from_slice(&body).map_err(|e| protocol(e.to_string()))
+    }
+
     /// Kills it now (a rank dying mid-replay).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
