@@ -340,7 +340,12 @@ fn the_vendored_schemas_reject_what_the_api_server_rejects() -> Result<()> {
     )?;
     let mut btp = find(&eg, "BackendTrafficPolicy")?.clone();
     btp["spec"]["requestBuffer"]["limit"] = json!("16 MiB");
-    assert_rejected(&schemas, &btp, ".spec.requestBuffer.limit", "")?;
+    assert_rejected(
+        &schemas,
+        &btp,
+        ".spec.requestBuffer.limit",
+        "does not match the pattern",
+    )?;
 
     let mut pool = find(&llm_d, "InferencePool")?.clone();
     pool["spec"]["targetPorts"][0]["number"] = json!(70000);
