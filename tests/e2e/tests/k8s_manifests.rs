@@ -458,24 +458,7 @@ fn the_filter_accepts_each_configuration_and_its_outputs_are_read() -> Result<()
         want.headers
     );
     let route = find(&eg, "HTTPRoute")?;
-    let mut set: Vec<(String, String)> = route["spec"]["rules"][0]["filters"]
-        .as_array()
-        .context("HTTPRoute filters")?
-        .iter()
-        .filter(|f| f["type"] == "RequestHeaderModifier")
-        .flat_map(|f| {
-            f["requestHeaderModifier"]["set"]
-                .as_array()
-                .into_iter()
-                .flatten()
-        })
-        .map(|h| {
-            (
-                h["name"].as_str().unwrap_or_default().to_owned(),
-                h["value"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
+    let mut set = envoy_gateway::header_sets(&route["spec"]["rules"][0]);
     set.sort();
     let mut expected: Vec<(String, String)> = want
         .copied

@@ -57,16 +57,37 @@ pub fn quantity_bytes(q: &Value) -> Result<u64> {
     Ok(n * mult)
 }
 
-/// The filter type of an HTTP filter name (`envoy.filters.http.wasm/…` → `envoy.filters.http.wasm`).
-fn filter_type(name: &str) -> &str {
+/// The filter type of an HTTP filter (`envoy.filters.http.wasm/…` → `envoy.filters.http.wasm`).
+fn filter_type(filter: &Value) -> &str {
+    let name = filter["name"].as_str().unwrap_or_default();
     name.split('/').next().unwrap_or(name)
+}
+
+/// The (name, value) pairs a route rule's `RequestHeaderModifier`s `set`.
+pub fn header_sets(rule: &Value) -> Vec<(String, String)> {
+    rule["filters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["type"] == "RequestHeaderModifier")
+        .flat_map(|f| {
+            f["requestHeaderModifier"]["set"]
+                .as_array()
+                .into_iter()
+                .flatten()
+        })
+        .map(|h| {
+            let field = |k: &str| h[k].as_str().unwrap_or_default().to_owned();
+            (field("name"), field("value"))
+        })
+        .collect()
 }
 
 /// Envoy Gateway's `sortHTTPFilters` for the filters here: default ranks,
 /// then each `filterOrder` entry moves every filter of its type before the
 /// first / after the last filter of the named type.
 fn ordered(mut filters: Vec<Value>, filter_order: &[Value]) -> Result<Vec<Value>> {
-    let rank = |f: &Value| match filter_type(f["name"].as_str().unwrap_or_default()) {
+    let rank = |f: &Value| match filter_type(f) {
         "envoy.filters.http.buffer" => 12,
         "envoy.filters.http.wasm" => 200,
         _ => 50,
@@ -74,19 +95,18 @@ fn ordered(mut filters: Vec<Value>, filter_order: &[Value]) -> Result<Vec<Value>
     filters.sort_by_key(rank);
     for position in filter_order {
         let name = position["name"].as_str().context("filterOrder name")?;
-        let (moved, mut rest): (Vec<Value>, Vec<Value>) = filters
-            .into_iter()
-            .partition(|f| filter_type(f["name"].as_str().unwrap_or_default()) == name);
-        let is = |f: &Value, t: &str| filter_type(f["name"].as_str().unwrap_or_default()) == t;
+        let (moved, mut rest): (Vec<Value>, Vec<Value>) =
+            filters.into_iter().partition(|f| filter_type(f) == name);
         let at = if let Some(after) = position["after"].as_str() {
-            rest.iter().rposition(|f| is(f, after)).map(|i| i + 1)
+            rest.iter()
+                .rposition(|f| filter_type(f) == after)
+                .map(|i| i + 1)
         } else if let Some(before) = position["before"].as_str() {
-            rest.iter().position(|f| is(f, before))
+            rest.iter().position(|f| filter_type(f) == before)
         } else {
             bail!("filterOrder entry without before or after: {position}")
         };
-        let at = at.unwrap_or(rest.len());
-        let tail = rest.split_off(at.min(rest.len()));
+        let tail = rest.split_off(at.unwrap_or(rest.len()));
         rest.extend(moved);
         rest.extend(tail);
         filters = rest;
@@ -157,22 +177,15 @@ pub fn bootstrap(docs: &[Value], ranks: &[SocketAddr], wasm: &Path, order: Order
     }));
 
     let rule = &route["spec"]["rules"][0];
-    let mut headers_to_add = Vec::new();
-    for filter in rule["filters"].as_array().into_iter().flatten() {
-        if filter["type"] != "RequestHeaderModifier" {
-            continue;
-        }
-        for set in filter["requestHeaderModifier"]["set"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            headers_to_add.push(json!({
-                "header": {"key": set["name"], "value": set["value"]},
+    let headers_to_add: Vec<Value> = header_sets(rule)
+        .into_iter()
+        .map(|(key, value)| {
+            json!({
+                "header": {"key": key, "value": value},
                 "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"
-            }));
-        }
-    }
+            })
+        })
+        .collect();
     let hash_policy: Vec<Value> = btp["spec"]["loadBalancer"]["consistentHash"]["headers"]
         .as_array()
         .context("consistentHash.headers")?
