@@ -98,6 +98,11 @@ impl Args {
     }
 
     fn variants(&self) -> Result<Vec<Variant>> {
+        let range = format!(
+            "{}-{}",
+            Variant::ALL[0].letter(),
+            Variant::ALL[Variant::ALL.len() - 1].letter()
+        );
         let mut out = Vec::new();
         for part in self
             .variants
@@ -107,10 +112,10 @@ impl Args {
         {
             let mut chars = part.chars();
             let (Some(c), None) = (chars.next(), chars.next()) else {
-                bail!("variant {part:?} is not one letter a-m")
+                bail!("variant {part:?} is not one letter {range}")
             };
-            let v =
-                Variant::from_letter(c).with_context(|| format!("unknown variant {c:?} (a-m)"))?;
+            let v = Variant::from_letter(c)
+                .with_context(|| format!("unknown variant {c:?} ({range})"))?;
             if !out.contains(&v) {
                 out.push(v);
             }
