@@ -227,8 +227,18 @@ async fn a_long_first_turn_is_prefilled_on_a_prefill_rank_and_its_return_in_plac
 async fn a_hot_sessions_burst_spreads_once_its_primary_reports_load_over_the_bound() {
     // Speedup 1: each answer of 1200 tokens decodes for seconds (about 4 s
     // for the 12 here), so the burst is still running when the next polls
-    // come back, even on a loaded machine.
-    let f = PdFleet::start("1", json!({"pd": null}));
+    // come back, even on a loaded machine. The default age bound (5 polls,
+    // 250 ms) is shorter than a root tick can be late on a loaded 2-core CI
+    // machine, and a stale sample reads as load 0 (back on the primary, which
+    // the place unit tests check): this test is about the spill rule, so a
+    // sample counts for 5 s here.
+    let f = PdFleet::start(
+        "1",
+        json!({
+            "pd": null,
+            "load": {"poll_ms": 50, "max_age_ms": 5000, "factor": 1.5, "floor": 2},
+        }),
+    );
     f.wait_polls(8.0);
     let system = words("hot", 50);
     let body = |i: usize| chat(&system, &[&format!("request {i}")], 1200);
@@ -265,7 +275,7 @@ async fn a_hot_sessions_burst_spreads_once_its_primary_reports_load_over_the_bou
     // this loop, and then going home is right. Home's load only falls from
     // here (nothing new is sent there), so a reading over the bound taken
     // after a request's answer was over it when the request was routed, and
-    // the filter's view, at most a poll older, was too.
+    // the filter's view, older still, was too.
     let home_rank = f
         .decode
         .iter()
