@@ -124,6 +124,9 @@ pub struct Placed {
     pub ejected: bool,
     /// Load-aware pick moved the key off its rendezvous primary.
     pub spilled: bool,
+    /// The load view read some endpoint's last report older than
+    /// `load.max_age_ms` beside fresh ones (its polls failing or late).
+    pub load_held: bool,
     pub prefill: Prefill,
     /// Placed by residency: why the key went where it went.
     pub how: Option<How>,
@@ -135,6 +138,7 @@ impl Placed {
         pick: None,
         ejected: false,
         spilled: false,
+        load_held: false,
         prefill: Prefill::Off,
         how: None,
     };
@@ -150,6 +154,28 @@ pub fn place(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> 
     if cfg.mode != Mode::Pick {
         return Placed::NONE;
     }
+    let mut placed = pick(cfg, pools, req, snap);
+    placed.load_held = placed.pick.is_some() && holds_stale(cfg, pools, snap, &placed);
+    placed
+}
+
+/// Whether a load view this decision read held a stale sample: the decode
+/// endpoints' (bounded and residency placement) or, with a P/D choice, the
+/// prefill endpoints'.
+fn holds_stale(cfg: &Config, pools: &Pools, snap: Snapshot<'_>, placed: &Placed) -> bool {
+    let Some(lc) = &cfg.load else {
+        return false;
+    };
+    let n = pools.decode.endpoints().len();
+    let m = pools.prefill.as_ref().map_or(0, |p| p.endpoints().len());
+    let (now, age) = (snap.now_ms, lc.max_age_ms);
+    snap.view.holds_stale(0..n, now, age)
+        || (matches!(placed.prefill, Prefill::Local | Prefill::Remote(_))
+            && snap.view.holds_stale(n..n + m, now, age))
+}
+
+/// [`place`] in pick mode.
+fn pick(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> Placed {
     let Some(plain) = pools.decode.pick(req.key, cfg.fallbacks) else {
         return Placed::NONE;
     };
@@ -176,6 +202,7 @@ pub fn place(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> 
         pick: Some(pick),
         ejected,
         spilled,
+        load_held: false,
         prefill,
         how: None,
     }
@@ -239,6 +266,7 @@ fn resident(
     };
     Some(Placed {
         spilled: false,
+        load_held: false,
         ejected: false,
         prefill,
         how: Some(c.how),

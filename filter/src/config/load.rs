@@ -10,7 +10,8 @@ pub struct LoadConfig {
     pub poll_ms: u64,
     /// Timeout of one poll, ms.
     pub timeout_ms: u64,
-    /// A sample older than this counts as unknown (load 0), ms.
+    /// A sample older than this is stale, ms: with every sample stale there
+    /// is no view (load 0); beside fresh ones it keeps its last value.
     pub max_age_ms: u64,
     /// Bounded-load factor `c` (> 1): a primary over `c` times its share spills.
     pub factor: f64,

@@ -89,6 +89,10 @@ pub const FIXED: &[(&str, &str)] = &[
         "a key placed off its primary: the primary is over the load bound",
     ),
     (
+        "tether_load_held",
+        "a decision read some endpoint's last /load report older than load.max_age_ms beside fresh ones",
+    ),
+    (
         "tether_pd_disaggregated",
         "prefill sent to a prefill endpoint (x-prefiller-host-port)",
     ),
@@ -181,6 +185,7 @@ pub enum Fixed {
     LoadPollBad,
     LoadPollFailed,
     LoadSpilled,
+    LoadHeld,
     PdDisaggregated,
     PdLocal,
     ServedByFallback,
@@ -202,7 +207,7 @@ pub enum Fixed {
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 33] = [
+    pub const ALL: [Fixed; 34] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
@@ -218,6 +223,7 @@ impl Fixed {
         Fixed::LoadPollBad,
         Fixed::LoadPollFailed,
         Fixed::LoadSpilled,
+        Fixed::LoadHeld,
         Fixed::PdDisaggregated,
         Fixed::PdLocal,
         Fixed::ServedByFallback,
@@ -288,7 +294,7 @@ pub enum Counter {
 /// failed. Names that sanitize alike share one id, as they share one counter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CounterIds {
-    pub fixed: [Option<u32>; 33],
+    pub fixed: [Option<u32>; Fixed::ALL.len()],
     /// By index into `session_sources`.
     pub source: Vec<Option<u32>>,
     pub head: Option<u32>,

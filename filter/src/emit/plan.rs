@@ -118,6 +118,9 @@ impl Plan {
         if self.placed.spilled {
             count(Counter::Fixed(Fixed::LoadSpilled));
         }
+        if self.placed.load_held {
+            count(Counter::Fixed(Fixed::LoadHeld));
+        }
         match self.placed.prefill {
             Prefill::Off => {}
             Prefill::Local => count(Counter::Fixed(Fixed::PdLocal)),

@@ -115,8 +115,23 @@ impl LoadView {
             .is_some_and(|s| s.iter().any(|s| fresh(s, now_ms, max_age_ms).is_some()))
     }
 
-    /// Requests in flight of the endpoints in `range`; a missing or stale
-    /// sample counts as 0 (unknown load never pushes a key away).
+    /// Whether the view of `range` is live (some sample fresh) and holds some
+    /// endpoint's sample older than `max_age_ms`: that endpoint's polls are
+    /// failing or late, and [`Self::requests`] reads its last report.
+    pub fn holds_stale(&self, range: std::ops::Range<usize>, now_ms: u64, max_age_ms: u64) -> bool {
+        self.any_fresh(range.clone(), now_ms, max_age_ms)
+            && self.samples.get(range).is_some_and(|s| {
+                s.iter()
+                    .any(|s| s.is_some() && fresh(s, now_ms, max_age_ms).is_none())
+            })
+    }
+
+    /// Requests in flight of the endpoints in `range`. With no fresh sample
+    /// in `range` there is no view: all 0 (unknown load never pushes a key
+    /// away). Otherwise each endpoint reads its last report, however old: the
+    /// endpoint whose `/load` stops answering in time is most often the
+    /// busiest, and reading it as idle would send it more keys. One never
+    /// sampled reads 0.
     pub fn requests(
         &self,
         range: std::ops::Range<usize>,
@@ -126,7 +141,8 @@ impl LoadView {
         self.values(range, now_ms, max_age_ms, |s| s.requests)
     }
 
-    /// Queued prefill tokens of the endpoints in `range` (0 when unknown or stale).
+    /// Queued prefill tokens of the endpoints in `range`, read as
+    /// [`Self::requests`] reads requests.
     pub fn prefill_tokens(
         &self,
         range: std::ops::Range<usize>,
@@ -143,11 +159,13 @@ impl LoadView {
         max_age_ms: u64,
         f: impl Fn(&Sample) -> f64,
     ) -> Vec<f64> {
+        let live = self.any_fresh(range.clone(), now_ms, max_age_ms);
         range
             .map(|i| {
                 self.samples
                     .get(i)
-                    .and_then(|s| fresh(s, now_ms, max_age_ms))
+                    .and_then(Option::as_ref)
+                    .filter(|_| live)
                     .map_or(0.0, &f)
             })
             .collect()

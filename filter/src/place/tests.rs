@@ -130,15 +130,60 @@ fn a_hot_primary_spills_the_key_to_its_next_rendezvous_choice() {
     assert_eq!((primary(&d), d.placed.spilled), (order[0], false));
 }
 
+/// The key's endpoint order with no load view.
+fn plain_order(c: &Config, b: &[u8]) -> Vec<usize> {
+    decide(c, b, &LoadView::new(6), 0)
+        .placed
+        .pick
+        .unwrap()
+        .order
+}
+
+#[test]
+fn a_primary_with_a_stale_report_beside_fresh_ones_keeps_its_last_load() {
+    let c = cfg(json!({"pd": null}));
+    let b = body("hot", true, 10);
+    let order = plain_order(&c, &b);
+    let mut loads = [0.0; 4];
+    loads[order[0]] = 40.0;
+    let mut v = view(loads, [0.0; 2], 1000);
+    // The primary's polls stopped answering; the others' go on.
+    for i in (0..4).filter(|&i| i != order[0]) {
+        v.record(
+            i,
+            Sample {
+                requests: 0.0,
+                prefill_tokens: 0.0,
+                at_ms: 2500,
+            },
+        );
+    }
+    let d = decide(&c, &b, &v, 2500);
+    assert_eq!(
+        (primary(&d), d.placed.spilled),
+        (order[1], true),
+        "not read as idle"
+    );
+    assert!(d.placed.load_held);
+    // Every sample fresh: nothing held.
+    assert!(
+        !decide(&c, &b, &view(loads, [0.0; 2], 2500), 2500)
+            .placed
+            .load_held
+    );
+    // Every sample stale: no view, the primary, nothing held.
+    let d = decide(&c, &b, &v, 4000);
+    assert_eq!(
+        (primary(&d), d.placed.spilled, d.placed.load_held),
+        (order[0], false, false)
+    );
+}
+
 #[test]
 fn without_load_config_the_view_is_ignored() {
     let c = cfg(json!({"pd": null, "load": null}));
     let b = body("hot", true, 10);
-    let order = decide(&c, &b, &LoadView::new(6), 0)
-        .placed
-        .pick
-        .unwrap()
-        .order;
+    let order = plain_order(&c, &b);
     let mut loads = [0.0; 4];
     loads[order[0]] = 1000.0;
     let d = decide(&c, &b, &view(loads, [0.0; 2], 1000), 1000);

@@ -7,6 +7,8 @@
 //! compare-and-swap); every root copies the shared view into its VM's
 //! [`LoadView`] on each tick, where the HTTP contexts read it with no host call.
 //! A view is therefore stale by up to two poll periods plus the poll's time.
+//! An endpoint has at most one poll outstanding per worker: one slower than
+//! the period is waited for up to `timeout_ms`, not sent again.
 //!
 //! With `residency`, a decode endpoint's reply also carries its residency
 //! summary: the polling VM checks it, writes its blob to shared data only when
@@ -52,8 +54,8 @@ pub struct Poller {
     cfg: LoadConfig,
     /// `ip:port` per view index: decode endpoints, then prefill endpoints.
     targets: Vec<String>,
-    /// Outstanding polls: token → view index.
-    pending: HashMap<u32, usize>,
+    /// Outstanding polls: token → (view index, when it was sent, ms).
+    pending: HashMap<u32, (usize, u64)>,
     view: Rc<RefCell<LoadView>>,
     residency: Option<ResidencyPoll>,
 }
@@ -182,10 +184,28 @@ impl Poller {
         {
             return;
         }
-        // Replies that never came (a host that dropped them) do not pile up.
-        self.pending.clear();
+        // A poll stays outstanding until its reply or its timeout (Envoy
+        // answers a timed-out call with no headers: a bad reply), so a reply
+        // slower than the poll period is still read, and an endpoint slow to
+        // answer gets no second poll meanwhile. Entries older than the
+        // timeout and a period (a host that dropped the reply) are let go.
+        let horizon = self.cfg.timeout_ms.saturating_add(self.cfg.poll_ms);
+        self.pending
+            .retain(|_, (_, sent)| now.saturating_sub(*sent) <= horizon);
+        let mut waiting = vec![false; self.targets.len()];
+        for (j, _) in self.pending.values() {
+            if let Some(w) = waiting.get_mut(*j) {
+                *w = true;
+            }
+        }
         let timeout = u32::try_from(self.cfg.timeout_ms).unwrap_or(u32::MAX);
-        for (i, addr) in self.targets.iter().enumerate() {
+        for ((i, addr), _) in self
+            .targets
+            .iter()
+            .enumerate()
+            .zip(&waiting)
+            .filter(|(_, w)| !**w)
+        {
             let headers = [
                 (":method", "GET"),
                 (":path", "/load"),
@@ -194,7 +214,7 @@ impl Poller {
             ];
             match host::http_call(&self.cfg.cluster, &headers, timeout) {
                 Ok(token) => {
-                    self.pending.insert(token, i);
+                    self.pending.insert(token, (i, now));
                 }
                 Err(s) => {
                     count(Fixed::LoadPollFailed);
@@ -212,7 +232,7 @@ impl Poller {
 
     /// A poll's reply (or its failure: no headers, no body).
     pub fn response(&mut self, token: u32, body_size: usize, count: &dyn Fn(Fixed)) {
-        let Some(i) = self.pending.remove(&token) else {
+        let Some((i, _)) = self.pending.remove(&token) else {
             return;
         };
         let status = host::header_pairs(MapType::HttpCallResponseHeaders, |n| n == b":status")

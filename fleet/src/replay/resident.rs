@@ -69,7 +69,8 @@ impl ResidentRoute {
     }
 
     /// Polls every target's `/load` once; returns the problems met (a target
-    /// that did not answer keeps its last reply until it ages out).
+    /// that did not answer keeps its last reply: [`Self::route`] reads its
+    /// load beside fresher ones and its residency only while fresh).
     pub async fn poll(&self, client: &Client) -> Vec<String> {
         let mut problems = Vec::new();
         for (i, o) in self.origins.iter().enumerate() {
@@ -127,11 +128,16 @@ impl ResidentRoute {
                 .and_then(Option::as_ref)
                 .filter(|p| now.duration_since(p.at) <= self.max_age)
         };
+        // As the filter's load view: no fresh reply, no view (all 0); beside
+        // fresh ones a stale reply keeps its load (the rank too busy to answer
+        // is not read as idle). Residency is known only from fresh replies.
+        let live = (0..self.origins.len()).any(|i| fresh(i).is_some());
+        let last = |i: usize| view.get(i).and_then(Option::as_ref).filter(|_| live);
         let loads: Vec<f64> = (0..self.origins.len())
-            .map(|i| fresh(i).map_or(0.0, |p| p.load))
+            .map(|i| last(i).map_or(0.0, |p| p.load))
             .collect();
         let backlog: Vec<f64> = (0..self.origins.len())
-            .map(|i| fresh(i).map_or(0.0, |p| p.backlog))
+            .map(|i| last(i).map_or(0.0, |p| p.backlog))
             .collect();
         let knows = |i: usize| match fresh(i).and_then(|p| p.resident.as_ref()) {
             None => Knows::Unknown,

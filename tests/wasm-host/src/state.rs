@@ -6,7 +6,7 @@ use crate::abi::{LogLevel, MetricType, Status};
 use crate::filter_state::{DEFAULT_ACCEPTED_KEYS, FilterStateEntry};
 use crate::header_map::HeaderMap;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// How a VM is set up; everything has a working default.
 #[derive(Clone, Debug)]
@@ -200,6 +200,8 @@ pub struct HostState {
     /// The response being delivered to `proxy_on_http_call_response`.
     pub current_http_response: Option<HttpCallResponse>,
     pub(crate) ready_http_responses: HashMap<u32, HttpCallResponse>,
+    /// Tokens of the HTTP calls whose response was delivered.
+    pub answered_http_calls: BTreeSet<u32>,
     pub foreign_calls: Vec<ForeignCall>,
     pub filter_state: Vec<FilterStateEntry>,
     pub route_cache_clears: u32,
@@ -236,6 +238,7 @@ impl HostState {
             scripted_http_responses: HashMap::new(),
             current_http_response: None,
             ready_http_responses: HashMap::new(),
+            answered_http_calls: BTreeSet::new(),
             foreign_calls: Vec::new(),
             filter_state: Vec::new(),
             route_cache_clears: 0,

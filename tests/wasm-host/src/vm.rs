@@ -5,7 +5,7 @@
 use crate::abi::{Action, LogLevel};
 use crate::error::HostError;
 use crate::header_map::HeaderMap;
-use crate::state::{Deferred, HostOptions, HostState, HttpCallResponse, StreamState};
+use crate::state::{Deferred, HostOptions, HostState, HttpCall, HttpCallResponse, StreamState};
 use crate::wasi::ProcExit;
 use std::collections::HashMap;
 use wasmtime::{Engine, Func, Instance, Linker, Module, Store, Trap, WasmParams, WasmResults};
@@ -298,6 +298,16 @@ impl FilterVm {
         self.run_deferred()
     }
 
+    /// The HTTP calls the guest made whose response has not been delivered.
+    pub fn outstanding_http_calls(&self) -> Vec<HttpCall> {
+        let s = self.store.data();
+        s.http_calls
+            .iter()
+            .filter(|c| !s.answered_http_calls.contains(&c.token))
+            .cloned()
+            .collect()
+    }
+
     fn deliver_http_response(
         &mut self,
         token: u32,
@@ -308,6 +318,7 @@ impl FilterVm {
             return Err(HostError::UnknownContext(token));
         };
         let context = call.context_id;
+        self.store.data_mut().answered_http_calls.insert(token);
         let args = (
             context as i32,
             token as i32,

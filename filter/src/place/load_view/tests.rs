@@ -54,15 +54,24 @@ fn sample(requests: f64, at_ms: u64) -> Sample {
 }
 
 #[test]
-fn stale_and_missing_samples_count_as_zero() {
+fn a_stale_sample_holds_beside_a_fresh_one_and_a_stale_view_is_none() {
     let mut v = LoadView::new(3);
     v.record(0, sample(5.0, 1000));
     v.record(1, sample(7.0, 400));
-    assert_eq!(v.requests(0..3, 1500, 1000), vec![5.0, 0.0, 0.0]);
+    // Endpoint 1's polls stopped answering: its last report holds (it is not
+    // read as idle); endpoint 2 was never sampled.
+    assert_eq!(v.requests(0..3, 1500, 1000), vec![5.0, 7.0, 0.0]);
+    assert!(v.holds_stale(0..3, 1500, 1000));
     assert_eq!(v.requests(0..3, 1400, 1000), vec![5.0, 7.0, 0.0]);
+    assert!(!v.holds_stale(0..3, 1400, 1000), "all sampled are fresh");
     assert_eq!(v.prefill_tokens(1..3, 1400, 1000), vec![70.0, 0.0]);
     assert!(v.any_fresh(0..1, 1500, 1000));
     assert!(!v.any_fresh(1..3, 1500, 1000));
+    // No fresh sample in the range: no view, all 0, nothing held.
+    assert_eq!(v.prefill_tokens(1..3, 1500, 1000), vec![0.0, 0.0]);
+    assert!(!v.holds_stale(1..3, 1500, 1000));
+    assert_eq!(v.requests(0..3, 2001, 1000), vec![0.0, 0.0, 0.0]);
+    assert!(!v.holds_stale(0..3, 2001, 1000));
     // Out of range: nothing recorded, nothing read.
     v.record(9, sample(1.0, 1));
     assert_eq!(v.len(), 3);

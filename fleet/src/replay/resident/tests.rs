@@ -109,3 +109,27 @@ fn a_bad_summary_counts_as_unknown_and_stale_replies_age_out() {
     };
     assert!(Resident::decode(&bad).is_err());
 }
+
+#[test]
+fn a_stale_reply_beside_fresh_ones_keeps_its_load_and_its_residency_is_unknown() {
+    let t = agent_trace(4, 3, 100, 10, 64);
+    let route = ResidentRoute::new(&origins(4), rule(), Duration::from_secs(1));
+    let r = RequestId(0);
+    let (key, _) = request_key(&t, r);
+    let primary = route.placement.pick(key, 0).unwrap().order[0];
+    for i in (0..4).filter(|&i| i != primary) {
+        set(&route, i, 0.0, Some(Resident::EMPTY));
+    }
+    // The primary's last reply, 10 s old, said 12 in flight.
+    route.view.write().unwrap()[primary] = Some(Polled {
+        at: Instant::now()
+            .checked_sub(Duration::from_secs(10))
+            .expect("a clock 10 s past its origin"),
+        load: 12.0,
+        backlog: 0.0,
+        resident: Some(Resident::EMPTY),
+    });
+    let got = route.route(&t, r, "").unwrap();
+    assert_eq!(got.how, How::Bounded, "its summary is unknown");
+    assert_ne!(got.target, primary, "held over the bound, not read as idle");
+}

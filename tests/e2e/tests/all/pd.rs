@@ -227,11 +227,11 @@ async fn a_long_first_turn_is_prefilled_on_a_prefill_rank_and_its_return_in_plac
 async fn a_hot_sessions_burst_spreads_once_its_primary_reports_load_over_the_bound() {
     // Speedup 1: each answer of 1200 tokens decodes for seconds (about 4 s
     // for the 12 here), so the burst is still running when the next polls
-    // come back, even on a loaded machine. The default age bound (5 polls,
-    // 250 ms) is shorter than a root tick can be late on a loaded 2-core CI
-    // machine, and a stale sample reads as load 0 (back on the primary, which
-    // the place unit tests check): this test is about the spill rule, so a
-    // sample counts for 5 s here.
+    // come back, even on a loaded machine. This test is about the spill
+    // rule, so a sample counts for 5 s here, not the default 1 s: on a loaded
+    // 2-core CI machine the polls can fall behind by that much, and with no
+    // fresh sample there is no view and the key goes home (the place unit
+    // tests and the harness's `load` tests check staleness).
     let f = PdFleet::start(
         "1",
         json!({

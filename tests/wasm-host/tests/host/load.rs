@@ -66,11 +66,14 @@ fn report(server_load: u64) -> HttpCallResponse {
     report_with(server_load, json!({}))
 }
 
-/// Ticks once and answers this tick's polls with `answer(endpoint)`.
+/// Ticks once and answers every poll still outstanding with
+/// `answer(endpoint)`: this tick's, and those an earlier tick sent that no one
+/// answered (a tick that only read a counter). An endpoint with a poll
+/// outstanding is not polled again until it is answered or timed out.
 pub(crate) fn poll(vm: &mut FilterVm, answer: impl Fn(&str) -> HttpCallResponse) -> usize {
-    let before = vm.state().http_calls.len();
     vm.tick().unwrap();
-    let calls: Vec<(u32, String, String)> = vm.state().http_calls[before..]
+    let calls: Vec<(u32, String, String)> = vm
+        .outstanding_http_calls()
         .iter()
         .map(|c| {
             let h = |n: &str| c.headers.get_str(n).unwrap_or_default().to_owned();
@@ -146,5 +149,85 @@ fn bad_load_replies_are_counted_and_never_kill_the_vm() {
     assert_eq!(primary(&mut vm), home, "no view, no spill");
     // A reply to a token nobody asked for is ignored.
     let _ = vm.respond_http_call(9999, report(1));
+    assert!(!vm.failed());
+}
+
+/// The destinations and tokens of the polls one tick sends.
+fn tick_polls(vm: &mut FilterVm) -> Vec<(String, u32)> {
+    let before = vm.state().http_calls.len();
+    vm.tick().unwrap();
+    vm.state().http_calls[before..]
+        .iter()
+        .map(|c| {
+            let to = c.headers.get_str("x-gateway-destination-endpoint");
+            (to.unwrap_or_default().to_owned(), c.token)
+        })
+        .collect()
+}
+
+#[test]
+fn a_reply_slower_than_the_poll_period_is_read_and_its_endpoint_not_polled_again_meanwhile() {
+    let mut vm = vm();
+    let home = primary(&mut vm);
+    let other = if home == A { B } else { A };
+    poll(&mut vm, |_| report(0));
+    // Home is slow: this tick's poll of it is not answered before the next
+    // tick (100 ms, the period; the timeout is 200 ms).
+    let first = tick_polls(&mut vm);
+    assert_eq!(first.len(), 2);
+    let mut slow = None;
+    for (to, token) in first {
+        if to == home {
+            slow = Some(token);
+        } else {
+            vm.respond_http_call(token, report(0)).unwrap();
+        }
+    }
+    let slow = slow.expect("home polled");
+    // The next period polls only the endpoint with no poll outstanding.
+    let second = tick_polls(&mut vm);
+    assert_eq!(
+        second.iter().map(|(to, _)| to.as_str()).collect::<Vec<_>>(),
+        [other]
+    );
+    for (_, token) in second {
+        vm.respond_http_call(token, report(0)).unwrap();
+    }
+    // Home's late reply (two periods after it was sent) is read: it is hot.
+    vm.respond_http_call(slow, report(40)).unwrap();
+    assert_eq!(primary(&mut vm), other, "the slow reply's load counts");
+    // Answered, home is polled again on the next period.
+    let third = tick_polls(&mut vm);
+    assert!(third.iter().any(|(to, _)| *to == home), "{third:?}");
+    assert!(!vm.failed());
+}
+
+#[test]
+fn a_primary_whose_polls_stop_answering_keeps_its_last_report_and_is_counted() {
+    let mut vm = vm();
+    let home = primary(&mut vm);
+    let other = if home == A { B } else { A };
+    let hot = home.clone();
+    poll(&mut vm, move |to| report(if to == hot { 40 } else { 0 }));
+    assert_eq!(primary(&mut vm), other, "spilled");
+    // Home's polls now fail (Envoy answers a timed-out call with no headers)
+    // for longer than max_age_ms while the other endpoint answers: home's
+    // last report holds — the rank too busy to answer is not read as idle.
+    let hot = home.clone();
+    for _ in 0..15 {
+        poll(&mut vm, |to| {
+            if to == hot {
+                HttpCallResponse::default()
+            } else {
+                report(0)
+            }
+        });
+    }
+    assert_eq!(primary(&mut vm), other, "held, not idle");
+    assert!(metric(&mut vm, "tether_load_held") >= 1);
+    assert!(metric(&mut vm, "tether_load_poll_bad") >= 15);
+    // Home answers again, idle: the key is home.
+    assert_eq!(poll(&mut vm, |_| report(0)), 2);
+    assert_eq!(primary(&mut vm), home);
     assert!(!vm.failed());
 }
