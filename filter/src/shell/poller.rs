@@ -185,7 +185,7 @@ impl Poller {
             return;
         }
         // A poll stays outstanding until its reply or its timeout (Envoy
-        // answers a timed-out call with no headers: a bad reply), so a reply
+        // calls back at the timeout with a failure: a bad reply), so a reply
         // slower than the poll period is still read, and an endpoint slow to
         // answer gets no second poll meanwhile. Entries older than the
         // timeout and a period (a host that dropped the reply) are let go.

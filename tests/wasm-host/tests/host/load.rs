@@ -210,7 +210,7 @@ fn a_primary_whose_polls_stop_answering_keeps_its_last_report_and_is_counted() {
     let hot = home.clone();
     poll(&mut vm, move |to| report(if to == hot { 40 } else { 0 }));
     assert_eq!(primary(&mut vm), other, "spilled");
-    // Home's polls now fail (Envoy answers a timed-out call with no headers)
+    // Home's polls now fail (a timed-out call comes back with no headers)
     // for longer than max_age_ms while the other endpoint answers: home's
     // last report holds — the rank too busy to answer is not read as idle.
     let hot = home.clone();
