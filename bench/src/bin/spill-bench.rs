@@ -87,9 +87,14 @@ impl Setting {
 }
 
 async fn run(args: &Args, gap_ms: u64, ranks: &[SimRank], setting: Setting) -> Result<Vec<Sample>> {
+    // Stable names: rendezvous hashes the name, not the address, so every
+    // run (fresh ranks on new ports) places the hot sessions alike. By
+    // address, one run in four put both on one rank, and the medians of
+    // three runs flipped between the two layouts.
     let eps: Vec<Value> = ranks
         .iter()
-        .map(|r| json!({"address": r.addr().to_string()}))
+        .enumerate()
+        .map(|(i, r)| json!({"address": r.addr().to_string(), "name": format!("rank-{i}")}))
         .collect();
     let mut cfg = json!({"mode": "pick", "endpoints": eps});
     if setting != Setting::Plain {
