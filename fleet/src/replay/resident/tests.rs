@@ -21,8 +21,13 @@ fn origins(n: usize) -> Vec<String> {
 }
 
 fn set(route: &ResidentRoute, i: usize, load: f64, resident: Option<Resident>) {
+    set_at(route, i, load, resident, Instant::now());
+}
+
+/// [`set`] with the reply's arrival time.
+fn set_at(route: &ResidentRoute, i: usize, load: f64, resident: Option<Resident>, at: Instant) {
     route.view.write().unwrap()[i] = Some(Polled {
-        at: Instant::now(),
+        at,
         load,
         backlog: 0.0,
         resident,
@@ -121,14 +126,10 @@ fn a_stale_reply_beside_fresh_ones_keeps_its_load_and_its_residency_is_unknown()
         set(&route, i, 0.0, Some(Resident::EMPTY));
     }
     // The primary's last reply, 10 s old, said 12 in flight.
-    route.view.write().unwrap()[primary] = Some(Polled {
-        at: Instant::now()
-            .checked_sub(Duration::from_secs(10))
-            .expect("a clock 10 s past its origin"),
-        load: 12.0,
-        backlog: 0.0,
-        resident: Some(Resident::EMPTY),
-    });
+    let ten_s_ago = Instant::now()
+        .checked_sub(Duration::from_secs(10))
+        .expect("a clock 10 s past its origin");
+    set_at(&route, primary, 12.0, Some(Resident::EMPTY), ten_s_ago);
     let got = route.route(&t, r, "").unwrap();
     assert_eq!(got.how, How::Bounded, "its summary is unknown");
     assert_ne!(got.target, primary, "held over the bound, not read as idle");
