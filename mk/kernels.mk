@@ -15,7 +15,7 @@ KVCOPY_NVRTC_DIR = $$(dirname "$$(ls -1 $(abspath $(VENV))/lib/python3*/site-pac
 KVCOPY_ENV = LD_LIBRARY_PATH=$(KVCOPY_NVRTC_DIR)$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}
 
 $(KVCOPY_NVRTC_STAMP): | $(VENV)/bin/python
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(KVCOPY_NVRTC_WHEEL)
+	$(call PIP_INSTALL,$(KVCOPY_NVRTC_WHEEL))
 	@ls $(VENV)/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 >/dev/null \
 		|| { echo "the $(KVCOPY_NVRTC_WHEEL) wheel did not provide libnvrtc.so.12"; exit 1; }
 	@touch $@

@@ -15,8 +15,8 @@ PIP := $(VENV)/bin/pip --quiet --disable-pip-version-check
 VLLM_PY := HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR $(abspath $(VENV))/bin/python
 
 $(VLLM_STAMP): $(VLLM_REQS) | $(VENV)/bin/python
-	$(PIP) install torch==2.14.0
-	$(PIP) install --no-deps vllm==0.33.0 maturin==1.16.0 pytest==9.0.1 -r $(VLLM_REQS)
+	$(call PIP_INSTALL,torch==2.14.0)
+	$(call PIP_INSTALL,--no-deps vllm==0.33.0 maturin==1.16.0 pytest==9.0.1 -r $(VLLM_REQS))
 	@touch $@
 
 vllm-install: $(VLLM_STAMP)
