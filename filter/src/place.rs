@@ -124,9 +124,8 @@ pub struct Placed {
     pub ejected: bool,
     /// Load-aware pick moved the key off its rendezvous primary.
     pub spilled: bool,
-    /// The load view read some endpoint's last report older than
-    /// `load.max_age_ms` beside fresh ones (its polls failing or late).
-    pub load_held: bool,
+    /// How the decision read the load view.
+    pub load: LoadRead,
     pub prefill: Prefill,
     /// Placed by residency: why the key went where it went.
     pub how: Option<How>,
@@ -138,7 +137,7 @@ impl Placed {
         pick: None,
         ejected: false,
         spilled: false,
-        load_held: false,
+        load: LoadRead::Off,
         prefill: Prefill::Off,
         how: None,
     };
@@ -155,23 +154,49 @@ pub fn place(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> 
         return Placed::NONE;
     }
     let mut placed = pick(cfg, pools, req, snap);
-    placed.load_held = placed.pick.is_some() && holds_stale(cfg, pools, snap, &placed);
+    if placed.pick.is_some() {
+        placed.load = load_read(cfg, pools, snap, &placed);
+    }
     placed
 }
 
-/// Whether a load view this decision read held a stale sample: the decode
-/// endpoints' (bounded and residency placement) or, with a P/D choice, the
-/// prefill endpoints'.
-fn holds_stale(cfg: &Config, pools: &Pools, snap: Snapshot<'_>, placed: &Placed) -> bool {
+/// How a pick-mode decision read the load view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadRead {
+    /// Not read: no `load` block, hash mode, or nothing picked.
+    Off,
+    /// Every sample read was fresh (an endpoint never sampled reads 0).
+    Fresh,
+    /// Some endpoint's last report was older than `load.max_age_ms` beside
+    /// fresh ones (its polls failing or late) and was held: the decode
+    /// endpoints' (bounded and residency placement) or, with a P/D choice,
+    /// the prefill endpoints'. Counted in `tether_load_held`.
+    Held,
+    /// No decode endpoint had a fresh sample (ranks down, polls failing, no
+    /// poll answered yet since start): no view, so the key went by the plain
+    /// rendezvous order. Counted in `tether_load_blind`, so an operator sees
+    /// load-aware placement that is configured but not acting.
+    Blind,
+}
+
+/// How the decision that made `placed` read the load view.
+fn load_read(cfg: &Config, pools: &Pools, snap: Snapshot<'_>, placed: &Placed) -> LoadRead {
     let Some(lc) = &cfg.load else {
-        return false;
+        return LoadRead::Off;
     };
     let n = pools.decode.endpoints().len();
     let m = pools.prefill.as_ref().map_or(0, |p| p.endpoints().len());
     let (now, age) = (snap.now_ms, lc.max_age_ms);
-    snap.view.holds_stale(0..n, now, age)
+    if !snap.view.any_fresh(0..n, now, age) {
+        LoadRead::Blind
+    } else if snap.view.holds_stale(0..n, now, age)
         || (matches!(placed.prefill, Prefill::Local | Prefill::Remote(_))
             && snap.view.holds_stale(n..n + m, now, age))
+    {
+        LoadRead::Held
+    } else {
+        LoadRead::Fresh
+    }
 }
 
 /// [`place`] in pick mode.
@@ -202,7 +227,7 @@ fn pick(cfg: &Config, pools: &Pools, req: &Request, snap: Snapshot<'_>) -> Place
         pick: Some(pick),
         ejected,
         spilled,
-        load_held: false,
+        load: LoadRead::Off,
         prefill,
         how: None,
     }
@@ -266,7 +291,7 @@ fn resident(
     };
     Some(Placed {
         spilled: false,
-        load_held: false,
+        load: LoadRead::Off,
         ejected: false,
         prefill,
         how: Some(c.how),

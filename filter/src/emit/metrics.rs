@@ -93,6 +93,10 @@ pub const FIXED: &[(&str, &str)] = &[
         "a decision read some endpoint's last /load report older than load.max_age_ms beside fresh ones",
     ),
     (
+        "tether_load_blind",
+        "a pick-mode decision with load configured found no decode endpoint's /load report within load.max_age_ms: the plain rendezvous pick",
+    ),
+    (
         "tether_pd_disaggregated",
         "prefill sent to a prefill endpoint (x-prefiller-host-port)",
     ),
@@ -186,6 +190,7 @@ pub enum Fixed {
     LoadPollFailed,
     LoadSpilled,
     LoadHeld,
+    LoadBlind,
     PdDisaggregated,
     PdLocal,
     ServedByFallback,
@@ -207,7 +212,7 @@ pub enum Fixed {
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 34] = [
+    pub const ALL: [Fixed; 35] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
@@ -224,6 +229,7 @@ impl Fixed {
         Fixed::LoadPollFailed,
         Fixed::LoadSpilled,
         Fixed::LoadHeld,
+        Fixed::LoadBlind,
         Fixed::PdDisaggregated,
         Fixed::PdLocal,
         Fixed::ServedByFallback,

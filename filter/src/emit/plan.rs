@@ -7,7 +7,7 @@ use super::metrics::{Counter, Fixed};
 use super::rewrite::Edit;
 use crate::config::Config;
 use crate::config::outputs::{HASHABLE_KEY, ORIGINAL_DST_KEY, Output};
-use crate::place::{Placed, Pools, Prefill};
+use crate::place::{LoadRead, Placed, Pools, Prefill};
 use crate::read::identity::{KeySource, hex16};
 use crate::read::{Reading, Reject};
 
@@ -118,8 +118,10 @@ impl Plan {
         if self.placed.spilled {
             count(Counter::Fixed(Fixed::LoadSpilled));
         }
-        if self.placed.load_held {
-            count(Counter::Fixed(Fixed::LoadHeld));
+        match self.placed.load {
+            LoadRead::Off | LoadRead::Fresh => {}
+            LoadRead::Held => count(Counter::Fixed(Fixed::LoadHeld)),
+            LoadRead::Blind => count(Counter::Fixed(Fixed::LoadBlind)),
         }
         match self.placed.prefill {
             Prefill::Off => {}

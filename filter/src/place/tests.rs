@@ -164,19 +164,28 @@ fn a_primary_with_a_stale_report_beside_fresh_ones_keeps_its_last_load() {
         (order[1], true),
         "not read as idle"
     );
-    assert!(d.placed.load_held);
+    assert_eq!(d.placed.load, LoadRead::Held);
     // Every sample fresh: nothing held.
-    assert!(
-        !decide(&c, &b, &view(loads, [0.0; 2], 2500), 2500)
+    assert_eq!(
+        decide(&c, &b, &view(loads, [0.0; 2], 2500), 2500)
             .placed
-            .load_held
+            .load,
+        LoadRead::Fresh
     );
-    // Every sample stale: no view, the primary, nothing held.
+    // Every sample stale: no view, the primary, blind.
     let d = decide(&c, &b, &v, 4000);
     assert_eq!(
-        (primary(&d), d.placed.spilled, d.placed.load_held),
-        (order[0], false, false)
+        (primary(&d), d.placed.spilled, d.placed.load),
+        (order[0], false, LoadRead::Blind)
     );
+    // Never polled (a VM just started): blind too.
+    assert_eq!(
+        decide(&c, &b, &LoadView::new(6), 0).placed.load,
+        LoadRead::Blind
+    );
+    // Without a `load` block the view is not read.
+    let off = cfg(json!({"pd": null, "load": null}));
+    assert_eq!(decide(&off, &b, &v, 2500).placed.load, LoadRead::Off);
 }
 
 #[test]

@@ -99,9 +99,15 @@ fn a_primary_reported_over_the_bound_spills_its_keys_until_the_view_ages() {
     let mut vm = vm();
     let home = primary(&mut vm);
     let other = if home == A { B } else { A };
+    assert_eq!(
+        metric(&mut vm, "tether_load_blind"),
+        1,
+        "no poll answered yet"
+    );
     // Both endpoints are polled on a tick, each steered by override_host.
     assert_eq!(poll(&mut vm, |_| report(0)), 2);
     assert_eq!(primary(&mut vm), home, "idle: stays home");
+    assert_eq!(metric(&mut vm, "tether_load_blind"), 1, "a fresh view");
     // Home reports 40 in flight: over max(⌈1.5 × 41 / 2⌉, 2) = 31.
     let hot = home.clone();
     poll(&mut vm, move |to| report(if to == hot { 40 } else { 0 }));
@@ -114,6 +120,11 @@ fn a_primary_reported_over_the_bound_spills_its_keys_until_the_view_ages() {
     vm.tick().unwrap();
     assert!(vm.state().http_calls.len() > before, "polls go on");
     assert_eq!(primary(&mut vm), home);
+    assert_eq!(
+        metric(&mut vm, "tether_load_blind"),
+        2,
+        "placed with no view"
+    );
 }
 
 #[test]
@@ -147,6 +158,7 @@ fn bad_load_replies_are_counted_and_never_kill_the_vm() {
     assert_eq!(metric(&mut vm, "tether_load_poll_bad"), n as u64);
     assert_eq!(metric(&mut vm, "tether_load_poll_ok"), 0);
     assert_eq!(primary(&mut vm), home, "no view, no spill");
+    assert_eq!(metric(&mut vm, "tether_load_blind"), 2, "both decisions");
     // A reply to a token nobody asked for is ignored.
     let _ = vm.respond_http_call(9999, report(1));
     assert!(!vm.failed());
