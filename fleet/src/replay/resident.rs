@@ -71,10 +71,28 @@ impl ResidentRoute {
     /// Polls every target's `/load` once; returns the problems met (a target
     /// that did not answer keeps its last reply: [`Self::route`] reads its
     /// load beside fresher ones and its residency only while fresh).
+    ///
+    /// The targets are asked all at once, as the filter's tick dispatches its
+    /// polls: a round lasts as long as its slowest reply, not the sum of them,
+    /// so one busy rank does not age every other target's reply.
     pub async fn poll(&self, client: &Client) -> Vec<String> {
-        let mut problems = Vec::new();
+        let mut asks = tokio::task::JoinSet::new();
         for (i, o) in self.origins.iter().enumerate() {
-            let got = client.get_text(&format!("{o}/load")).await;
+            let (client, o) = (client.clone(), o.clone());
+            asks.spawn(async move {
+                let got = client.get_text(&format!("{o}/load")).await;
+                (i, o, got, Instant::now())
+            });
+        }
+        let mut problems = Vec::new();
+        while let Some(asked) = asks.join_next().await {
+            let (i, o, got, at) = match asked {
+                Ok(a) => a,
+                Err(e) => {
+                    problems.push(format!("a /load poll did not finish: {e}"));
+                    continue;
+                }
+            };
             let polled = match got {
                 Ok(text) => match serde_json::from_str::<LoadReport>(&text) {
                     Ok(r) => {
@@ -87,7 +105,7 @@ impl ResidentRoute {
                             None => None,
                         };
                         Polled {
-                            at: Instant::now(),
+                            at,
                             load: r.server_load as f64,
                             backlog: r.queued_prefill_tokens() as f64,
                             resident,
