@@ -441,8 +441,13 @@ fn replay_route_resident_places_by_what_the_ranks_hold() {
         resident.hit_ratio.returning >= rr.hit_ratio.returning + 0.25,
         "resident vs round robin"
     );
+    // 0.80, not more: at this trace's few requests in flight the load bound
+    // (floor 1) hands a returning key over whenever its holder is briefly
+    // the busiest, so the figure moves with timing — 0.86–0.99 (median 0.93)
+    // over 24 quiet runs, 0.846 once in CI beside the other e2e tests —
+    // while round robin sits near 0.5 of ideal.
     assert!(
-        resident.hit_ratio.of_ideal_returning >= 0.85,
+        resident.hit_ratio.of_ideal_returning >= 0.80,
         "{:?}",
         resident.hit_ratio
     );
