@@ -443,8 +443,8 @@ fn replay_route_resident_places_by_what_the_ranks_hold() {
     );
     // 0.80, not more: at this trace's few requests in flight the load bound
     // (floor 1) hands a returning key over whenever its holder is briefly
-    // the busiest, so the figure moves with timing — 0.86–0.99 (median 0.93)
-    // over 24 quiet runs, 0.846 once in CI beside the other e2e tests —
+    // the busiest, so the figure moves with timing — 0.849–0.990 (median
+    // about 0.93) over 48 runs here, 0.846 once in CI beside the other tests —
     // while round robin sits near 0.5 of ideal.
     assert!(
         resident.hit_ratio.of_ideal_returning >= 0.80,
