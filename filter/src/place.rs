@@ -29,7 +29,7 @@ pub mod residency_view;
 
 use crate::config::{Config, Mode};
 use eject::Health;
-use load_view::LoadView;
+use load_view::{Freshness, LoadView};
 use residency_view::ResidencyView;
 use tether_placement::{How, Pick, Placement};
 
@@ -187,15 +187,14 @@ fn load_read(cfg: &Config, pools: &Pools, snap: Snapshot<'_>, placed: &Placed) -
     let n = pools.decode.endpoints().len();
     let m = pools.prefill.as_ref().map_or(0, |p| p.endpoints().len());
     let (now, age) = (snap.now_ms, lc.max_age_ms);
-    if !snap.view.any_fresh(0..n, now, age) {
-        LoadRead::Blind
-    } else if snap.view.holds_stale(0..n, now, age)
-        || (matches!(placed.prefill, Prefill::Local | Prefill::Remote(_))
-            && snap.view.holds_stale(n..n + m, now, age))
-    {
-        LoadRead::Held
-    } else {
-        LoadRead::Fresh
+    let prefill_chosen = matches!(placed.prefill, Prefill::Local | Prefill::Remote(_));
+    match snap.view.freshness(0..n, now, age) {
+        Freshness::NoView => LoadRead::Blind,
+        Freshness::Holds => LoadRead::Held,
+        Freshness::Fresh if prefill_chosen && snap.view.holds_stale(n..n + m, now, age) => {
+            LoadRead::Held
+        }
+        Freshness::Fresh => LoadRead::Fresh,
     }
 }
 

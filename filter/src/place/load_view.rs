@@ -69,6 +69,18 @@ impl Sample {
     }
 }
 
+/// How a range of the view reads ([`LoadView::freshness`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freshness {
+    /// No sample within `max_age_ms`: no view (every value reads 0).
+    NoView,
+    /// Some sample fresh and none stale (an endpoint never sampled reads 0).
+    Fresh,
+    /// Some sample fresh and some older than `max_age_ms`: the stale ones
+    /// keep their last report.
+    Holds,
+}
+
 /// Per endpoint, its last sample, if any.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadView {
@@ -115,15 +127,33 @@ impl LoadView {
             .is_some_and(|s| s.iter().any(|s| fresh(s, now_ms, max_age_ms).is_some()))
     }
 
+    /// How the samples of `range` read at `now_ms`, in one pass.
+    pub fn freshness(
+        &self,
+        range: std::ops::Range<usize>,
+        now_ms: u64,
+        max_age_ms: u64,
+    ) -> Freshness {
+        let (mut any_fresh, mut any_stale) = (false, false);
+        for s in self.samples.get(range).unwrap_or_default() {
+            match (s, fresh(s, now_ms, max_age_ms)) {
+                (_, Some(_)) => any_fresh = true,
+                (Some(_), None) => any_stale = true,
+                (None, None) => {}
+            }
+        }
+        match (any_fresh, any_stale) {
+            (false, _) => Freshness::NoView,
+            (true, false) => Freshness::Fresh,
+            (true, true) => Freshness::Holds,
+        }
+    }
+
     /// Whether the view of `range` is live (some sample fresh) and holds some
     /// endpoint's sample older than `max_age_ms`: that endpoint's polls are
     /// failing or late, and [`Self::requests`] reads its last report.
     pub fn holds_stale(&self, range: std::ops::Range<usize>, now_ms: u64, max_age_ms: u64) -> bool {
-        self.any_fresh(range.clone(), now_ms, max_age_ms)
-            && self.samples.get(range).is_some_and(|s| {
-                s.iter()
-                    .any(|s| s.is_some() && fresh(s, now_ms, max_age_ms).is_none())
-            })
+        self.freshness(range, now_ms, max_age_ms) == Freshness::Holds
     }
 
     /// Requests in flight of the endpoints in `range`. With no fresh sample

@@ -72,6 +72,16 @@ fn a_stale_sample_holds_beside_a_fresh_one_and_a_stale_view_is_none() {
     assert!(!v.holds_stale(1..3, 1500, 1000));
     assert_eq!(v.requests(0..3, 2001, 1000), vec![0.0, 0.0, 0.0]);
     assert!(!v.holds_stale(0..3, 2001, 1000));
+    assert_eq!(v.freshness(0..3, 1500, 1000), Freshness::Holds);
+    assert_eq!(v.freshness(0..3, 1400, 1000), Freshness::Fresh);
+    assert_eq!(v.freshness(0..1, 1500, 1000), Freshness::Fresh);
+    assert_eq!(v.freshness(1..3, 1500, 1000), Freshness::NoView);
+    assert_eq!(v.freshness(0..3, 2001, 1000), Freshness::NoView);
+    assert_eq!(
+        v.freshness(7..9, 1500, 1000),
+        Freshness::NoView,
+        "out of range"
+    );
     // Out of range: nothing recorded, nothing read.
     v.record(9, sample(1.0, 1));
     assert_eq!(v.len(), 3);
