@@ -22,10 +22,12 @@ $(VENV)/bin/python:
 
 # `$(call PIP_INSTALL,ARGS)`: pip install into .venv, up to three tries 15 s apart.
 # The installs fetch several GB (torch, vLLM); one transient network fault that
-# pip's own --retries does not cover should not fail `make test`.
+# pip's own --retries does not cover should not fail `make test`. No wheel cache:
+# it would hold a second copy of torch's ~4 GB of wheels. A failure shows the
+# free disk, since a full disk is what stopped CI before (Errno 28).
 PIP_INSTALL = for try in 1 2 3; do \
-	  $(VENV)/bin/pip install --quiet --disable-pip-version-check --retries 10 --timeout 60 $(1) && break; \
-	  [ $$try -lt 3 ] || { echo "pip install $(1): failed 3 times"; exit 1; }; \
+	  $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir --retries 10 --timeout 60 $(1) && break; \
+	  [ $$try -lt 3 ] || { echo "pip install $(1): failed 3 times"; df -h .; exit 1; }; \
 	  echo "pip install $(1): try $$try failed, trying again in 15 s"; sleep 15; \
 	done
 
