@@ -7,6 +7,7 @@ CARGO ?= cargo
 PYTHON ?= python3
 VENV := .venv
 ENVOY := $(VENV)/bin/envoy
+PIP := $(VENV)/bin/pip --quiet --disable-pip-version-check
 WASM_DIR := target/wasm32-wasip1/wasm-release
 FILTER_WASM := $(WASM_DIR)/tether_filter.wasm
 FLOOR_WASM := $(WASM_DIR)/tether_floor_filter.wasm
@@ -26,7 +27,7 @@ $(VENV)/bin/python:
 # it would hold a second copy of torch's ~4 GB of wheels. A failure shows the
 # free disk, since a full disk is what stopped CI before (Errno 28).
 PIP_INSTALL = for try in 1 2 3; do \
-	  $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir --retries 10 --timeout 60 $(1) && break; \
+	  $(PIP) install --no-cache-dir --retries 10 --timeout 60 $(1) && break; \
 	  [ $$try -lt 3 ] || { echo "pip install $(1): failed 3 times"; df -h .; exit 1; }; \
 	  echo "pip install $(1): try $$try failed, trying again in 15 s"; sleep 15; \
 	done

@@ -11,7 +11,6 @@
 
 VLLM_STAMP := $(VENV)/.vllm-0.33.0-torch-2.14.0
 VLLM_REQS := engine-ext/vllm/requirements-cpu.txt
-PIP := $(VENV)/bin/pip --quiet --disable-pip-version-check
 VLLM_PY := HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR $(abspath $(VENV))/bin/python
 
 $(VLLM_STAMP): $(VLLM_REQS) | $(VENV)/bin/python
