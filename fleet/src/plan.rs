@@ -10,8 +10,12 @@
 //! - [`size`]: replica counts from the profile (M/G/c prefill, decode batch at
 //!   the ITL target, coupled engines);
 //! - [`fit`]: one configuration sized, simulated and corrected;
+//! - [`drain`]: the tail after the last interval the prediction pays for;
 //! - [`baseline`]: the no-reuse fleet by Dynamo's SLA-planner formulas;
 //! - [`search`]: the search over configurations, and spending headroom;
+//! - [`sample`], [`whole`]: a large trace searched on a session sample, the
+//!   choice scaled up and simulated on the whole trace;
+//! - [`progress`]: what a long plan reports as it goes;
 //! - [`answer`]: verdict, waterfall, ranked changes, API price;
 //! - [`output`]: the report, replica counts and plot;
 //! - [`deploy`]: Dynamo and llm-d manifests of the chosen configuration.
@@ -20,10 +24,14 @@ pub mod answer;
 pub mod baseline;
 pub mod demand;
 pub mod deploy;
+pub mod drain;
 pub mod fit;
 pub mod output;
+pub mod progress;
+pub mod sample;
 pub mod search;
 pub mod size;
+pub mod whole;
 
 use crate::sim::{CacheMode, Policy, RunReport, SimConfig, SimError, oracle_hits};
 use crate::trace::{RequestId, Trace};
@@ -99,6 +107,17 @@ pub struct PlanConfig {
     pub spend: Option<Spend>,
     /// Search the configuration space (false: size the starting configuration only).
     pub search: bool,
+}
+
+/// How a plan runs, apart from what it plans.
+#[derive(Clone, Copy)]
+pub struct RunOptions<'o> {
+    /// A trace of more than twice this many requests is searched on a
+    /// session sample of about this many, the choice verified on the whole
+    /// trace (0: always search the whole trace).
+    pub sample_requests: usize,
+    /// Where progress goes.
+    pub observer: &'o dyn progress::Observer,
 }
 
 /// Why no plan could be made at all.
@@ -196,11 +215,14 @@ pub struct Variant {
     pub prefill_gpu_hours: f64,
     /// Decode (or aggregated) GPU-hours planned.
     pub decode_gpu_hours: f64,
+    /// Predicted drain after the last interval, s (its GPU-hours are in the
+    /// two above): the fleet serves until the last request's last token.
+    pub drain_s: f64,
     /// Most prefill GPUs at once.
     pub peak_prefill_gpus: u64,
     /// Most decode (or aggregated) GPUs at once.
     pub peak_decode_gpus: u64,
-    /// Predicted $/Mtok: planned GPU-hours × price ÷ the trace's tokens (none when no fleet was sized).
+    /// Predicted $/Mtok: planned GPU-hours (drain included) × price ÷ the trace's tokens (none when no fleet was sized).
     pub predicted_usd_per_mtok: Option<f64>,
     /// The simulation of the final plan.
     pub simulated: Option<RunReport>,
@@ -285,6 +307,9 @@ pub struct PlanReport {
     pub tokens: TokenCounts,
     /// Requests over the profile's `max_model_len`, refused (with `--cap-context`).
     pub too_long: u64,
+    /// The session sample the search ran on, for a large trace (its variants'
+    /// figures are the sample's; the chosen one is simulated on the whole trace).
+    pub sample: Option<sample::SampleInfo>,
 }
 
 impl PlanReport {
@@ -319,8 +344,24 @@ fn too_long(trace: &Trace, limit: ContextLimit) -> (u64, u64) {
     (count, longest)
 }
 
-/// Plans `trace` on `profile` (see the module docs).
+/// Plans `trace` on `profile` (see the module docs), searching the whole
+/// trace and reporting no progress.
 pub fn plan(trace: &Trace, profile: &Profile, cfg: &PlanConfig) -> Result<PlanReport, PlanError> {
+    let run = RunOptions {
+        sample_requests: 0,
+        observer: &progress::Quiet,
+    };
+    plan_with(trace, profile, cfg, &run)
+}
+
+/// [`plan`], a large trace searched on a sample as `run` says, progress to its observer.
+pub fn plan_with(
+    trace: &Trace,
+    profile: &Profile,
+    cfg: &PlanConfig,
+    run: &RunOptions,
+) -> Result<PlanReport, PlanError> {
+    let obs = run.observer;
     if trace.requests().is_empty() {
         return Err(PlanError::Empty);
     }
@@ -338,21 +379,68 @@ pub fn plan(trace: &Trace, profile: &Profile, cfg: &PlanConfig) -> Result<PlanRe
             longest,
         });
     }
-    let block = if cfg.sim.engine.block_size == 0 {
+    let k = sample::every(trace, run.sample_requests);
+    if k > 1 && cfg.observed_hits.is_none() {
+        let mut r = whole::plan(trace, profile, cfg, obs, k)?;
+        r.too_long = over;
+        return Ok(r);
+    }
+    let p = planner(trace, profile, cfg, obs)?;
+    let (mut report, work) = exact(&p, obs)?;
+    report.too_long = over;
+    answer::complete(&mut report, &p, cfg, &work);
+    Ok(report)
+}
+
+/// The engine block size of `cfg`'s simulations of `trace`.
+fn engine_block(trace: &Trace, cfg: &PlanConfig) -> usize {
+    if cfg.sim.engine.block_size == 0 {
         trace.block_size() as usize
     } else {
         cfg.sim.engine.block_size
-    };
-    let p = Planner::new(trace, profile, cfg, oracle_hits(trace, block))?;
-    let start = Settings {
+    }
+}
+
+/// The planner of `trace`.
+fn planner<'a>(
+    trace: &'a Trace,
+    profile: &'a Profile,
+    cfg: &'a PlanConfig,
+    obs: &'a dyn progress::Observer,
+) -> Result<Planner<'a>, PlanError> {
+    let hits = oracle_hits(trace, engine_block(trace, cfg));
+    Planner::new(trace, profile, cfg, hits, obs)
+}
+
+/// The configuration the search starts from.
+fn start(cfg: &PlanConfig) -> Settings {
+    Settings {
         disaggregated: true,
         policy: cfg.sim.policy,
         cache: cfg.sim.cache,
         max_num_batched_tokens: cfg.sim.engine.max_num_batched_tokens,
         pd_threshold_tokens: cfg.sim.pd.threshold_tokens,
         max_num_seqs: cfg.sim.engine.max_num_seqs,
-    };
-    let mut s = Search::new(&p);
+    }
+}
+
+/// Candidates the search is expected to evaluate (the progress bar's length).
+const EXPECTED_CANDIDATES: u64 = 28;
+
+/// Baselines, search and choice on `trace` itself; the report without its
+/// derived parts, and the chosen configuration's work (its hits).
+fn exact(
+    p: &Planner,
+    obs: &dyn progress::Observer,
+) -> Result<(PlanReport, Vec<demand::Work>), PlanError> {
+    let (trace, cfg) = (p.trace, p.cfg);
+    let start = start(cfg);
+    obs.phase(
+        "search",
+        if cfg.search { EXPECTED_CANDIDATES } else { 6 },
+        "candidates",
+    );
+    let mut s = Search::new(p);
     s.baselines(&start)?;
     if cfg.search {
         s.run(&start)?;
@@ -362,13 +450,21 @@ pub fn plan(trace: &Trace, profile: &Profile, cfg: &PlanConfig) -> Result<PlanRe
         s.spend_on_interactivity(t)?;
     }
     let (chosen, runner_up) = s.choose(target_usd, cfg.spend);
+    let work = match chosen.and_then(|c| s.evaluated.get(c)) {
+        Some(c) => {
+            let settings = c.settings;
+            s.work(&settings)?
+        }
+        None => Vec::new(),
+    };
+    obs.at(s.evaluated.len() as u64);
     let Search {
         evaluated: variants,
         steps: search,
         pruned,
         ..
     } = s;
-    let mut report = PlanReport {
+    let report = PlanReport {
         slo: cfg.slo,
         target: cfg.target,
         interval_s: cfg.interval_ms / 1000.0,
@@ -386,10 +482,10 @@ pub fn plan(trace: &Trace, profile: &Profile, cfg: &PlanConfig) -> Result<PlanRe
         verdict: String::new(),
         api: None,
         tokens: TokenCounts::default(),
-        too_long: over,
+        too_long: 0,
+        sample: None,
     };
-    answer::complete(&mut report, &p, cfg)?;
-    Ok(report)
+    Ok((report, work))
 }
 
 /// The request ids that are not their agent's last turn (a later turn reads

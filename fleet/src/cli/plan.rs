@@ -4,15 +4,17 @@
 
 use super::simulate::{FleetArgs, load_profile};
 use crate::cli::input::TraceArgs;
+use crate::plan::progress::Observer;
 use crate::plan::size::Slo;
-use crate::plan::{ApiPrice, PlanConfig, Spend, Target, deploy, output, plan};
+use crate::plan::{ApiPrice, PlanConfig, RunOptions, Spend, Target, deploy, output, plan_with};
 use crate::report::Report;
 use crate::report::observe::Observation;
 use crate::sim::{CacheMode, FleetShape, Policy};
 use crate::trace::{Trace, content_hash};
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
-use std::io::BufRead;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::{BufRead, IsTerminal};
 use std::path::{Path, PathBuf};
 
 /// `tether plan`.
@@ -68,6 +70,14 @@ pub struct Args {
     /// Simulation rounds per plan to correct the profile's first guess.
     #[arg(long, default_value_t = 6)]
     pub rounds: usize,
+    /// Search a trace of more than twice this many requests on a session
+    /// sample of about this many, and simulate the choice on the whole trace
+    /// (0: search on the whole trace).
+    #[arg(long, default_value_t = 20_000)]
+    pub sample_requests: usize,
+    /// No progress bar (it is drawn on stderr only when stderr is a terminal).
+    #[arg(long)]
+    pub quiet: bool,
     /// Engine, routing and P/D settings (as `tether simulate`).
     #[command(flatten)]
     pub fleet: FleetArgs,
@@ -184,6 +194,51 @@ fn observed_hits(dir: &Path, trace: &Trace) -> Result<Vec<Option<u32>>> {
     Ok(hits)
 }
 
+/// The plan's progress as one bar on stderr: the search's candidates, then
+/// the whole trace's requests, each phase with its ETA.
+struct Bar(ProgressBar);
+
+impl Bar {
+    /// Hidden with `--quiet` or when stderr is not a terminal.
+    fn new(quiet: bool) -> Self {
+        let bar = ProgressBar::new(1);
+        if quiet || !std::io::stderr().is_terminal() {
+            bar.set_draw_target(ProgressDrawTarget::hidden());
+        }
+        Self(bar)
+    }
+}
+
+impl Observer for Bar {
+    fn phase(&self, name: &str, len: u64, unit: &str) {
+        let style = ProgressStyle::with_template(&format!(
+            "{{prefix:>12}} [{{bar:30}}] {{pos}}/{{len}} {unit}, eta {{eta}} ({{elapsed}}) {{wide_msg}}"
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        self.0.set_style(style);
+        self.0.set_prefix(name.to_owned());
+        self.0.set_length(len.max(1));
+        self.0.reset();
+    }
+
+    fn grow(&self, len: u64) {
+        if self.0.length().is_some_and(|l| len > l) {
+            self.0.set_length(len);
+        }
+    }
+
+    fn at(&self, done: u64) {
+        // The search's length is an estimate: never show more done than planned.
+        self.grow(done);
+        self.0.set_position(done);
+    }
+
+    fn note(&self, what: &str) {
+        self.0.set_message(what.to_owned());
+    }
+}
+
 /// Runs it.
 pub fn run(a: Args) -> Result<()> {
     let trace = a.input.read()?;
@@ -253,7 +308,14 @@ pub fn run(a: Args) -> Result<()> {
     if a.spend_headroom.is_some() && a.target.is_none() {
         bail!("--spend-headroom needs a --target to spend under");
     }
-    let report = plan(&trace, &profile, &cfg)?;
+    let bar = Bar::new(a.quiet);
+    let run = RunOptions {
+        sample_requests: a.sample_requests,
+        observer: &bar,
+    };
+    let report = plan_with(&trace, &profile, &cfg, &run);
+    bar.0.finish_and_clear();
+    let report = report?;
     println!(
         "trace {} ({}): {} requests; profile {} ({} GPU/engine, ${}/GPU-hour)",
         a.input.path().display(),

@@ -5,7 +5,7 @@
 
 use super::demand::{Work, intervals};
 use super::fit::Planner;
-use super::{PlanConfig, PlanError, PlanReport, Settings, Target, TokenCounts, Variant, followed};
+use super::{PlanConfig, PlanReport, Settings, Target, TokenCounts, Variant, followed};
 use crate::trace::Trace;
 use serde::Serialize;
 
@@ -131,11 +131,11 @@ fn diff(a: &Settings, chosen: &Settings) -> String {
 }
 
 /// Fills the derived parts of `r` (demand, tokens, API, changes, waterfall, verdict).
-pub(super) fn complete(r: &mut PlanReport, p: &Planner, cfg: &PlanConfig) -> Result<(), PlanError> {
+/// `work` is the trace's requests with the chosen configuration's hits.
+pub(super) fn complete(r: &mut PlanReport, p: &Planner, cfg: &PlanConfig, work: &[Work]) {
     let chosen = r.chosen().cloned();
     if let Some(c) = &chosen {
-        let work: Vec<Work> = p.hits(&c.settings)?;
-        r.demand = intervals(&work, p.start_ms, cfg.interval_ms);
+        r.demand = intervals(work, p.start_ms, cfg.interval_ms);
         if let Some(sim) = &c.simulated {
             r.tokens = TokenCounts {
                 prompt: sim.prompt_tokens,
@@ -148,7 +148,7 @@ pub(super) fn complete(r: &mut PlanReport, p: &Planner, cfg: &PlanConfig) -> Res
             // Of the uncached input, the share a later turn reads (billed as a cache write).
             let next = followed(p.trace);
             let (mut written, mut uncached) = (0.0, 0.0);
-            for w in &work {
+            for w in work {
                 let u = f64::from(w.uncached);
                 uncached += u;
                 if next.get(w.request as usize).copied().unwrap_or(false) {
@@ -185,7 +185,6 @@ pub(super) fn complete(r: &mut PlanReport, p: &Planner, cfg: &PlanConfig) -> Res
         _ => None,
     };
     r.verdict = verdict(r, chosen.as_ref());
-    Ok(())
 }
 
 fn changes(variants: &[Variant], chosen: &Variant) -> Vec<Change> {

@@ -65,7 +65,8 @@ pub(super) fn no_reuse(p: &Planner, base: &Settings) -> Result<Variant, PlanErro
         pd_threshold_tokens: 0,
         ..*base
     };
-    let steps = dynamo_steps(p, &p.cold_work(), &p.cfg.sim);
+    let cold = p.cold_work();
+    let steps = dynamo_steps(p, &cold, &p.cfg.sim);
     let sizes = vec![
         (
             Size::of(0, Binding::Throughput),
@@ -79,6 +80,7 @@ pub(super) fn no_reuse(p: &Planner, base: &Settings) -> Result<Variant, PlanErro
         "no-reuse",
         "P/D sized by Dynamo's SLA-planner formulas with every prompt token computed, round-robin + lru, every prefill remote; simulated, not corrected".into(),
         &s,
+        &cold,
         steps,
         &sizes,
         report,

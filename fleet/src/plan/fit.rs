@@ -4,6 +4,7 @@
 //! does (`docs/planning.md`, steps 2–3).
 
 use super::demand::{Interval, Work, intervals};
+use super::progress::Observer;
 use super::size::{self, Binding, DecodeLoad, EngineLimits, Infeasible, PrefillLoad, Size, Slo};
 use super::{BindingShare, PlanConfig, PlanError, Settings, Variant};
 use crate::report::Observation;
@@ -21,15 +22,18 @@ pub(super) type Sized = (Vec<Step>, Vec<(Size, Size)>);
 type Misses = Vec<(String, f64)>;
 
 /// A fleet and its latest simulation.
-struct Fit {
-    steps: Vec<Step>,
-    sizes: Vec<(Size, Size)>,
-    report: RunReport,
-    records: Vec<Observation>,
+pub(super) struct Fit {
+    /// Replicas per interval.
+    pub steps: Vec<Step>,
+    /// What set them.
+    pub sizes: Vec<(Size, Size)>,
+    /// The simulation.
+    pub report: RunReport,
+    /// Its per-request records.
+    pub records: Vec<Observation>,
 }
 
 /// Sizes, simulates and corrects configurations of one trace.
-#[derive(Clone)]
 pub(super) struct Planner<'a> {
     pub trace: &'a Trace,
     pub profile: &'a Profile,
@@ -39,6 +43,14 @@ pub(super) struct Planner<'a> {
     pub start_ms: f64,
     /// Reference fleet for the hit simulations: the no-reuse plan's peak.
     pub reference: (usize, usize),
+    /// Where progress goes.
+    pub obs: &'a dyn Observer,
+    /// Report each simulation's requests as they are placed (the whole-trace
+    /// runs of a sampled plan, minutes each).
+    pub by_request: bool,
+    /// Every token the simulated fleet serves: prompt + output of each request
+    /// within the context window (those over it are refused, not served).
+    pub tokens: f64,
 }
 
 impl<'a> Planner<'a> {
@@ -47,6 +59,7 @@ impl<'a> Planner<'a> {
         profile: &'a Profile,
         cfg: &'a PlanConfig,
         oracle: Vec<u32>,
+        obs: &'a dyn Observer,
     ) -> Result<Self, PlanError> {
         let mut p = Self {
             trace,
@@ -56,7 +69,18 @@ impl<'a> Planner<'a> {
             oracle: Rc::new(oracle),
             start_ms: 0.0,
             reference: (1, 1),
+            tokens: 0.0,
+            obs,
+            by_request: false,
         };
+        let window = tether_rank_engine::engine::ContextLimit(profile.max_model_len);
+        p.tokens = trace
+            .requests()
+            .iter()
+            .map(|r| (u64::from(r.input_tokens), u64::from(r.output_tokens.max(1))))
+            .filter(|&(i, o)| window.check(i, o).is_ok())
+            .map(|(i, o)| (i + o) as f64)
+            .sum();
         let work = p.cold_work();
         p.start_ms = work
             .iter()
@@ -368,15 +392,20 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// Predicted $/Mtok of planned GPU-hours over every token of the trace.
+    /// Predicted GPU-hours of `steps` serving `work` under `s`: the planned
+    /// intervals plus the drain after the last one (the last step's fleet until
+    /// the predicted last token, [`super::drain`]), and that drain in ms.
+    pub fn predicted_hours(&self, steps: &[Step], work: &[Work], s: &Settings) -> (f64, f64, f64) {
+        let (pre, dec) = self.gpu_hours(steps);
+        let tail = super::drain::tail_ms(self, work, steps, s);
+        let (lp, ld) = steps.last().map_or((0, 0), |x| (x.prefill, x.decode));
+        let h = tail / 3_600_000.0 * f64::from(self.profile.gpus_per_engine);
+        (pre + lp as f64 * h, dec + ld as f64 * h, tail)
+    }
+
+    /// Predicted $/Mtok of GPU-hours over every token the fleet serves.
     pub fn predicted_usd(&self, gpu_hours: f64) -> f64 {
-        let all_tokens: f64 = self
-            .trace
-            .requests()
-            .iter()
-            .map(|r| f64::from(r.input_tokens) + f64::from(r.output_tokens.max(1)))
-            .sum();
-        gpu_hours * self.profile.gpu_hour_usd * 1e6 / all_tokens.max(1.0)
+        gpu_hours * self.profile.gpu_hour_usd * 1e6 / self.tokens.max(1.0)
     }
 
     /// Simulates `steps` under `s`.
@@ -394,7 +423,17 @@ impl<'a> Planner<'a> {
             until_ms: steps.last().map(|x| x.start_ms + self.cfg.interval_ms),
         };
         let cfg = self.sim_cfg(s, fleet);
-        let out = simulate(self.trace, self.profile, &cfg, &self.oracle, records, None)?;
+        let obs = self.obs;
+        let placed = move |n: u64| obs.at(n);
+        let progress: Option<crate::sim::run::Progress> = self.by_request.then_some(&placed);
+        let out = simulate(
+            self.trace,
+            self.profile,
+            &cfg,
+            &self.oracle,
+            records,
+            progress,
+        )?;
         Ok((out.report, out.records))
     }
 
@@ -411,17 +450,42 @@ impl<'a> Planner<'a> {
             Ok(x) => x,
             Err(inf) => return Ok(self.infeasible(name, what, s, inf)),
         };
-        let pools = if steps.iter().any(|x| x.prefill > 0) {
-            2
-        } else {
-            1
-        };
+        let first = self.first(s, steps, sizes)?;
+        self.correct(name, what, s, work, first, true)
+    }
+
+    /// `steps` simulated once, with per-request records.
+    pub fn first(
+        &self,
+        s: &Settings,
+        steps: Vec<Step>,
+        sizes: Vec<(Size, Size)>,
+    ) -> Result<Fit, PlanError> {
         let (report, records) = self.run(s, &steps, true)?;
-        let mut fit = Fit {
+        Ok(Fit {
             steps,
             sizes,
             report,
             records,
+        })
+    }
+
+    /// From a first simulation: the pool that binds grows until the
+    /// simulation meets every objective (up to `--rounds`), then, with
+    /// `trim`, each pool is trimmed while it still meets.
+    pub fn correct(
+        &self,
+        name: &str,
+        what: String,
+        s: &Settings,
+        work: &[Work],
+        mut fit: Fit,
+        trim: bool,
+    ) -> Result<Variant, PlanError> {
+        let pools = if fit.steps.iter().any(|x| x.prefill > 0) {
+            2
+        } else {
+            1
         };
         let mut rounds = 1;
         let mut corrections = 1;
@@ -464,10 +528,10 @@ impl<'a> Planner<'a> {
             mut report,
             ..
         } = fit;
-        if met {
+        if met && trim {
             (steps, report, rounds) = self.trim(s, steps, report, rounds, pools)?;
         }
-        Ok(self.finish(name, what, s, steps, &sizes, report, met, rounds))
+        Ok(self.finish(name, what, s, work, steps, &sizes, report, met, rounds))
     }
 
     /// The fleets one correction round tries: where the miss is TTFT in a P/D
@@ -642,6 +706,7 @@ impl<'a> Planner<'a> {
             bindings: Vec::new(),
             prefill_gpu_hours: 0.0,
             decode_gpu_hours: 0.0,
+            drain_s: 0.0,
             peak_prefill_gpus: 0,
             peak_decode_gpus: 0,
             predicted_usd_per_mtok: None,
@@ -664,6 +729,7 @@ impl<'a> Planner<'a> {
         name: &str,
         what: String,
         s: &Settings,
+        work: &[Work],
         steps: Vec<Step>,
         sizes: &[(Size, Size)],
         report: RunReport,
@@ -687,8 +753,9 @@ impl<'a> Planner<'a> {
             *by.entry((pool.into(), ds.binding, ds.describe(pool)))
                 .or_default() += st.decode as f64 * h;
         }
-        let (pre, dec) = self.gpu_hours(&steps);
-        let total_h = (pre + dec).max(1e-12);
+        let (planned_pre, planned_dec) = self.gpu_hours(&steps);
+        let total_h = (planned_pre + planned_dec).max(1e-12);
+        let (pre, dec, tail_ms) = self.predicted_hours(&steps, work, s);
         let predicted = self.predicted_usd(pre + dec);
         let agreement = (predicted > 0.0).then(|| report.sim.usd_per_mtok / predicted);
         let mut bindings: Vec<BindingShare> = by
@@ -723,6 +790,7 @@ impl<'a> Planner<'a> {
             steps,
             prefill_gpu_hours: pre,
             decode_gpu_hours: dec,
+            drain_s: tail_ms / 1000.0,
             predicted_usd_per_mtok: Some(predicted),
             headroom: self.headroom(&report),
             simulated: Some(report),

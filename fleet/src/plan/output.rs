@@ -48,6 +48,13 @@ pub fn text(r: &PlanReport) -> String {
         100.0 * r.tokens.cached as f64 / r.tokens.prompt.max(1) as f64,
         r.tokens.output
     );
+    if let Some(x) = &r.sample {
+        let _ = writeln!(
+            s,
+            "searched on a 1-in-{} session sample ({} sessions, {} of {} requests, {}-token blocks): every variant's figures are the sample's but `whole-trace`'s, the choice simulated on the whole trace",
+            x.every, x.sessions, x.requests, x.trace_requests, x.block_tokens
+        );
+    }
     let _ = writeln!(
         s,
         "  {:<14} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7} {:>6} {:>4}",

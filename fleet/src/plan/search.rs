@@ -100,7 +100,7 @@ impl<'p, 'a> Search<'p, 'a> {
     }
 
     /// The expected hits of `s`'s routing and cache (simulated once each).
-    fn work(&mut self, s: &Settings) -> Result<Vec<Work>, PlanError> {
+    pub fn work(&mut self, s: &Settings) -> Result<Vec<Work>, PlanError> {
         let key = (s.policy, s.cache);
         if let Some(w) = self.hits.get(&key) {
             return Ok(w.clone());
@@ -115,9 +115,13 @@ impl<'p, 'a> Search<'p, 'a> {
         if let Some(&i) = self.by_settings.get(&s) {
             return Ok(i);
         }
+        let n = self.evaluated.len() as u64;
+        self.p.obs.at(n);
+        self.p.obs.note(&format!("{name}: {}", s.describe()));
         let work = self.work(&s)?;
         let v = self.p.variant(name, what, &s, &work)?;
         self.evaluated.push(v);
+        self.p.obs.at(n + 1);
         let i = self.evaluated.len() - 1;
         self.by_settings.insert(s, i);
         Ok(i)
@@ -134,7 +138,7 @@ impl<'p, 'a> Search<'p, 'a> {
             .size(&work, s, &self.p.cfg.slo)
             .ok()
             .map(|(steps, _)| {
-                let (a, b) = self.p.gpu_hours(&steps);
+                let (a, b, _) = self.p.predicted_hours(&steps, &work, s);
                 self.p.predicted_usd(a + b)
             });
         self.guesses.insert(*s, x);
@@ -336,6 +340,7 @@ impl<'p, 'a> Search<'p, 'a> {
         if base.usd_per_mtok().is_none_or(|c| c >= target) {
             return Ok(());
         }
+        let work = self.work(&base.settings)?;
         for k in SPEND_SCALES {
             let steps: Vec<Step> = base
                 .steps
@@ -345,7 +350,7 @@ impl<'p, 'a> Search<'p, 'a> {
                     ..*s
                 })
                 .collect();
-            let (pre, dec) = self.p.gpu_hours(&steps);
+            let (pre, dec, _) = self.p.predicted_hours(&steps, &work, &base.settings);
             if self.p.predicted_usd(pre + dec) > target * 1.1 {
                 break;
             }
@@ -367,6 +372,7 @@ impl<'p, 'a> Search<'p, 'a> {
                     base.name
                 ),
                 &base.settings,
+                &work,
                 steps,
                 &sizes,
                 report,

@@ -273,3 +273,100 @@ fn a_prompt_larger_than_the_device_is_named_not_grown_for() {
     );
     finite_everywhere(&r);
 }
+
+/// A steady 30 s trace, one planning interval: a request a session, 10 a
+/// second, 12 k-token prompts sharing a 10.7 k-token prefix, 800 output
+/// tokens. The fleet drains for seconds after the interval — 10–20 % of the
+/// bill when the prediction left it out.
+fn steady_trace() -> Trace {
+    use crate::trace::{AgentSpec, RequestSpec, SessionSpec, TraceBuilder, TurnKind};
+    let mut b = TraceBuilder::new(64).unwrap();
+    for i in 0..300u64 {
+        let s = b
+            .session(SessionSpec {
+                id: format!("s{i}"),
+                start_ms: Some(i * 100),
+                ..Default::default()
+            })
+            .unwrap();
+        let main = AgentSpec {
+            id: "main".into(),
+            agent_type: "main".into(),
+            ..Default::default()
+        };
+        let m = b.agent(s, main).unwrap();
+        let ids: Vec<u64> = (0..168)
+            .chain((0..20).map(|k| 1_000_000 + i * 20 + k))
+            .collect();
+        b.request(m, RequestSpec::new(0, 12_000, 800, TurnKind::First), &ids)
+            .unwrap();
+    }
+    b.build().unwrap()
+}
+
+#[test]
+fn predicted_and_simulated_cost_agree_within_ten_percent_drain_included() {
+    let generated = crate::generate::generate(&crate::generate::GenerateOptions {
+        seed: 5,
+        sessions: 12,
+        session_span_ms: Some(20_000.0),
+        max_context_tokens: 24_000,
+        summary_tokens: 2_000.0,
+        ..Default::default()
+    })
+    .unwrap();
+    let slo = Slo {
+        ttft_p90_ms: None,
+        ttft_p99_ms: Some(3000.0),
+        itl_p99_ms: Some(25.0),
+    };
+    for (name, t, interval_ms) in [
+        ("steady 30 s", steady_trace(), 30_000.0),
+        ("generated", generated, 10_000.0),
+    ] {
+        let mut c = cfg(slo, None);
+        c.search = false;
+        c.rounds = 2;
+        c.interval_ms = interval_ms;
+        let r = plan(&t, &profile(), &c).unwrap();
+        let simulated: Vec<_> = r
+            .variants
+            .iter()
+            .filter(|v| v.simulated.is_some())
+            .collect();
+        assert!(simulated.len() >= 3, "{name}");
+        for v in simulated {
+            let a = v.agreement.unwrap();
+            eprintln!("AGREE {name} {} {a:.3} {:.1}", v.name, v.drain_s);
+            assert!(
+                (0.9..=1.1).contains(&a),
+                "{name}, {}: simulated / predicted = {a:.3} (predicted drain {:.1} s)",
+                v.name,
+                v.drain_s
+            );
+        }
+    }
+}
+
+#[test]
+fn a_large_trace_is_searched_on_a_sample_and_its_choice_verified_whole() {
+    let t = agent_trace(60, 6, 700, 300, 64);
+    let c = cfg(slo(), Some(Target::Blended(100.0)));
+    let run = RunOptions {
+        sample_requests: t.requests().len() / 4,
+        observer: &progress::Quiet,
+    };
+    let r = plan_with(&t, &profile(), &c, &run).unwrap();
+    let s = r.sample.expect("planned on a sample");
+    assert_eq!(s.trace_requests, t.requests().len());
+    assert!(s.every >= 4 && s.requests < t.requests().len() / 2, "{s:?}");
+    let chosen = r.chosen().expect("the choice meets on the whole trace");
+    assert_eq!(chosen.name, "whole-trace");
+    let sim = chosen.simulated.as_ref().unwrap();
+    assert_eq!(sim.requests, t.requests().len() as u64);
+    assert!(chosen.meets(), "{:?}", chosen.headroom);
+    let a = chosen.agreement.unwrap();
+    assert!((0.9..=1.1).contains(&a), "simulated / predicted = {a}");
+    assert!(r.verdict.starts_with("target met"), "{}", r.verdict);
+    finite_everywhere(&r);
+}

@@ -1,0 +1,154 @@
+//! A large trace, planned: the baselines and the search run on a session
+//! sample ([`super::sample`]), then the sample's choice — sized for the whole
+//! trace by the profile's model, calibrated on the sample — is simulated on
+//! the whole trace and corrected there if it misses. That simulation is the verdict: a
+//! configuration is chosen only if it meets the objectives on the whole
+//! trace. Every other variant's figures are the sample's (`$/Mtok` and
+//! latencies are per token and per request, so they compare; GPU-hours are
+//! the sample's fleet).
+
+use super::demand::{Work, intervals};
+use super::fit::Planner;
+use super::progress::Observer;
+use super::size::{Binding, MAX_REPLICAS, Size};
+use super::{PlanConfig, PlanError, PlanReport, Variant, answer, exact, planner, sample};
+use crate::sim::Step;
+use tether_rank_engine::profile::Profile;
+
+/// Correction rounds of each candidate on the sample (the whole trace's
+/// run keeps `--rounds`): the search compares candidates, and a sample
+/// candidate's last rounds move its cost by a replica or two.
+const SAMPLE_ROUNDS: usize = 3;
+
+/// Plans `trace` on a 1-in-`k` session sample, the choice verified on the whole trace.
+pub(super) fn plan(
+    trace: &crate::trace::Trace,
+    profile: &Profile,
+    cfg: &PlanConfig,
+    obs: &dyn Observer,
+    k: usize,
+) -> Result<PlanReport, PlanError> {
+    obs.note("sampling sessions");
+    let (part, info) = sample::sessions(trace, k)
+        .map_err(|e| PlanError::Setting(format!("sampling the trace's sessions: {e}")))?;
+    let mut scfg = PlanConfig {
+        rounds: cfg.rounds.min(SAMPLE_ROUNDS),
+        ..cfg.clone()
+    };
+    let user_block = cfg.sim.engine.block_size;
+    if user_block != 0 && !(part.block_size() as usize).is_multiple_of(user_block) {
+        scfg.sim.engine.block_size = 0;
+    }
+    let sp = planner(&part, profile, &scfg, obs)?;
+    let (mut report, part_work) = exact(&sp, obs)?;
+    report.sample = Some(info);
+    report.target_usd_per_mtok = cfg.target.map(|t| answer::blend(t, trace));
+    let mut wp = planner(trace, profile, cfg, obs)?;
+    let Some(c) = report.chosen().cloned() else {
+        answer::complete(&mut report, &sp, &scfg, &part_work);
+        return Ok(report);
+    };
+    wp.by_request = true;
+    let steps = sized_for_whole(&sp, &wp, &c, &part_work);
+    obs.phase("whole trace", trace.requests().len() as u64, "requests");
+    obs.note(&format!("{}, scaled: the whole trace", c.name));
+    let sizes = vec![(Size::of(0, Binding::Minimum), Size::of(0, Binding::Minimum)); steps.len()];
+    let first = wp.first(&c.settings, steps, sizes)?;
+    let work: Vec<Work> = first
+        .records
+        .iter()
+        .filter_map(Work::from_observation)
+        .collect();
+    let what = format!(
+        "{} (the sample's choice: {}), its fleet scaled to the whole trace and simulated on it",
+        c.name,
+        c.settings.describe()
+    );
+    let mut v = wp.correct("whole-trace", what, &c.settings, &work, first, false)?;
+    if v.rounds == 1 {
+        v.bindings = c.bindings.clone();
+    }
+    let met = v.meets();
+    report.variants.push(v);
+    report.chosen = met.then(|| report.variants.len() - 1);
+    answer::complete(&mut report, &wp, cfg, &work);
+    Ok(report)
+}
+
+/// Per interval of `work`, its cached share of prompt tokens; and the whole's.
+fn hit_ratios(work: &[Work], p: &Planner) -> (Vec<f64>, f64) {
+    let iv = intervals(work, p.start_ms, p.cfg.interval_ms);
+    let ratio =
+        |prompt: u64, uncached: u64| (prompt > 0).then(|| 1.0 - uncached as f64 / prompt as f64);
+    let (pt, ut) = iv.iter().fold((0, 0), |(a, b), i| {
+        (a + i.prompt_tokens, b + i.uncached_tokens)
+    });
+    let all = ratio(pt, ut).unwrap_or(0.0);
+    let each = iv
+        .iter()
+        .map(|i| ratio(i.prompt_tokens, i.uncached_tokens).unwrap_or(all))
+        .collect();
+    (each, all)
+}
+
+/// `p`'s requests, each with its interval's hit ratio in `ratios` (the
+/// sample's hits, per interval) — the whole trace has no simulation yet.
+fn at_ratios(p: &Planner, ratios: &[f64], all: f64) -> Vec<Work> {
+    p.cold_work()
+        .into_iter()
+        .map(|w| {
+            let k = ((w.arrival_ms - p.start_ms) / p.cfg.interval_ms)
+                .floor()
+                .max(0.0) as usize;
+            let h = ratios.get(k).copied().unwrap_or(all).clamp(0.0, 1.0);
+            let hit = (f64::from(w.prompt) * h).round() as u32;
+            Work {
+                uncached: w.prompt - hit.min(w.prompt),
+                ..w
+            }
+        })
+        .collect()
+}
+
+/// The profile's replicas for `v`'s configuration on `work`, as `v` was
+/// first sized (Dynamo's formulas on every prompt token for `no-reuse`).
+fn modelled(p: &Planner, v: &Variant, work: &[Work]) -> Option<Vec<Step>> {
+    if v.name == "no-reuse" {
+        return Some(super::baseline::dynamo_steps(p, &p.cold_work(), &p.cfg.sim));
+    }
+    p.size(work, &v.settings, &p.cfg.slo).ok().map(|(s, _)| s)
+}
+
+/// Replica-intervals of `fitted` over `model`, per pool (1 where the model has none).
+fn calibration(fitted: &[Step], model: &[Step]) -> (f64, f64) {
+    let sum = |v: &[Step], f: fn(&Step) -> usize| v.iter().map(f).sum::<usize>() as f64;
+    let c = |f: fn(&Step) -> usize| match sum(model, f) {
+        0.0 => 1.0,
+        m => sum(fitted, f) / m,
+    };
+    (c(|s| s.prefill), c(|s| s.decode))
+}
+
+/// The sample's choice `v`, sized for the whole trace: the profile's model
+/// on the whole trace's requests (at the sample's hit ratio per interval)
+/// times what the simulation corrected it by on the sample (fitted ÷
+/// modelled replicas per pool, the same model on the sample's requests at the
+/// same ratios). Larger pools queue less; the model sees that, a linear
+/// scaling of the sample's fleet would not.
+fn sized_for_whole(sp: &Planner, wp: &Planner, v: &Variant, part_work: &[Work]) -> Vec<Step> {
+    let (ratios, all) = hit_ratios(part_work, sp);
+    let part_model = modelled(sp, v, &at_ratios(sp, &ratios, all));
+    let whole_model = modelled(wp, v, &at_ratios(wp, &ratios, all));
+    let (Some(pm), Some(wm)) = (part_model, whole_model) else {
+        return v.steps.clone();
+    };
+    let (cp, cd) = calibration(&v.steps, &pm);
+    let up = |n: usize, c: f64| ((n as f64 * c).ceil() as usize).clamp(n.min(1), MAX_REPLICAS);
+    wm.iter()
+        .map(|s| Step {
+            start_ms: s.start_ms,
+            prefill: up(s.prefill, cp),
+            decode: up(s.decode, cd),
+        })
+        .collect()
+}
