@@ -296,6 +296,8 @@ pub struct RawConfig {
 pub struct RawChains {
     slots: Option<u32>,
     ttl_s: Option<u64>,
+    wrap: Option<bool>,
+    secret: Option<String>,
 }
 
 /// One element of `endpoints` / `pd.prefill_endpoints`.
@@ -454,6 +456,8 @@ impl TryFrom<RawConfig> for Config {
             None => Ok(default),
             Some(l) => source_list(name, &l),
         };
+        let cache_salt = raw.cache_salt.map(|Obj(s)| salt(s)).transpose()?;
+        let chains = chain_config(raw.chains.map(|Obj(c)| c), cache_salt.as_deref())?;
         let cfg = Config {
             mode,
             fallbacks: raw.fallbacks.unwrap_or(d.fallbacks),
@@ -465,7 +469,7 @@ impl TryFrom<RawConfig> for Config {
             )?,
             parent_sources: sources("parent_sources", raw.parent_sources, d.parent_sources)?,
             tenant_header: raw.tenant_header.map(tenant_header).transpose()?,
-            cache_salt: raw.cache_salt.map(|Obj(s)| salt(s)).transpose()?,
+            cache_salt,
             retention_ms: retention(raw.retention_ms.unwrap_or_default())?,
             subagent_tools: raw.subagent_tools.unwrap_or(d.subagent_tools),
             outputs: match raw.outputs {
@@ -493,11 +497,7 @@ impl TryFrom<RawConfig> for Config {
                     ));
                 }
             },
-            chains: raw
-                .chains
-                .map(|Obj(c)| chain_config(c))
-                .transpose()?
-                .unwrap_or_default(),
+            chains,
             endpoints,
         };
         let cfg = match raw.residency {
@@ -549,8 +549,26 @@ fn pick_features(mut cfg: Config, pd: Option<RawPd>) -> Result<Config, ConfigErr
 /// Largest `max_decompressed_bytes` accepted.
 const MAX_DECOMPRESSED: usize = 256 << 20;
 
-fn chain_config(raw: RawChains) -> Result<crate::read::chain::ChainConfig, ConfigError> {
+/// The `chains` object; the chain ids' MAC key is `chains.secret`, else the
+/// `cache_salt` secret, else the public key.
+fn chain_config(
+    raw: Option<RawChains>,
+    salt: Option<&[u8]>,
+) -> Result<crate::read::chain::ChainConfig, ConfigError> {
     let d = crate::read::chain::ChainConfig::default();
+    let Some(raw) = raw else {
+        return Ok(crate::read::chain::ChainConfig {
+            key: crate::read::chain_id::mac_key(salt),
+            ..d
+        });
+    };
+    let secret = match raw.secret {
+        Some(s) if s.is_empty() => {
+            return Err(ConfigError::new("chains.secret", "must not be empty"));
+        }
+        Some(s) => Some(s.into_bytes()),
+        None => salt.map(<[u8]>::to_vec),
+    };
     let slots = match raw.slots {
         None => d.slots,
         Some(n) if (1..=1_048_576).contains(&n) => n,
@@ -571,7 +589,12 @@ fn chain_config(raw: RawChains) -> Result<crate::read::chain::ChainConfig, Confi
             ));
         }
     };
-    Ok(crate::read::chain::ChainConfig { slots, ttl_ms })
+    Ok(crate::read::chain::ChainConfig {
+        slots,
+        ttl_ms,
+        wrap: raw.wrap.unwrap_or(d.wrap),
+        key: crate::read::chain_id::mac_key(secret.as_deref()),
+    })
 }
 
 fn eject_config(raw: RawEject) -> Result<EjectConfig, ConfigError> {

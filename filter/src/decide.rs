@@ -101,7 +101,7 @@ fn decide(
     let rewritten = body.filter(|_| cfg.rewrites_body());
     let placed = placement(cfg, pools, snap, &r, rewritten.is_some());
     mark(Step::Place);
-    let plan = emit::emit(cfg, r, placed, rewritten, fetch);
+    let plan = emit::emit(cfg, r, placed, body, fetch);
     if rewritten.is_some() {
         mark(Step::Rewrite);
     }

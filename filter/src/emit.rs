@@ -3,11 +3,13 @@
 //! body edit, counters, or a refusal. Host-free: the body bytes a rewrite
 //! may still need come through the caller's `fetch`.
 
+pub mod answer_id;
 pub mod kv_params;
 pub mod markers;
 pub mod metrics;
 pub mod plan;
 pub mod rewrite;
+pub mod unwrap;
 
 use crate::config::Config;
 use crate::config::outputs::Output;
@@ -18,9 +20,10 @@ use crate::read::{Body, Reading};
 pub use plan::Plan;
 use rewrite::Edit;
 
-/// The plan for one request; `body` is the scanned body when it is to be
-/// rewritten (the configuration rewrites bodies and this one is a JSON
-/// object), `fetch(start, len)` reads body bytes when its ends are not enough.
+/// The plan for one request; `body` is the scanned body when it is a JSON
+/// object as sent (rewritten when the configuration rewrites bodies, or in
+/// place to unwrap a chain id), `fetch(start, len)` reads body bytes when
+/// its ends are not enough.
 pub fn emit(
     cfg: &Config,
     read: Reading,
@@ -29,14 +32,20 @@ pub fn emit(
     fetch: &mut dyn FnMut(usize, usize) -> Option<Vec<u8>>,
 ) -> Plan {
     let mut spoofed = false;
-    let edit = match body {
+    let rewritten = body.filter(|_| cfg.rewrites_body());
+    let edit = match rewritten {
         Some(b) if read.reject.is_none() => edit(cfg, &read, &placed, b, fetch, &mut spoofed),
         _ => None,
     };
     let reject = read.reject.or_else(|| {
-        (body.is_some() && cfg.must_rewrite() && edit.is_none())
+        (rewritten.is_some() && cfg.must_rewrite() && edit.is_none())
             .then_some((400, "tether: request body cannot be rewritten\n"))
     });
+    // No rewrite took the chain id out: unwrap it in place.
+    let edit = match (edit, body, &read.chain.unwrap) {
+        (None, Some(b), Some(engine)) if reject.is_none() => unwrap::edit(b, engine, fetch),
+        (edit, ..) => edit,
+    };
     Plan {
         spoofed_markers: spoofed && edit.is_some(),
         read,
@@ -90,6 +99,9 @@ fn owned_fields(
     spoofed: &mut bool,
 ) -> Vec<(&'static str, Vec<u8>)> {
     let mut out = Vec::new();
+    if let Some(engine) = &read.chain.unwrap {
+        out.push((unwrap::FIELD, unwrap::quoted(engine)));
+    }
     if let Some(secret) = &cfg.cache_salt {
         out.push((
             "cache_salt",

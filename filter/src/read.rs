@@ -4,6 +4,7 @@
 //! Host-free; nothing here places the request or writes an output.
 
 pub mod chain;
+pub mod chain_id;
 pub mod encoding;
 pub mod head;
 pub mod header_names;
@@ -27,35 +28,6 @@ use turn::Turn;
 
 /// A refusal: the local reply's status and body.
 pub type Reject = (u32, &'static str);
-
-/// A Responses continuation keyed by the head (or a `+head` source), whose
-/// head no longer names its run: keyed by its chain instead.
-fn continue_chain(
-    cfg: &Config,
-    api: Api,
-    chains: &dyn chain::Chains,
-    doc: &Doc,
-    view: &View,
-    id: &mut Identity,
-) {
-    let by_head = match id.source {
-        KeySource::Head => true,
-        KeySource::Source(i) => cfg.session_sources.get(i).is_some_and(|s| s.with_head),
-        KeySource::Chain { .. } | KeySource::Fallback(_) => false,
-    };
-    if api != Api::Responses || !by_head {
-        return;
-    }
-    let Some(previous) = chain::previous_id(doc, view) else {
-        return;
-    };
-    let (session, seen) = match chains.session_of(&previous) {
-        Some(s) => (s, true),
-        None => (chain::unseen_session(&previous), false),
-    };
-    id.session = session;
-    id.source = KeySource::Chain { seen };
-}
 
 /// What one routed request says, as read.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,17 +55,15 @@ pub struct Reading {
     pub reject: Option<Reject>,
     /// Read from a decoded compressed body (counter `tether_body_decompressed`).
     pub decoded: bool,
+    /// What its `previous_response_id` asks for (a Responses body).
+    pub chain: chain::ChainRead,
 }
 
 impl Reading {
     /// The session to learn the answer's response id under: a Responses
     /// request keyed by its head or its chain ([`chain`]).
     pub fn chain_session(&self, cfg: &Config) -> Option<&[u8]> {
-        let by_head = match self.identity.source {
-            KeySource::Head | KeySource::Chain { .. } => true,
-            KeySource::Source(i) => cfg.session_sources.get(i).is_some_and(|s| s.with_head),
-            KeySource::Fallback(_) => false,
-        };
+        let by_head = chain::keyed_by_head(cfg, &self.identity.source);
         (self.api == Api::Responses && by_head && self.reject.is_none())
             .then_some(self.identity.session.as_slice())
     }
@@ -115,6 +85,7 @@ impl Reading {
             new_bytes: None,
             reject: None,
             decoded: false,
+            chain: chain::ChainRead::default(),
         }
     }
 }
@@ -209,8 +180,13 @@ fn source_label(cfg: &Config, identity: &Identity) -> String {
             .get(*i)
             .map_or_else(|| "unknown".to_owned(), |s| s.label.clone()),
         KeySource::Head => "head".to_owned(),
-        KeySource::Chain { seen: true } => "chain".to_owned(),
-        KeySource::Chain { seen: false } => "chain:unseen".to_owned(),
+        KeySource::Chain(from) => match from {
+            chain::ChainFrom::Id => "chain",
+            chain::ChainFrom::Table => "chain:table",
+            chain::ChainFrom::Unseen => "chain:unseen",
+            chain::ChainFrom::Forged => "chain:forged",
+        }
+        .to_owned(),
         KeySource::Fallback(r) => format!("fallback:{}", r.name()),
     }
 }
@@ -410,7 +386,7 @@ fn conversation(
     mark(Step::Identity);
     match res {
         Resolution::Known(mut id) => {
-            continue_chain(cfg, api, input.chains, doc, view, &mut id);
+            let chain = chain::continue_chain(cfg, api, input.chains, doc, view, &mut id);
             let turn = cfg
                 .outputs
                 .needs_turn()
@@ -436,6 +412,7 @@ fn conversation(
                     .is_some()
                     .then(|| turn::new_turn_bytes(api, doc, view))
                     .flatten(),
+                chain,
                 ..Reading::unread(cfg, api, id, false)
             }
         }

@@ -158,15 +158,35 @@ pub const FIXED: &[(&str, &str)] = &[
     ),
     (
         "tether_chain_hit",
-        "a Responses continuation took the key of the response it continues",
+        "a Responses continuation of a plain engine id took the key this gateway learned for it",
     ),
     (
         "tether_chain_unseen",
-        "a Responses continuation of a response not in this gateway's table: keyed by that response id",
+        "a Responses continuation of a plain engine id not in this gateway's table: keyed by that id",
     ),
     (
         "tether_chain_learned",
         "a Responses answer's id was written to the chain table",
+    ),
+    (
+        "tether_chain_carried",
+        "a Responses continuation took its key from the chain id it continues",
+    ),
+    (
+        "tether_chain_forged",
+        "a previous_response_id in chain-id form failed its check: keyed as unseen, forwarded as sent",
+    ),
+    (
+        "tether_chain_unwrapped",
+        "a request's chain id was replaced by the engine's own id before the engine saw it",
+    ),
+    (
+        "tether_chain_wrapped",
+        "a Responses answer's id was replaced by a chain id on its way to the client",
+    ),
+    (
+        "tether_chain_not_wrapped",
+        "a 2xx Responses answer kept the engine's id: none found, one a chain id cannot carry, or compressed",
     ),
 ];
 
@@ -209,10 +229,15 @@ pub enum Fixed {
     ChainHit,
     ChainUnseen,
     ChainLearned,
+    ChainCarried,
+    ChainForged,
+    ChainUnwrapped,
+    ChainWrapped,
+    ChainNotWrapped,
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 35] = [
+    pub const ALL: [Fixed; 40] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
@@ -248,6 +273,11 @@ impl Fixed {
         Fixed::ChainHit,
         Fixed::ChainUnseen,
         Fixed::ChainLearned,
+        Fixed::ChainCarried,
+        Fixed::ChainForged,
+        Fixed::ChainUnwrapped,
+        Fixed::ChainWrapped,
+        Fixed::ChainNotWrapped,
     ];
 
     /// The counter of a placement by residency.

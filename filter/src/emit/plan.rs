@@ -8,6 +8,7 @@ use super::rewrite::Edit;
 use crate::config::Config;
 use crate::config::outputs::{HASHABLE_KEY, ORIGINAL_DST_KEY, Output};
 use crate::place::{LoadRead, Placed, Pools, Prefill};
+use crate::read::chain::ChainFrom;
 use crate::read::identity::{KeySource, hex16};
 use crate::read::{Reading, Reject};
 
@@ -94,8 +95,14 @@ impl Plan {
             }
             KeySource::Head => count(Counter::Head),
             KeySource::Source(i) => count(Counter::Source(*i)),
-            KeySource::Chain { seen: true } => count(Counter::Fixed(Fixed::ChainHit)),
-            KeySource::Chain { seen: false } => count(Counter::Fixed(Fixed::ChainUnseen)),
+            KeySource::Chain(ChainFrom::Id) => count(Counter::Fixed(Fixed::ChainCarried)),
+            KeySource::Chain(ChainFrom::Table) => count(Counter::Fixed(Fixed::ChainHit)),
+            KeySource::Chain(ChainFrom::Unseen) => count(Counter::Fixed(Fixed::ChainUnseen)),
+            // Counted below, whatever keyed the request.
+            KeySource::Chain(ChainFrom::Forged) => {}
+        }
+        if r.chain.forged {
+            count(Counter::Fixed(Fixed::ChainForged));
         }
         if r.decoded {
             count(Counter::Fixed(Fixed::BodyDecompressed));

@@ -14,7 +14,10 @@
 //! carries along the rest of the chain on this replica. `docs/gateway.md`,
 //! "Responses chains".
 
-use crate::read::identity::MAX_ID_BYTES;
+use crate::api::Api;
+use crate::config::Config;
+use crate::read::chain_id::{self, MacKey, Previous};
+use crate::read::identity::{Identity, KeySource, MAX_ID_BYTES};
 use crate::read::scan::{Doc, View};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -25,6 +28,10 @@ pub struct ChainConfig {
     pub slots: u32,
     /// How long a learned response id is kept (`chains.ttl_s`), in milliseconds.
     pub ttl_ms: u64,
+    /// Hand clients chain ids in place of the engine's (`chains.wrap`).
+    pub wrap: bool,
+    /// The chain ids' MAC key (`chains.secret`, else `cache_salt.secret`).
+    pub key: MacKey,
 }
 
 impl Default for ChainConfig {
@@ -32,13 +39,15 @@ impl Default for ChainConfig {
         Self {
             slots: 32_768,
             ttl_ms: 3_600_000,
+            wrap: true,
+            key: crate::read::chain_id::mac_key(None),
         }
     }
 }
 
-/// Longest session stored in the table; longer ones (a long `user` with the
-/// head hash) are not learned, so an entry stays small.
-pub const MAX_SESSION: usize = 128;
+/// Longest session stored in the table or carried in a chain id; longer
+/// ones (a long `user` with the head hash) are neither, so both stay small.
+pub use crate::read::chain_id::MAX_SESSION;
 
 /// Bytes of the response body searched for its `id` before giving up.
 pub const ID_WINDOW: usize = 16 * 1024;
@@ -147,6 +156,83 @@ impl<S: SlotStore + std::fmt::Debug> Chains for Table<'_, S> {
     fn session_of(&self, response_id: &[u8]) -> Option<Vec<u8>> {
         self.lookup(response_id)
     }
+}
+
+/// Where a continuation's session came from (`x-tether-key-source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainFrom {
+    /// Carried in the chain id it continues: the same on every replica (`chain`).
+    Id,
+    /// A plain engine id this replica learned (`chain:table`).
+    Table,
+    /// A plain engine id this replica has not seen (`chain:unseen`).
+    Unseen,
+    /// A chain id that failed its check, keyed like an unseen one (`chain:forged`).
+    Forged,
+}
+
+/// What a request's `previous_response_id` asks of the filter, whatever
+/// named its key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChainRead {
+    /// The engine's own id, put back in `previous_response_id` before the
+    /// engine sees the request.
+    pub unwrap: Option<Vec<u8>>,
+    /// The id looked like a chain id and failed its check (counted).
+    pub forged: bool,
+}
+
+/// Whether `source` names a run only by its conversation (the head, a
+/// `+head` source) or by its chain: such a Responses request is keyed by its
+/// chain, and its answer's id carries the chain on.
+pub fn keyed_by_head(cfg: &Config, source: &KeySource) -> bool {
+    match source {
+        KeySource::Head | KeySource::Chain(_) => true,
+        KeySource::Source(i) => cfg.session_sources.get(*i).is_some_and(|s| s.with_head),
+        KeySource::Fallback(_) => false,
+    }
+}
+
+/// Reads a Responses request's `previous_response_id`: a chain id that
+/// verifies is opened (its engine id to put back); a continuation keyed by
+/// its head (its head no longer names the run) takes the chain's session —
+/// carried in the id, else learned by this replica, else the previous id's own.
+pub fn continue_chain(
+    cfg: &Config,
+    api: Api,
+    chains: &dyn Chains,
+    doc: &Doc,
+    view: &View,
+    id: &mut Identity,
+) -> ChainRead {
+    if api != Api::Responses {
+        return ChainRead::default();
+    }
+    let Some(previous) = previous_id(doc, view) else {
+        return ChainRead::default();
+    };
+    let opened = chain_id::open(&cfg.chains.key, &id.tenant, &previous);
+    let read = ChainRead {
+        unwrap: match &opened {
+            Previous::Carried { engine, .. } => Some(engine.to_vec()),
+            Previous::Plain | Previous::Forged => None,
+        },
+        forged: opened == Previous::Forged,
+    };
+    if !keyed_by_head(cfg, &id.source) {
+        return read;
+    }
+    let (session, from) = match opened {
+        Previous::Carried { session, .. } => (session, ChainFrom::Id),
+        Previous::Forged => (unseen_session(&previous), ChainFrom::Forged),
+        Previous::Plain => match chains.session_of(&previous) {
+            Some(s) => (s, ChainFrom::Table),
+            None => (unseen_session(&previous), ChainFrom::Unseen),
+        },
+    };
+    id.session = session;
+    id.source = KeySource::Chain(from);
+    read
 }
 
 /// A Responses request's `previous_response_id`, when it names one.

@@ -100,10 +100,9 @@ pub enum KeySource {
     Source(usize),
     /// The conversation-head hash.
     Head,
-    /// A Responses continuation (`previous_response_id`): `seen` = the
-    /// session of the response it continues ([`crate::read::chain`]), else
-    /// keyed by that response id.
-    Chain { seen: bool },
+    /// A Responses continuation (`previous_response_id`), keyed by its
+    /// chain ([`crate::read::chain`]).
+    Chain(crate::read::chain::ChainFrom),
     /// Nothing usable: see [`crate::read::reason::Reason`].
     Fallback(crate::read::reason::Reason),
 }

@@ -9,7 +9,8 @@
 //! output header and one increment per counter, by ids resolved at configure
 //! time. Nothing is kept for the later callbacks unless they use it.
 
-use super::chain_store::{self, Learned, Learner};
+use super::answer::Answer;
+use super::chain_store;
 use super::host;
 use super::poller::{Poller, ResidencyPoll};
 use super::timing::{Log, Probe};
@@ -249,7 +250,8 @@ impl RootContext for Root {
             headers: Vec::new(),
             plan: None,
             first: None,
-            learner: None,
+            chain: None,
+            answer: None,
         }))
     }
 
@@ -293,8 +295,11 @@ struct Http {
     plan: Option<Plan>,
     /// Pick mode: the endpoint listed first, for the response path.
     first: Option<usize>,
-    /// A Responses request keyed by its head or chain: learn its answer's id.
-    learner: Option<Learner>,
+    /// A Responses request keyed by its head or chain: (tenant, session)
+    /// its answer's id carries on.
+    chain: Option<(Vec<u8>, Vec<u8>)>,
+    /// That answer, from its headers on.
+    answer: Option<Answer>,
 }
 
 impl Context for Http {}
@@ -332,6 +337,9 @@ impl Http {
             match host::set_buffer(BufferType::HttpRequestBody, 0, edit.len, &edit.data) {
                 Ok(()) => {
                     s.count_fixed(Fixed::BodyRewritten);
+                    if plan.read.chain.unwrap.is_some() {
+                        s.count_fixed(Fixed::ChainUnwrapped);
+                    }
                     if plan.spoofed_markers {
                         s.count_fixed(Fixed::SpoofedBodyMarkerRemoved);
                     }
@@ -368,10 +376,10 @@ impl Http {
             return Action::Pause;
         }
         self.first = plan.placed.primary();
-        self.learner = plan
+        self.chain = plan
             .read
             .chain_session(&s.cfg)
-            .map(|session| Learner::new(session.to_vec()));
+            .map(|session| (plan.read.identity.tenant.clone(), session.to_vec()));
         self.apply_state(&plan);
         probe.mark(Step::Apply);
         s.note(&plan);
@@ -405,16 +413,24 @@ impl Http {
 
 impl HttpContext for Http {
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(learner) = self.learner.as_mut() else {
+        let Some(answer) = self.answer.as_mut() else {
             return Action::Continue;
         };
-        match learner.chunk(self.shared.cfg.chains, body_size, end_of_stream) {
-            Learned::More => return Action::Continue,
-            Learned::Done(true) => self.shared.count_fixed(Fixed::ChainLearned),
-            Learned::Done(false) => self.shared.count_fixed(Fixed::HostError),
-            Learned::GaveUp => {}
+        let s = &self.shared;
+        let (action, done) = answer.chunk(s.cfg.chains, body_size, end_of_stream, &|f| {
+            s.count_fixed(f)
+        });
+        if done {
+            self.answer = None;
         }
-        self.learner = None;
+        action
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        if let Some(mut answer) = self.answer.take() {
+            let s = &self.shared;
+            answer.trailers(&|f| s.count_fixed(f));
+        }
         Action::Continue
     }
 
@@ -511,17 +527,11 @@ impl HttpContext for Http {
             self.shared.observe(first);
         }
         // Only a successful answer has a response id to continue from.
-        if let Some(learner) = self.learner.as_mut() {
-            let wanted = |n: &[u8]| n == b":status" || n == b"content-encoding";
-            let headers =
-                host::header_pairs(MapType::HttpResponseHeaders, wanted).unwrap_or_default();
-            let ok = headers
-                .iter()
-                .any(|(n, v)| n == ":status" && v.first() == Some(&b'2'));
-            learner.coding = crate::read::encoding::of(&headers);
-            if end_of_stream || !ok {
-                self.learner = None;
-            }
+        if let Some((tenant, session)) = self.chain.take() {
+            let s = &self.shared;
+            self.answer = Answer::start(s.cfg.chains, tenant, session, end_of_stream, &|f| {
+                s.count_fixed(f)
+            });
         }
         if self.shared.cfg.outputs.has(Output::Debug)
             && let Some(plan) = &self.plan

@@ -29,6 +29,7 @@ fn table(store: &MapSlots, slots: u32, now_ms: u64) -> Table<'_, MapSlots> {
         cfg: ChainConfig {
             slots,
             ttl_ms: 60_000,
+            ..ChainConfig::default()
         },
         now_ms,
     }
@@ -136,7 +137,7 @@ fn a_chain_keeps_turn_one_key_and_chains_stay_apart() {
     );
     for chain in [&a, &b, &c] {
         assert_eq!(chain[0].1, "head");
-        assert!(chain[1..].iter().all(|t| t.1 == "chain"), "{chain:?}");
+        assert!(chain[1..].iter().all(|t| t.1 == "chain:table"), "{chain:?}");
         assert!(
             chain.iter().all(|t| t.0 == chain[0].0),
             "one key along the chain: {chain:?}"
@@ -168,7 +169,7 @@ fn an_unseen_continuation_is_keyed_by_its_previous_response_and_then_carried() {
     // Its answer is learned under the unseen key: the next turn hits it.
     assert!(t.learn(b"resp_x2", &session.unwrap_or_default()));
     let (k3, s3, _) = k("resp_x2");
-    assert_eq!((k3, s3.as_str()), (k1, "chain"));
+    assert_eq!((k3, s3.as_str()), (k1, "chain:table"));
     // Without any table (NoChains) the same continuation gets the same unseen key.
     let p = plan_of(
         &cfg,
@@ -199,7 +200,7 @@ fn explicit_ids_still_win_over_the_chain() {
     assert_eq!(p.read.source, "header:x-session-id");
     // Without them, the chain.
     let p = plan_of(&cfg, &t, &[], &responses_turn(2, "x", Some("resp_1")));
-    assert_eq!(p.read.source, "chain");
+    assert_eq!(p.read.source, "chain:table");
 }
 
 #[test]
@@ -412,5 +413,136 @@ fn response_ids_from_compressed_answers_and_their_first_bytes() {
     assert_eq!(
         coded_response_id(ContentEncoding::Identity, &answer),
         Some(b"resp_zz9".to_vec())
+    );
+}
+
+/// The chain id the response path hands the client for `engine`, answering `plan`.
+fn sealed(cfg: &Config, plan: &crate::emit::Plan, engine: &str) -> String {
+    let session = plan
+        .read
+        .chain_session(cfg)
+        .expect("answer carries the chain");
+    let id = crate::read::chain_id::seal(
+        &cfg.chains.key,
+        &plan.read.identity.tenant,
+        session,
+        engine.as_bytes(),
+    )
+    .expect("carried");
+    String::from_utf8(id).expect("ASCII")
+}
+
+/// The body the engine gets: the plan's edit applied.
+fn upstream(plan: &crate::emit::Plan, body: &[u8]) -> Value {
+    let sent = plan
+        .edit
+        .as_ref()
+        .map_or_else(|| body.to_vec(), |e| crate::emit::rewrite::apply(body, e));
+    serde_json::from_slice(&sent).expect("the engine gets JSON")
+}
+
+#[test]
+fn chain_ids_keep_one_key_on_replicas_that_share_nothing() {
+    for cfg in [
+        Config::default(),
+        // A body rewrite too: the unwrap rides on it.
+        Config::parse(br#"{"cache_salt": {"secret": "0123456789abcdef"}}"#).unwrap(),
+    ] {
+        let first = plan_of(&cfg, &NoChains, &[], &responses_turn(1, "fix it", None));
+        assert_eq!(first.read.source, "head");
+        let mut previous = sealed(&cfg, &first, "resp_e1");
+        for turn in 2..=4 {
+            // Every turn on a replica with no table at all.
+            let body = responses_turn(turn, "fix it", Some(&previous));
+            let p = plan_of(&cfg, &NoChains, &[], &body);
+            assert_eq!(
+                (p.read.key, p.read.source.as_str()),
+                (first.read.key, "chain")
+            );
+            let engine = format!("resp_e{}", turn - 1);
+            assert_eq!(upstream(&p, &body)["previous_response_id"], engine.as_str());
+            if cfg.cache_salt.is_none() {
+                let e = p.edit.as_ref().expect("unwrapped in place");
+                assert_eq!(crate::emit::rewrite::apply(&body, e).len(), body.len());
+            }
+            let mut counters = Vec::new();
+            p.for_each_counter(&cfg, |c| counters.push(c));
+            assert!(counters.contains(&crate::emit::metrics::Counter::Fixed(
+                crate::emit::metrics::Fixed::ChainCarried
+            )));
+            previous = sealed(&cfg, &p, &format!("resp_e{turn}"));
+        }
+    }
+}
+
+#[test]
+fn a_forged_or_foreign_chain_id_is_never_opened() {
+    let cfg =
+        Config::parse(br#"{"tenant_header": "x-tenant", "chains": {"secret": "k"}}"#).unwrap();
+    let a = [("x-tenant", "acme")];
+    let first = plan_of(&cfg, &NoChains, &a, &responses_turn(1, "fix it", None));
+    let good = sealed(&cfg, &first, "resp_e1");
+    // Its engine id swapped for another response's: the tag no longer fits.
+    let forged = good.replace("resp_e1", "resp_e2");
+    let other_tenant = [("x-tenant", "globex")];
+    for (hdrs, id) in [
+        (&a, forged.as_str()),
+        (&other_tenant, good.as_str()),
+        (&a, "resp_tt1zz"),
+    ] {
+        let body = responses_turn(2, "fix it", Some(id));
+        let p = plan_of(&cfg, &NoChains, hdrs, &body);
+        assert_eq!(p.read.source, "chain:forged", "{id}");
+        assert!(p.read.chain.forged);
+        assert_eq!(p.edit, None, "forwarded as sent");
+        assert_ne!(p.read.key, first.read.key);
+        assert_eq!(
+            plan_of(&cfg, &NoChains, hdrs, &body).read.key,
+            p.read.key,
+            "stable"
+        );
+        let mut counters = Vec::new();
+        p.for_each_counter(&cfg, |c| counters.push(c));
+        assert!(counters.contains(&crate::emit::metrics::Counter::Fixed(
+            crate::emit::metrics::Fixed::ChainForged
+        )));
+        // Its answer carries the chain on from its own key.
+        assert!(p.read.chain_session(&cfg).is_some());
+    }
+    // An explicit session source keys it, yet a good chain id is still unwrapped.
+    let mut body: Value = serde_json::from_slice(&responses_turn(2, "x", Some(&good))).unwrap();
+    body["prompt_cache_key"] = json!("pck");
+    let bytes = body.to_string().into_bytes();
+    let p = plan_of(&cfg, &NoChains, &a, &bytes);
+    assert_eq!(p.read.source, "body:prompt_cache_key");
+    assert_eq!(upstream(&p, &bytes)["previous_response_id"], "resp_e1");
+}
+
+#[test]
+fn a_chain_begun_before_chain_ids_goes_on_from_the_table() {
+    let cfg = Config::default();
+    let store = MapSlots::default();
+    let t = table(&store, 64, 0);
+    // Learned by the filter before the upgrade: plain engine ids.
+    let first = plan_of(&cfg, &t, &[], &responses_turn(1, "fix it", None));
+    assert!(t.learn(b"resp_old1", first.read.chain_session(&cfg).unwrap()));
+    let body = responses_turn(2, "fix it", Some("resp_old1"));
+    let p = plan_of(&cfg, &t, &[], &body);
+    assert_eq!(
+        (p.read.key, p.read.source.as_str()),
+        (first.read.key, "chain:table")
+    );
+    assert_eq!(p.edit, None, "a plain id goes to the engine as sent");
+    // Its answer gets a chain id: the next turn needs no table.
+    let next = sealed(&cfg, &p, "resp_new2");
+    let p3 = plan_of(
+        &cfg,
+        &NoChains,
+        &[],
+        &responses_turn(3, "fix it", Some(&next)),
+    );
+    assert_eq!(
+        (p3.read.key, p3.read.source.as_str()),
+        (first.read.key, "chain")
     );
 }

@@ -101,119 +101,325 @@ fn responses_turn(turn: usize, first: &str, previous: Option<&str>, stream: bool
     body
 }
 
-/// The upstream's answer carrying response id `id`: a response object, or
-/// an SSE stream (split into small chunks) whose first event names it.
+/// The upstream's answer carrying response id `id`: a response object (with
+/// its `content-length`), or an SSE stream (split into small chunks, so the
+/// id is cut across them) whose lifecycle events name it.
 fn responses_answer(id: &str, stream: bool) -> tether_wasm_host::UpstreamResponse {
     let object = json!({"id": id, "object": "response", "created_at": 1764640000, "status": "completed", "model": "gpt-5-codex", "output": [{"id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]}]});
     let (ctype, body) = if stream {
         let mut created = object.clone();
         created["status"] = json!("in_progress");
+        created["output"] = json!([]);
         let sse = format!(
-            "event: response.created\ndata: {}\n\nevent: response.completed\ndata: {}\n\n",
+            "event: response.created\ndata: {}\n\nevent: response.in_progress\ndata: {}\n\nevent: response.output_text.delta\ndata: {}\n\nevent: response.completed\ndata: {}\n\n",
             json!({"type": "response.created", "sequence_number": 0, "response": created}),
-            json!({"type": "response.completed", "sequence_number": 1, "response": object}),
+            json!({"type": "response.in_progress", "sequence_number": 1, "response": created}),
+            json!({"type": "response.output_text.delta", "sequence_number": 2, "item_id": "msg_1", "delta": "done"}),
+            json!({"type": "response.completed", "sequence_number": 3, "response": object}),
         );
         ("text/event-stream", sse.into_bytes())
     } else {
         ("application/json", object.to_string().into_bytes())
     };
+    let mut headers =
+        tether_wasm_host::HeaderMap::from_pairs([(":status", "200"), ("content-type", ctype)]);
+    if !stream {
+        headers.add(b"content-length", body.len().to_string().as_bytes());
+    }
     tether_wasm_host::UpstreamResponse {
-        headers: tether_wasm_host::HeaderMap::from_pairs([
-            (":status", "200"),
-            ("content-type", ctype),
-        ]),
+        headers,
         body_chunks: tether_wasm_host::Request::chunked(&body, 24),
         trailers: tether_wasm_host::HeaderMap::new(),
     }
 }
 
-/// Sends one Responses turn answered with `answer_id`; returns (key, source).
+/// One Responses turn as a client sees it.
+#[derive(Debug)]
+struct Turn {
+    key: String,
+    source: String,
+    /// `previous_response_id` as the engine got it.
+    upstream_previous: Option<String>,
+    /// The response id the client got (what it sends next), checked to be
+    /// the same in every event of a stream.
+    client_id: String,
+}
+
+/// The answer's response ids as the client got them: the object's `id`, or
+/// every SSE lifecycle event's `response.id`.
+fn client_ids(body: &[u8], stream: bool) -> Vec<String> {
+    if !stream {
+        let v: Value = serde_json::from_slice(body).unwrap_or_else(|e| panic!("{e}"));
+        return vec![v["id"].as_str().unwrap_or_default().to_owned()];
+    }
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}"));
+            v["response"]["id"].as_str().map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Sends one Responses turn answered with `answer_id`, with the tenant
+/// headers `extra`.
+fn chain_turn_as(
+    vm: &mut tether_wasm_host::FilterVm,
+    extra: &[(&str, &str)],
+    body: &Value,
+    answer_id: &str,
+    stream: bool,
+) -> Turn {
+    let bytes = body.to_string().into_bytes();
+    let length = bytes.len().to_string();
+    let headers = [
+        &[
+            ("content-type", "application/json"),
+            ("content-length", length.as_str()),
+        ],
+        extra,
+    ]
+    .concat();
+    let req = tether_wasm_host::Request {
+        body_chunks: tether_wasm_host::Request::chunked(&bytes, 4096),
+        response: responses_answer(answer_id, stream),
+        ..tether_wasm_host::Request::post(RESPONSES, &headers, &[])
+    };
+    let out = vm.run(&req).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.stalled, None, "{out:#?}");
+    let down = out
+        .downstream
+        .as_ref()
+        .expect("the answer reaches the client");
+    let up = out
+        .upstream
+        .as_ref()
+        .expect("the request reaches the engine");
+    assert_eq!(
+        up.headers.get(b"content-length").map(|v| v.to_vec()),
+        Some(up.body.len().to_string().into_bytes()),
+        "the engine's content-length stays true"
+    );
+    let sent: Value = serde_json::from_slice(&up.body).unwrap_or_else(|e| panic!("{e}"));
+    let ids = client_ids(&down.body, stream);
+    assert!(
+        !ids.is_empty() && ids.iter().all(|i| i == &ids[0]),
+        "one id in every event: {ids:?}"
+    );
+    if ids[0] != answer_id {
+        assert_eq!(down.headers.get(b"content-length"), None, "the answer grew");
+    }
+    let (key, source) = key_of(&out);
+    Turn {
+        key,
+        source,
+        upstream_previous: sent["previous_response_id"].as_str().map(str::to_owned),
+        client_id: ids[0].clone(),
+    }
+}
+
+/// [`chain_turn_as`] without a tenant; returns (key, source).
 fn chain_turn(
     vm: &mut tether_wasm_host::FilterVm,
     body: &Value,
     answer_id: &str,
     stream: bool,
 ) -> (String, String) {
-    let bytes = body.to_string().into_bytes();
-    let req = tether_wasm_host::Request {
-        body_chunks: tether_wasm_host::Request::chunked(&bytes, 4096),
-        response: responses_answer(answer_id, stream),
-        ..tether_wasm_host::Request::post(RESPONSES, &[("content-type", "application/json")], &[])
-    };
-    let out = vm.run(&req).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(out.stalled, None, "{out:#?}");
-    assert!(out.downstream.is_some(), "the answer reaches the client");
-    key_of(&out)
+    let t = chain_turn_as(vm, &[], body, answer_id, stream);
+    (t.key, t.source)
+}
+
+/// Turn `turn` of the chain "fix it", continuing `previous`, answered with `answer`.
+fn fix_it(
+    vm: &mut tether_wasm_host::FilterVm,
+    turn: usize,
+    previous: Option<&str>,
+    answer: &str,
+    stream: bool,
+) -> Turn {
+    let body = responses_turn(turn, "fix it", previous, stream);
+    chain_turn_as(vm, &[], &body, answer, stream)
+}
+
+fn vm_with(config: Value) -> tether_wasm_host::FilterVm {
+    plugin()
+        .start(options(&config.to_string()))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
-fn responses_chains_keep_one_key_each_streamed_or_not() {
-    let mut vm = plugin()
-        .start(options(&json!({"outputs": "all"}).to_string()))
-        .unwrap_or_else(|e| panic!("{e}"));
+fn responses_chains_keep_one_key_on_two_replicas_alternating_streamed_or_not() {
+    // Two gateway replicas that share nothing (two VMs: two Envoys).
+    let mut replicas = [
+        vm_with(json!({"outputs": "all"})),
+        vm_with(json!({"outputs": "all"})),
+    ];
     for stream in [true, false] {
         // Two chains at once, same instructions and tools, interleaved turn by turn.
         let firsts = [
             "fix the failing parser test",
             "add a --json flag to the CLI",
         ];
-        let mut keys: [Vec<(String, String)>; 2] = [Vec::new(), Vec::new()];
+        let mut turns: [Vec<Turn>; 2] = [Vec::new(), Vec::new()];
         for turn in 1..=4 {
             for (c, first) in firsts.iter().enumerate() {
-                let prev = (turn > 1).then(|| format!("resp_{stream}_{c}_{}", turn - 1));
+                let prev = turns[c].last().map(|t| t.client_id.clone());
                 let body = responses_turn(turn, first, prev.as_deref(), stream);
-                let got = chain_turn(&mut vm, &body, &format!("resp_{stream}_{c}_{turn}"), stream);
-                keys[c].push(got);
+                let engine_id = format!("resp_{stream}_{c}_{turn}");
+                // Each turn of a chain reaches the other replica.
+                let vm = &mut replicas[(turn + c) % 2];
+                let got = chain_turn_as(vm, &[], &body, &engine_id, stream);
+                assert!(got.client_id.starts_with("resp_tt1"), "{got:?}");
+                assert!(got.client_id.ends_with(&engine_id), "{got:?}");
+                let engine_prev = (turn > 1).then(|| format!("resp_{stream}_{c}_{}", turn - 1));
+                assert_eq!(
+                    got.upstream_previous, engine_prev,
+                    "the engine sees its own id"
+                );
+                turns[c].push(got);
             }
         }
-        for chain in &keys {
-            assert_eq!(chain[0].1, "head", "{chain:?}");
+        for chain in &turns {
+            assert_eq!(chain[0].source, "head", "{chain:?}");
             assert!(
-                chain[1..].iter().all(|k| k.1 == "chain"),
+                chain[1..].iter().all(|t| t.source == "chain"),
                 "stream={stream}: {chain:?}"
             );
             assert!(
-                chain.iter().all(|k| k.0 == chain[0].0),
-                "stream={stream}: one key: {chain:?}"
+                chain.iter().all(|t| t.key == chain[0].key),
+                "stream={stream}: one key on both replicas: {chain:?}"
             );
         }
         assert_ne!(
-            keys[0][0].0, keys[1][0].0,
+            turns[0][0].key, turns[1][0].key,
             "stream={stream}: chains stay apart"
         );
     }
+    let mut sum = |name: &str| -> u64 {
+        replicas
+            .iter_mut()
+            .map(|vm| {
+                vm.tick().unwrap_or_else(|e| panic!("{e}"));
+                vm.state().metric(name).unwrap_or(0)
+            })
+            .sum()
+    };
+    assert_eq!(sum("tether_chain_wrapped"), 16);
+    assert_eq!(sum("tether_chain_carried"), 12);
+    assert_eq!(sum("tether_chain_unwrapped"), 12);
+    assert_eq!(sum("tether_chain_learned"), 0, "no table needed");
+    assert_eq!(sum("tether_chain_unseen"), 0);
+    assert_eq!(sum("tether_chain_not_wrapped"), 0);
+    assert!(replicas.iter().all(|vm| !vm.failed()));
+}
+
+#[test]
+fn a_forged_or_malformed_chain_id_falls_back_and_is_forwarded_as_sent() {
+    let config =
+        json!({"outputs": "all", "tenant_header": "x-tenant", "chains": {"secret": "k3y"}});
+    let mut vm = vm_with(config.clone());
+    let acme = [("x-tenant", "acme")];
+    let first = chain_turn_as(
+        &mut vm,
+        &acme,
+        &responses_turn(1, "fix it", None, false),
+        "resp_e1",
+        false,
+    );
+    let good = first.client_id.clone();
+    let tampered = good.replace("resp_e1", "resp_e9");
+    for (tenant, id) in [
+        (&acme, tampered.as_str()),
+        (&[("x-tenant", "globex")], good.as_str()),
+        (&acme, "resp_tt1zz-not-hex"),
+        (&acme, "resp_tt1"),
+    ] {
+        for stream in [false, true] {
+            let got = chain_turn_as(
+                &mut vm,
+                tenant,
+                &responses_turn(2, "fix it", Some(id), stream),
+                "resp_e2",
+                stream,
+            );
+            assert_eq!(got.source, "chain:forged", "{id}");
+            assert_ne!(got.key, first.key, "{id}");
+            assert_eq!(got.upstream_previous.as_deref(), Some(id), "never opened");
+        }
+    }
+    // A different secret on another replica cannot open it either.
+    let mut other = vm_with(
+        json!({"outputs": "all", "tenant_header": "x-tenant", "chains": {"secret": "other"}}),
+    );
+    let got = chain_turn_as(
+        &mut other,
+        &acme,
+        &responses_turn(2, "fix it", Some(&good), false),
+        "resp_e2",
+        false,
+    );
+    assert_eq!(got.source, "chain:forged");
+    // The same secret can.
+    let mut same = vm_with(config);
+    let got = chain_turn_as(
+        &mut same,
+        &acme,
+        &responses_turn(2, "fix it", Some(&good), false),
+        "resp_e2",
+        false,
+    );
+    assert_eq!(
+        (got.key.as_str(), got.source.as_str()),
+        (first.key.as_str(), "chain")
+    );
+    assert_eq!(got.upstream_previous.as_deref(), Some("resp_e1"));
     vm.tick().unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(vm.state().metric("tether_chain_learned"), Some(16));
-    assert_eq!(vm.state().metric("tether_chain_hit"), Some(12));
-    assert_eq!(vm.state().metric("tether_chain_unseen"), Some(0));
-    // A gateway that saw none of it (a fresh VM: another replica): each
-    // continuation is keyed by the response it continues — stable, and apart.
-    let mut other = plugin()
-        .start(options(&json!({"outputs": "all"}).to_string()))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let a3 = chain_turn(
-        &mut other,
-        &responses_turn(3, "x", Some("resp_true_0_2"), true),
-        "resp_o_a3",
-        true,
+    assert_eq!(vm.state().metric("tether_chain_forged"), Some(8));
+    assert!(!vm.failed() && !other.failed() && !same.failed());
+}
+
+#[test]
+fn a_chain_begun_before_the_upgrade_goes_on_and_then_needs_no_table() {
+    // Before: chain ids off (the per-Envoy table alone), turns 1 and 2.
+    let mut old = vm_with(json!({"outputs": "all", "chains": {"wrap": false}}));
+    let t1 = fix_it(&mut old, 1, None, "resp_old1", true);
+    let t2 = fix_it(&mut old, 2, Some(&t1.client_id), "resp_old2", true);
+    assert_eq!(t1.client_id, "resp_old1", "plain engine ids");
+    assert_eq!(
+        (t2.key.as_str(), t2.source.as_str()),
+        (t1.key.as_str(), "chain:table")
     );
-    let b3 = chain_turn(
-        &mut other,
-        &responses_turn(3, "x", Some("resp_true_1_2"), true),
-        "resp_o_b3",
-        true,
+    // The upgraded module in the same Envoy keeps the process's shared data.
+    let mut new = vm_with(json!({"outputs": "all"}));
+    new.state_mut().shared_data = old.state().shared_data.clone();
+    let t3 = fix_it(&mut new, 3, Some(&t2.client_id), "resp_new3", true);
+    assert_eq!(
+        (t3.key.as_str(), t3.source.as_str()),
+        (t1.key.as_str(), "chain:table")
     );
-    assert_eq!(a3.1, "chain:unseen");
-    assert_ne!(a3.0, b3.0);
-    // From there on this replica carries the chain along.
-    let a4 = chain_turn(
-        &mut other,
-        &responses_turn(4, "x", Some("resp_o_a3"), true),
-        "resp_o_a4",
-        true,
+    assert_eq!(t3.upstream_previous.as_deref(), Some("resp_old2"));
+    assert!(
+        t3.client_id.starts_with("resp_tt1"),
+        "from here on a chain id"
     );
-    assert_eq!(a4, (a3.0.clone(), "chain".to_owned()));
-    assert!(!other.failed());
+    // Turn 4 on a replica that never saw the chain.
+    let mut fresh = vm_with(json!({"outputs": "all"}));
+    let t4 = fix_it(&mut fresh, 4, Some(&t3.client_id), "resp_new4", true);
+    assert_eq!(
+        (t4.key.as_str(), t4.source.as_str()),
+        (t1.key.as_str(), "chain")
+    );
+    assert_eq!(t4.upstream_previous.as_deref(), Some("resp_new3"));
+    // A plain id a replica never learned: keyed by that id, and carried on from there.
+    let u = fix_it(&mut fresh, 3, Some("resp_old2"), "resp_u3", false);
+    assert_eq!(u.source, "chain:unseen");
+    let mut fresh2 = vm_with(json!({"outputs": "all"}));
+    let u4 = fix_it(&mut fresh2, 4, Some(&u.client_id), "resp_u4", false);
+    assert_eq!(
+        (u4.key.as_str(), u4.source.as_str()),
+        (u.key.as_str(), "chain")
+    );
 }
 
 #[test]
@@ -354,6 +560,6 @@ fn a_compressed_answer_is_learned_too() {
             "resp_n",
             false,
         );
-        assert_eq!(next, (first.0, "chain".to_owned()), "{enc}");
+        assert_eq!(next, (first.0, "chain:table".to_owned()), "{enc}");
     }
 }
