@@ -31,13 +31,17 @@ pub enum BadReason {
     BadPrompt,
     /// `x-prefiller-host-port` is not one `ip:port` (decode role).
     BadPrefiller,
+    /// Responses `previous_response_id` names no response this process
+    /// answered (vLLM keeps stored responses in the memory of the server
+    /// that made them, and answers 404 alike).
+    UnknownResponse,
     /// The engine could not serve it (internal).
     Engine,
 }
 
 impl BadReason {
     /// Every reason, in counter order.
-    pub const ALL: [BadReason; 11] = [
+    pub const ALL: [BadReason; 12] = [
         BadReason::UnknownPath,
         BadReason::Method,
         BadReason::NotJson,
@@ -48,6 +52,7 @@ impl BadReason {
         BadReason::BadDpRank,
         BadReason::BadPrompt,
         BadReason::BadPrefiller,
+        BadReason::UnknownResponse,
         BadReason::Engine,
     ];
 
@@ -64,6 +69,7 @@ impl BadReason {
             BadReason::BadDpRank => "bad_dp_rank",
             BadReason::BadPrompt => "bad_prompt",
             BadReason::BadPrefiller => "bad_prefiller",
+            BadReason::UnknownResponse => "unknown_response",
             BadReason::Engine => "engine",
         }
     }
@@ -71,7 +77,7 @@ impl BadReason {
     /// HTTP status for this reason.
     pub fn status(self) -> u16 {
         match self {
-            BadReason::UnknownPath => 404,
+            BadReason::UnknownPath | BadReason::UnknownResponse => 404,
             BadReason::Method => 405,
             BadReason::TooLarge => 413,
             BadReason::Engine => 500,
@@ -122,6 +128,8 @@ pub struct Parsed {
     pub cache_salt: Option<String>,
     /// Marker from `kv_transfer_params.tether`, when present.
     pub body_marker: Option<TurnMarker>,
+    /// Responses `previous_response_id`, when sent.
+    pub previous_response_id: Option<String>,
 }
 
 fn opt_bool(o: &Map<String, Value>, k: &str) -> Result<bool, Refusal> {
@@ -288,6 +296,10 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, Refusal> {
         tokens,
         cache_salt,
         body_marker,
+        previous_response_id: match api {
+            Api::Responses => opt_str(o, "previous_response_id")?,
+            _ => None,
+        },
     })
 }
 

@@ -76,6 +76,18 @@ impl std::fmt::Debug for Rank {
     }
 }
 
+impl Rank {
+    /// Whether `id` is a Responses id this process answered: ids are
+    /// `resp_` + 16 hex of (number ^ this process's nonce), so another rank's
+    /// id (another nonce) or a made-up one decodes to no number issued here.
+    fn answered(&self, id: &str) -> bool {
+        id.strip_prefix("resp_")
+            .filter(|h| h.len() == 16)
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+            .is_some_and(|v| (1..self.next_id.load(Ordering::Relaxed)).contains(&(v ^ self.nonce)))
+    }
+}
+
 fn lock(slot: &Slot) -> MutexGuard<'_, Core> {
     // A panic while holding the lock is a bug; keep serving with the state as left.
     slot.core.lock().unwrap_or_else(|p| p.into_inner())
@@ -637,6 +649,16 @@ async fn generate(
         Ok(p) => p,
         Err(r) => return refused(r),
     };
+    // A prefill leg carries the decode rank's body, whose id is the decode rank's.
+    if let Some(prev) = &parsed.previous_response_id
+        && rank.cfg.args.role != Role::Prefill
+        && !rank.answered(prev)
+    {
+        return refused(Refusal::new(
+            BadReason::UnknownResponse,
+            format!("Response with id '{prev}' not found."),
+        ));
+    }
     let marker = marker.or(parsed.body_marker);
     let prompt = parsed.tokens.len();
     if prompt == 0 {

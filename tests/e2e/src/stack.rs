@@ -92,30 +92,14 @@ impl Stack {
                 SimRank::start(&args)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let gw = GatewaySpec {
-            mode: spec.mode,
-            ranks: ranks.iter().map(SimRank::addr).collect(),
-            dp_size: 1,
-            plugin_config: spec.plugin_config.clone(),
-            filter_wasm: crate::paths::require_filter_wasm()?.display().to_string(),
-            listen: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
-            admin: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
-            retries: spec.retries,
-            hash_balance_factor: spec.hash_balance_factor,
-            rank_names: Vec::new(),
-            timeouts: tether_envoy::Timeouts::default(),
-            eject_after: 5,
-            eject_for_s: 30,
-        };
-        let yaml = render(&gw).map_err(|e| HarnessError::Protocol {
-            what: "tether_envoy::render".into(),
-            why: e.to_string(),
-        })?;
-        let envoy = Envoy::builder()
-            .concurrency(spec.concurrency)
-            .log_level("warning")
-            .start(&yaml)?;
+        let envoy = gateway(spec, &ranks)?;
         Ok(Stack { ranks, envoy })
+    }
+
+    /// Another gateway replica in front of the same ranks, as `spec` renders
+    /// it (a second Envoy shares nothing with the first: no shared data).
+    pub fn replica(&self, spec: &StackSpec) -> Result<Envoy, HarnessError> {
+        gateway(spec, &self.ranks)
     }
 
     /// The gateway's URL.
@@ -145,6 +129,33 @@ impl Stack {
         opts.gateway_admin = Some(self.admin());
         opts
     }
+}
+
+/// Renders the bootstrap of `spec` for `ranks` and starts an Envoy on it.
+fn gateway(spec: &StackSpec, ranks: &[SimRank]) -> Result<Envoy, HarnessError> {
+    let gw = GatewaySpec {
+        mode: spec.mode,
+        ranks: ranks.iter().map(SimRank::addr).collect(),
+        dp_size: 1,
+        plugin_config: spec.plugin_config.clone(),
+        filter_wasm: crate::paths::require_filter_wasm()?.display().to_string(),
+        listen: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+        admin: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+        retries: spec.retries,
+        hash_balance_factor: spec.hash_balance_factor,
+        rank_names: Vec::new(),
+        timeouts: tether_envoy::Timeouts::default(),
+        eject_after: 5,
+        eject_for_s: 30,
+    };
+    let yaml = render(&gw).map_err(|e| HarnessError::Protocol {
+        what: "tether_envoy::render".into(),
+        why: e.to_string(),
+    })?;
+    Envoy::builder()
+        .concurrency(spec.concurrency)
+        .log_level("warning")
+        .start(&yaml)
 }
 
 /// Replays `trace` with `opts` on a fresh tokio runtime (no cancellation)

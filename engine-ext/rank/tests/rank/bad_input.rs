@@ -179,3 +179,47 @@ async fn a_client_that_goes_away_is_cancelled() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn a_responses_chain_continues_only_on_the_rank_that_answered_it() {
+    let (a, b) = (Server::start(&[]).await, Server::start(&[]).await);
+    let turn = |previous: Option<&str>| {
+        let mut body = serde_json::json!({"input": "hello there", "max_output_tokens": 2});
+        if let Some(p) = previous {
+            body["previous_response_id"] = serde_json::json!(p);
+        }
+        body
+    };
+    let first = a.post("/v1/responses", &[], &turn(None)).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let id = first.json()["id"].as_str().unwrap_or_default().to_owned();
+    let next = a.post("/v1/responses", &[], &turn(Some(&id))).await;
+    assert_eq!(
+        next.status,
+        200,
+        "the rank that answered it: {}",
+        next.text()
+    );
+    for (server, previous) in [
+        (&b, id.as_str()),
+        (&a, "resp_0123456789abcdef"),
+        (&a, "resp_tt1_not_mine"),
+    ] {
+        let r = server
+            .post("/v1/responses", &[], &turn(Some(previous)))
+            .await;
+        assert_eq!(r.status, 404, "{previous}: {}", r.text());
+        assert_eq!(
+            r.json()["error"]["message"],
+            format!("Response with id '{previous}' not found.")
+        );
+    }
+    assert_eq!(
+        total(
+            &a.metrics().await,
+            "tether_rank_bad_requests_total",
+            &[("reason", "unknown_response")]
+        ),
+        2.0
+    );
+}
