@@ -39,7 +39,8 @@ pub enum Found {
 enum State {
     Finding,
     Replacing {
-        from: Vec<u8>,
+        /// Finds the quoted engine id (built once per answer).
+        from: memchr::memmem::Finder<'static>,
         to: Vec<u8>,
         /// The end of the last chunk, a possible start of `from`.
         tail: Vec<u8>,
@@ -94,7 +95,8 @@ impl AnswerIds {
             self.state = State::Done;
             return (Step::Pass, Found::NotWrapped(Some(engine)));
         };
-        let (from, to) = (quoted(&engine), quoted(&sealed));
+        let from = memchr::memmem::Finder::new(&quoted(&engine)).into_owned();
+        let to = quoted(&sealed);
         let mut tail = Vec::new();
         let (step, hits) = replace(&from, &to, &mut tail, bytes, end);
         if hits == 0 {
@@ -124,11 +126,24 @@ fn quoted(id: &[u8]) -> Vec<u8> {
 /// Replaces every `from` in `tail ‖ bytes`, keeping back (in `tail`) an end
 /// that may begin another `from` unless `end`; [`Step::Pass`] when nothing
 /// changed. Also returns how many were replaced.
-fn replace(from: &[u8], to: &[u8], tail: &mut Vec<u8>, bytes: &[u8], end: bool) -> (Step, usize) {
+fn replace(
+    finder: &memchr::memmem::Finder<'_>,
+    to: &[u8],
+    tail: &mut Vec<u8>,
+    bytes: &[u8],
+    end: bool,
+) -> (Step, usize) {
+    let from = finder.needle();
+    // The usual chunk (a delta event): no id, no cut id, nothing kept: no copy.
+    if tail.is_empty()
+        && finder.find(bytes).is_none()
+        && (end || kept_from(bytes, 0, from) == bytes.len())
+    {
+        return (Step::Pass, 0);
+    }
     let had_tail = !tail.is_empty();
     let mut all = std::mem::take(tail);
     all.extend_from_slice(bytes);
-    let finder = memchr::memmem::Finder::new(from);
     let mut out = Vec::new();
     let (mut at, mut hits) = (0, 0);
     for hit in finder.find_iter(&all) {

@@ -563,3 +563,114 @@ fn a_compressed_answer_is_learned_too() {
         assert_eq!(next, (first.0, "chain:table".to_owned()), "{enc}");
     }
 }
+
+/// An SSE answer of `deltas` text deltas, one event per chunk, as vLLM streams it.
+fn streamed_answer(id: &str, deltas: usize) -> tether_wasm_host::UpstreamResponse {
+    let object = |status: &str| json!({"id": id, "object": "response", "status": status, "model": "gpt-5-codex", "output": []});
+    let event = |name: &str, v: Value| format!("event: {name}\ndata: {v}\n\n").into_bytes();
+    let mut chunks = vec![
+        event(
+            "response.created",
+            json!({"type": "response.created", "response": object("in_progress")}),
+        ),
+        event(
+            "response.in_progress",
+            json!({"type": "response.in_progress", "response": object("in_progress")}),
+        ),
+    ];
+    for i in 0..deltas {
+        chunks.push(event(
+            "response.output_text.delta",
+            json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": format!(" word{i}"), "sequence_number": i + 2}),
+        ));
+    }
+    chunks.push(event(
+        "response.completed",
+        json!({"type": "response.completed", "response": object("completed")}),
+    ));
+    tether_wasm_host::UpstreamResponse {
+        headers: tether_wasm_host::HeaderMap::from_pairs([
+            (":status", "200"),
+            ("content-type", "text/event-stream"),
+        ]),
+        body_chunks: chunks,
+        trailers: tether_wasm_host::HeaderMap::new(),
+    }
+}
+
+/// What chain ids add to a streamed chained turn, in wasm operators (fuel):
+/// the same turn-2 exchange with `chains.wrap` on and off, side by side.
+#[test]
+fn chain_ids_cost_on_the_response_path() {
+    let path = tether_wasm_host::module_path("TETHER_FILTER_WASM", "tether_filter.wasm")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let metered =
+        tether_wasm_host::Plugin::new(&std::fs::read(path).unwrap_or_else(|e| panic!("{e}")), true)
+            .unwrap_or_else(|e| panic!("{e}"));
+    let deltas = 200;
+    let mut per_mode = Vec::new();
+    for wrap in [false, true] {
+        let mut vm = metered
+            .start(options(
+                &json!({"outputs": ["hash", "key_source"], "chains": {"wrap": wrap}}).to_string(),
+            ))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let run = |vm: &mut tether_wasm_host::FilterVm, previous: Option<&str>, answer: &str| {
+            let body = responses_turn(
+                if previous.is_some() { 2 } else { 1 },
+                "fix it",
+                previous,
+                true,
+            )
+            .to_string()
+            .into_bytes();
+            let req = tether_wasm_host::Request {
+                body_chunks: vec![body],
+                response: streamed_answer(answer, deltas),
+                ..tether_wasm_host::Request::post(
+                    RESPONSES,
+                    &[("content-type", "application/json")],
+                    &[],
+                )
+            };
+            vm.run(&req).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let first = run(&mut vm, None, "resp_0123456789abcdef");
+        let id = client_ids(
+            &first
+                .downstream
+                .as_ref()
+                .map(|d| d.body.clone())
+                .unwrap_or_default(),
+            true,
+        )
+        .first()
+        .cloned()
+        .unwrap_or_default();
+        assert_eq!(id.starts_with("resp_tt1"), wrap, "{id}");
+        let second = run(&mut vm, Some(&id), "resp_fedcba9876543210");
+        let (_, source) = key_of(&second);
+        assert_eq!(source, if wrap { "chain" } else { "chain:table" });
+        let total: u64 = second.fuel.values().sum();
+        println!(
+            "wrap={wrap}: turn 2, {deltas} deltas in {} chunks: wasm operators by callback {:?}, total {total}",
+            deltas + 3,
+            second.fuel
+        );
+        per_mode.push((total, second.fuel.clone()));
+    }
+    let body_fuel = |i: usize| {
+        per_mode[i]
+            .1
+            .get("proxy_on_response_body")
+            .copied()
+            .unwrap_or(0)
+    };
+    println!(
+        "response body callbacks: {} operators without chain ids, {} with ({:.0} per chunk more)",
+        body_fuel(0),
+        body_fuel(1),
+        (body_fuel(1) as f64 - body_fuel(0) as f64) / (deltas + 3) as f64
+    );
+    assert!(body_fuel(1) > body_fuel(0), "the rewrite reads every chunk");
+}
