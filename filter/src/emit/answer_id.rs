@@ -38,14 +38,18 @@ pub enum Found {
 #[derive(Debug)]
 enum State {
     Finding,
-    Replacing {
-        /// Finds the quoted engine id (built once per answer).
-        from: memchr::memmem::Finder<'static>,
-        to: Vec<u8>,
-        /// The end of the last chunk, a possible start of `from`.
-        tail: Vec<u8>,
-    },
+    Replacing(Box<Replacing>),
     Done,
+}
+
+/// The id found: what is replaced by what, and the bytes kept back.
+#[derive(Debug)]
+struct Replacing {
+    /// Finds the quoted engine id (built once per answer).
+    from: memchr::memmem::Finder<'static>,
+    to: Vec<u8>,
+    /// The end of the last chunk, a possible start of `from`.
+    tail: Vec<u8>,
 }
 
 /// One answer's id rewrite.
@@ -75,7 +79,8 @@ impl AnswerIds {
     pub fn feed(&mut self, key: &MacKey, bytes: &[u8], end: bool) -> (Step, Found) {
         match &mut self.state {
             State::Done => (Step::Pass, Found::Nothing),
-            State::Replacing { from, to, tail } => {
+            State::Replacing(r) => {
+                let Replacing { from, to, tail } = r.as_mut();
                 (replace(from, to, tail, bytes, end).0, Found::Nothing)
             }
             State::Finding => self.find(key, bytes, end),
@@ -104,14 +109,14 @@ impl AnswerIds {
             self.state = State::Done;
             return (Step::Pass, Found::NotWrapped(Some(engine)));
         }
-        self.state = State::Replacing { from, to, tail };
+        self.state = State::Replacing(Box::new(Replacing { from, to, tail }));
         (step, Found::Wrapped)
     }
 
     /// At the answer's trailers: the bytes still kept back, to be sent.
     pub fn finish(&mut self) -> Vec<u8> {
         let kept = match &mut self.state {
-            State::Replacing { tail, .. } => std::mem::take(tail),
+            State::Replacing(r) => std::mem::take(&mut r.tail),
             State::Finding | State::Done => Vec::new(),
         };
         self.state = State::Done;
