@@ -359,3 +359,39 @@ fn residency_config_defaults_and_refusals_name_the_field() {
     let hash = Config::parse(br#"{"mode":"hash","residency":{},"load":{}}"#).unwrap_err();
     assert_eq!(hash.field, "residency");
 }
+
+#[test]
+fn chains_wrap_and_secret() {
+    use crate::read::chain_id::mac_key;
+    let d = Config::parse(b"{}").unwrap();
+    assert!(d.chains.wrap);
+    assert_eq!(d.chains.key, mac_key(None));
+    let off = Config::parse(br#"{"chains": {"wrap": false}}"#).unwrap();
+    assert!(!off.chains.wrap);
+    let own = Config::parse(br#"{"chains": {"secret": "k"}}"#).unwrap();
+    assert_eq!(own.chains.key, mac_key(Some(b"k")));
+    // Without its own secret the chain ids use the cache_salt secret, with or without `chains`.
+    for raw in [
+        br#"{"cache_salt": {"secret": "salt"}}"#.as_slice(),
+        br#"{"cache_salt": {"secret": "salt"}, "chains": {"ttl_s": 60}}"#,
+    ] {
+        assert_eq!(
+            Config::parse(raw).unwrap().chains.key,
+            mac_key(Some(b"salt"))
+        );
+    }
+    let both = Config::parse(br#"{"cache_salt": {"secret": "salt"}, "chains": {"secret": "k"}}"#);
+    assert_eq!(both.unwrap().chains.key, mac_key(Some(b"k")));
+    assert_eq!(
+        Config::parse(br#"{"chains": {"secret": ""}}"#)
+            .unwrap_err()
+            .field,
+        "chains.secret"
+    );
+    assert_eq!(
+        Config::parse(br#"{"chains": {"wrap": 1}}"#)
+            .unwrap_err()
+            .field,
+        "chains.wrap"
+    );
+}
