@@ -24,6 +24,7 @@ use tether_fleet::import::{Format, ImportOptions, import, mooncake};
 use tether_fleet::quantile;
 use tether_fleet::report::{Observation, Served};
 use tether_fleet::sim::config::HybridOptions;
+use tether_fleet::sim::report::RetentionSummary;
 use tether_fleet::sim::{
     CacheMode, FleetShape, Policy, RunOutput, RunReport, SimConfig, oracle_hits, simulate,
 };
@@ -203,6 +204,7 @@ fn main() -> Result<()> {
             r.ttft_ms.p99
         );
     }
+    print_host_usage(&reports[2].sim.retention);
     let shown = |x: f64| {
         if x.is_finite() {
             format!("{x:.1}x")
@@ -237,6 +239,37 @@ fn main() -> Result<()> {
         if dev_ratio >= 1.0 { "MET" } else { "MISSED" }
     );
     Ok(())
+}
+
+/// Where retention + host's host tiers spent their bytes: every offloaded record's
+/// written bytes by how it ended and whether any request restored from it.
+fn print_host_usage(r: &RetentionSummary) {
+    let u = &r.host_usage;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let w = u.written;
+    let share = |b: u64| {
+        if w.bytes > 0 {
+            100.0 * b as f64 / w.bytes as f64
+        } else {
+            0.0
+        }
+    };
+    println!(
+        "(c) host tier: {} records offloaded ({} snapshots), {:.1} GiB written; restored from: {} records ({:.1} % of the bytes)",
+        w.records,
+        u.states_written,
+        gib(w.bytes),
+        u.used().records,
+        share(u.used().bytes)
+    );
+    for (name, t) in u.rows().iter().filter(|(_, t)| t.records > 0) {
+        println!(
+            "    {name:<24} {:>7} records {:>9.1} GiB {:>5.1} %",
+            t.records,
+            gib(t.bytes),
+            share(t.bytes)
+        );
+    }
 }
 
 /// Retention + host tier without and with prefetch, on the same trace; figures on

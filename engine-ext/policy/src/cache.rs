@@ -135,6 +135,9 @@ pub struct Stats {
     pub prefetch_used: u64,
     /// Prefetched retentions that left the device (expired, offloaded, dropped) unhit.
     pub prefetch_wasted: u64,
+    /// Hybrid retentions that also kept the snapshot their turn resumed from (the
+    /// resume anchor, `cache::anchor`).
+    pub anchors: u64,
 }
 
 #[derive(Debug)]
@@ -369,6 +372,7 @@ impl RetentionCache {
                         state = s;
                         state_restored = true;
                     }
+                    self.credit_restore(key, plan.state.map(|(b, _)| b));
                 }
                 Err(m) => {
                     self.stats.restore_misses += 1;
@@ -399,6 +403,19 @@ impl RetentionCache {
         };
         self.running.insert(id, run);
         Ok(adm)
+    }
+
+    /// Marks the host record a restore came from as used ([`HostTier::usage`]): for a
+    /// hybrid model the record holding the snapshot resumed from (the request's own
+    /// when it holds it), else the request's own record.
+    fn credit_restore(&mut self, key: Option<RetentionKey>, state: Option<BlockHash>) {
+        let owner = match state {
+            Some(b) if self.cfg.hybrid() => self.host.state_owner(b, key),
+            _ => key,
+        };
+        if let Some(k) = owner {
+            self.host.mark_used(&k);
+        }
     }
 
     /// Decides how much of `hashes` is usable and from where.
@@ -578,6 +595,7 @@ impl RetentionCache {
                 }
             }
         }
+        self.keep_anchor(run.state_pin, &run.hashes[..n], &mut states);
         if let Some(o) = old {
             self.drop_device_record(o);
             self.stats.superseded += 1;
@@ -997,6 +1015,7 @@ impl RetentionCache {
     }
 }
 
+mod anchor;
 mod prefetch;
 pub use prefetch::{PrefetchSkip, Prefetched};
 #[cfg(test)]

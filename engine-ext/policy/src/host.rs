@@ -15,6 +15,10 @@ use crate::record::HostRecord;
 use crate::victims::VictimIndex;
 use std::collections::HashMap;
 
+mod usage;
+use usage::Use;
+pub use usage::{Fate, HostUsage, Tally};
+
 #[derive(Debug)]
 struct Entry {
     payload: Payload,
@@ -43,6 +47,12 @@ pub struct HostTier {
     evicted_records: u64,
     /// Payloads freed since the last [`HostTier::take_freed`], when recording.
     freed: Option<Vec<(HostKind, BlockHash)>>,
+    /// Where the written bytes went, by how records ended.
+    usage: HostUsage,
+    /// Per held record: bytes its offload wrote, and what became of them so far.
+    record_use: HashMap<RetentionKey, (u64, Use)>,
+    /// Bytes and snapshots [`HostTier::put`] stored new since the last record went in.
+    pending: (u64, u64),
 }
 
 impl HostTier {
@@ -57,6 +67,9 @@ impl HostTier {
             victims: VictimIndex::default(),
             evicted_records: 0,
             freed: None,
+            usage: HostUsage::default(),
+            record_use: HashMap::new(),
+            pending: (0, 0),
         }
     }
 
@@ -113,6 +126,11 @@ impl HostTier {
         };
         r.meta.refresh(now, r.interval_ms);
         self.victims.insert(&r.meta);
+        if let Some(u) = self.record_use.get_mut(key)
+            && u.1 == Use::NeverReturned
+        {
+            u.1 = Use::ReturnedUnused;
+        }
         true
     }
 
@@ -195,6 +213,8 @@ impl HostTier {
             },
         );
         self.used += bytes;
+        self.pending.0 += bytes;
+        self.pending.1 += u64::from(kind == HostKind::State);
     }
 
     /// Frees at least `need` bytes: expired records first (earliest expiry), then live
@@ -218,7 +238,7 @@ impl HostTier {
             else {
                 return false;
             };
-            self.remove_record(&key);
+            self.remove_as(&key, Fate::Evicted);
             self.evicted_records += 1;
         }
         true
@@ -226,22 +246,73 @@ impl HostTier {
 
     /// Inserts a record whose payload references are already taken, replacing (and
     /// releasing) any previous record of the same key.
+    /// The bytes [`HostTier::put`] stored since the previous record are charged to it.
     pub(crate) fn insert_record(&mut self, rec: HostRecord) {
         let key = rec.meta.key;
         self.victims.insert(&rec.meta);
         if let Some(old) = self.records.insert(key, rec) {
             self.unpin(HostKind::Block, &old.hashes);
             self.unpin(HostKind::State, &old.states);
+            self.end_use(&key, Fate::Superseded);
         }
+        let (bytes, states) = std::mem::take(&mut self.pending);
+        self.usage.written.records += 1;
+        self.usage.written.bytes += bytes;
+        self.usage.states_written += states;
+        self.record_use.insert(key, (bytes, Use::NeverReturned));
     }
 
-    /// Removes a record and releases its payloads (supersede, expiry, eviction).
+    /// Removes a record and releases its payloads: its key's next prompt end
+    /// superseded it (counted so in [`HostTier::usage`]).
     pub fn remove_record(&mut self, key: &RetentionKey) -> Option<HostRecord> {
+        self.remove_as(key, Fate::Superseded)
+    }
+
+    fn remove_as(&mut self, key: &RetentionKey, fate: Fate) -> Option<HostRecord> {
         let old = self.records.remove(key)?;
         self.victims.remove(key);
         self.unpin(HostKind::Block, &old.hashes);
         self.unpin(HostKind::State, &old.states);
+        self.end_use(key, fate);
         Some(old)
+    }
+
+    fn end_use(&mut self, key: &RetentionKey, fate: Fate) {
+        if let Some((bytes, how)) = self.record_use.remove(key) {
+            self.usage.ended(fate, how, bytes);
+        }
+    }
+
+    /// A request restored from the record of `key` (its own retention, or for a
+    /// hybrid model the record whose snapshot it resumed from).
+    pub(crate) fn mark_used(&mut self, key: &RetentionKey) {
+        if let Some(u) = self.record_use.get_mut(key) {
+            u.1 = Use::Restored;
+        }
+    }
+
+    /// The record holding the snapshot at `boundary`: `preferred` when it does, else
+    /// any. O(records), for the rare restore of another key's snapshot.
+    pub(crate) fn state_owner(
+        &self,
+        boundary: BlockHash,
+        preferred: Option<RetentionKey>,
+    ) -> Option<RetentionKey> {
+        let holds = |r: &HostRecord| r.states.contains(&boundary);
+        if let Some(k) = preferred.filter(|k| self.records.get(k).is_some_and(holds)) {
+            return Some(k);
+        }
+        self.records.values().find(|r| holds(r)).map(|r| r.meta.key)
+    }
+
+    /// Where the bytes written so far went: records that ended, by fate, and the
+    /// records still held, each split into restored, returned unused, never returned.
+    pub fn usage(&self) -> HostUsage {
+        let mut u = self.usage;
+        for (bytes, how) in self.record_use.values() {
+            u.held(*how, *bytes);
+        }
+        u
     }
 
     /// A verified copy of a payload. On a checksum mismatch the payload and every
@@ -275,7 +346,7 @@ impl HostTier {
             .map(|r| r.meta.key)
             .collect();
         for k in keys {
-            self.remove_record(&k);
+            self.remove_as(&k, Fate::Dropped);
         }
         // Unreferenced payloads are already gone; a pinned-but-unrecorded one cannot exist.
         if let Some(e) = self.store_mut(kind).remove(&hash) {

@@ -32,6 +32,7 @@ pub use config::{Millis, PolicyConfig};
 pub use fault::Fault;
 pub use gaps::ReturnGaps;
 pub use hash::{BlockHash, BlockHasher, RequestKeys};
+pub use host::HostUsage;
 pub use ledger::{Ledger, LedgerStats, RetainPlan};
 pub use marker::{MarkerError, RetentionKey, TurnKind, TurnMarker};
 pub use payload::{MetadataOnly, Mover, Payload, SlotId, StateSlot};

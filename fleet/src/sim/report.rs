@@ -109,6 +109,9 @@ pub struct RetentionSummary {
     /// Of those, gone from the device unhit.
     #[serde(default)]
     pub prefetch_wasted: u64,
+    /// Where the host tiers' written bytes went (`retention-bench`; not serialised).
+    #[serde(skip)]
+    pub host_usage: tether_engine::HostUsage,
 }
 
 /// What only a simulation measures: the one extension of a report

@@ -1147,6 +1147,7 @@ impl Sim<'_> {
                 ret.prefetched += s.prefetched;
                 ret.prefetch_used += s.prefetch_used;
                 ret.prefetch_wasted += s.prefetch_wasted;
+                ret.host_usage.merge(&e.cache().host().usage());
             }
         }
         let tpot = Dist::of_us(&t.tpot);

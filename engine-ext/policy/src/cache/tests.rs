@@ -1395,3 +1395,125 @@ fn a_live_retention_never_yields_to_a_prefetch_without_free_host_room() {
     assert_eq!(c.host().evicted_records(), 0);
     c.check().expect("invariants");
 }
+
+/// Session 1's two turns on a hybrid cache of 16 blocks (host tier of `host_blocks`):
+/// a 4-block prompt end, then an 8-block prompt that resumes from it. Returns its chain.
+fn session_one_resumes_once(c: &mut RetentionCache, m: &mut VecMover) -> Vec<BlockHash> {
+    let s = chain(1, 8);
+    turn(c, m, 1, &s[..4], Some(marker(1, TurnKind::Tool)), 0);
+    let a = turn(c, m, 2, &s, Some(marker(1, TurnKind::Tool)), 1);
+    assert_eq!(
+        a.cached_blocks, 4,
+        "the second turn resumes at the first's end"
+    );
+    s
+}
+
+/// Session 2's 12-block turn, which needs 13 of the 16 slots: session 1 (8 blocks + 2
+/// snapshots) goes to the host. Then session 1 returns with its prompt's tail
+/// rewritten: 6 of its blocks and 3 new ones. Returns that return's admission.
+fn push_out_and_return_rewritten(
+    c: &mut RetentionCache,
+    m: &mut VecMover,
+    s: &[BlockHash],
+    check: impl FnOnce(&RetentionCache),
+) -> Admission {
+    turn(c, m, 3, &chain(2, 12), Some(marker(2, TurnKind::Tool)), 2);
+    check(c);
+    let mut next = s[..6].to_vec();
+    next.extend(chain(9, 3));
+    turn(c, m, 4, &next, Some(marker(1, TurnKind::Tool)), 3)
+}
+
+fn kept_states(c: &RetentionCache, k: &RetentionKey) -> Vec<BlockHash> {
+    let rec = c.device_record(k).expect("retained");
+    rec.states.iter().map(|(h, _)| *h).collect()
+}
+
+/// The resume anchor: with a host tier a hybrid retention keeps, beside its prompt
+/// end, the snapshot its turn resumed from; offloaded, the record carries both, and a
+/// next turn that rewrites the prompt's tail (diverging before the prompt end)
+/// resumes at the anchor from the host instead of recomputing everything.
+#[test]
+fn a_hybrid_retention_keeps_the_snapshot_its_turn_resumed_from() {
+    let (mut c, mut m) = hybrid(16, 64);
+    let s = session_one_resumes_once(&mut c, &mut m);
+    assert_eq!(kept_states(&c, &key(1)), vec![s[7], s[3]]);
+    assert_eq!(c.stats().anchors, 1);
+    let a = push_out_and_return_rewritten(&mut c, &mut m, &s, |c| {
+        assert!(c.device_record(&key(1)).is_none());
+        let on_host = c.host().record(&key(1)).expect("offloaded");
+        assert_eq!(on_host.states, vec![s[7], s[3]]);
+    });
+    assert_eq!(a.cached_blocks, 4, "resumed at the anchor");
+    assert!(a.state_restored);
+}
+
+/// Without a host tier the anchor is not pinned: on the device alone an extra pinned
+/// snapshot displaces what plain LRU keeps (measured, docs/engine.md).
+#[test]
+fn without_a_host_tier_a_hybrid_retention_keeps_only_its_prompt_end() {
+    let (mut c, mut m) = hybrid(16, 0);
+    let s = session_one_resumes_once(&mut c, &mut m);
+    assert_eq!(kept_states(&c, &key(1)), vec![s[7]]);
+    assert_eq!(c.stats().anchors, 0);
+}
+
+/// A turn that resumed from nothing, or from its own prompt end (a resend), has no
+/// anchor to keep.
+#[test]
+fn the_anchor_is_strictly_before_the_prompt_end_and_not_kept_twice() {
+    use super::anchor::anchor_of;
+    let s = chain(1, 6);
+    let slot = StateSlot(0);
+    assert_eq!(anchor_of(Some(s[2]), &s, &[]), Some(s[2]));
+    assert_eq!(anchor_of(None, &s, &[]), None);
+    assert_eq!(
+        anchor_of(Some(s[5]), &s, &[]),
+        None,
+        "the prompt end itself"
+    );
+    assert_eq!(
+        anchor_of(Some(chain(2, 1)[0]), &s, &[]),
+        None,
+        "off the chain"
+    );
+    assert_eq!(
+        anchor_of(Some(s[2]), &s, &[(s[2], slot)]),
+        None,
+        "kept already"
+    );
+    assert_eq!(anchor_of(Some(s[0]), &[], &[]), None);
+}
+
+/// The host tier's byte accounting adds up to what it wrote, and tells a record
+/// restored from (then superseded) from one whose session never came back.
+#[test]
+fn host_usage_accounts_every_written_byte_by_fate() {
+    let (mut c, mut m) = hybrid(16, 64);
+    let s = session_one_resumes_once(&mut c, &mut m);
+    push_out_and_return_rewritten(&mut c, &mut m, &s, |_| {});
+    let u = c.host().usage();
+    // Session 1: 8 blocks + 2 snapshots written, restored from, then superseded by
+    // turn 4. Session 2: 12 blocks + 1 snapshot written when turn 4 pushed it out.
+    assert_eq!(u.written.records, 2);
+    assert_eq!(u.states_written, 3);
+    assert_eq!(u.written.bytes, (8 + 2 + 12 + 1) * BB as u64);
+    assert_eq!(u.superseded[0].records, 1);
+    assert_eq!(u.superseded[0].bytes, 10 * BB as u64);
+    assert_eq!(u.resident[2].records, 1, "session 2 never came back");
+    let total: u64 = u.rows().iter().map(|(_, t)| t.bytes).sum();
+    assert_eq!(total, u.written.bytes);
+    assert_eq!(u.used().records, 1);
+}
+
+/// A record evicted for room before its session came back is counted so.
+#[test]
+fn host_usage_counts_an_evicted_record_that_never_returned() {
+    let c = two_retentions_then_a_flood(1);
+    let u = c.host().usage();
+    assert_eq!(u.evicted[2].records, 1);
+    assert_eq!(u.evicted[2].bytes, 5 * BB as u64);
+    assert_eq!(u.resident[2].records, 1);
+    assert_eq!(u.used().records, 0);
+}
