@@ -116,6 +116,10 @@ pub struct RunOptions<'o> {
     /// session sample of about this many, the choice verified on the whole
     /// trace (0: always search the whole trace).
     pub sample_requests: usize,
+    /// Simulate a sampled plan's choice on the whole trace at the sample's
+    /// coarser KV blocks (a quarter of the per-block work; each turn may
+    /// cache up to one block less) instead of the trace's own.
+    pub coarse_whole: bool,
     /// Where progress goes.
     pub observer: &'o dyn progress::Observer,
 }
@@ -349,6 +353,7 @@ fn too_long(trace: &Trace, limit: ContextLimit) -> (u64, u64) {
 pub fn plan(trace: &Trace, profile: &Profile, cfg: &PlanConfig) -> Result<PlanReport, PlanError> {
     let run = RunOptions {
         sample_requests: 0,
+        coarse_whole: false,
         observer: &progress::Quiet,
     };
     plan_with(trace, profile, cfg, &run)
@@ -381,7 +386,7 @@ pub fn plan_with(
     }
     let k = sample::every(trace, run.sample_requests);
     if k > 1 && cfg.observed_hits.is_none() {
-        let mut r = whole::plan(trace, profile, cfg, obs, k)?;
+        let mut r = whole::plan(trace, profile, cfg, run, k)?;
         r.too_long = over;
         return Ok(r);
     }

@@ -73,8 +73,12 @@ pub struct Args {
     /// Search a trace of more than twice this many requests on a session
     /// sample of about this many, and simulate the choice on the whole trace
     /// (0: search on the whole trace).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 10_000)]
     pub sample_requests: usize,
+    /// Simulate a sampled plan's choice on the whole trace at the sample's
+    /// coarser KV blocks (faster; each turn may cache up to one block less).
+    #[arg(long)]
+    pub coarse_whole: bool,
     /// No progress bar (it is drawn on stderr only when stderr is a terminal).
     #[arg(long)]
     pub quiet: bool,
@@ -311,6 +315,7 @@ pub fn run(a: Args) -> Result<()> {
     let bar = Bar::new(a.quiet);
     let run = RunOptions {
         sample_requests: a.sample_requests,
+        coarse_whole: a.coarse_whole,
         observer: &bar,
     };
     let report = plan_with(&trace, &profile, &cfg, &run);

@@ -51,8 +51,8 @@ pub fn text(r: &PlanReport) -> String {
     if let Some(x) = &r.sample {
         let _ = writeln!(
             s,
-            "searched on a 1-in-{} session sample ({} sessions, {} of {} requests, {}-token blocks): every variant's figures are the sample's but `whole-trace`'s, the choice simulated on the whole trace",
-            x.every, x.sessions, x.requests, x.trace_requests, x.block_tokens
+            "searched on a 1-in-{} session sample ({} sessions, {} of {} requests, {}-token blocks): every variant's figures are the sample's but `whole-trace`'s, the choice simulated on the whole trace ({}-token blocks)",
+            x.every, x.sessions, x.requests, x.trace_requests, x.block_tokens, x.whole_block_tokens
         );
     }
     let _ = writeln!(

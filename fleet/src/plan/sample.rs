@@ -29,6 +29,9 @@ pub struct SampleInfo {
     pub trace_requests: usize,
     /// Tokens per block in the sample (the trace's, or a multiple of it).
     pub block_tokens: u32,
+    /// Tokens per block the whole trace's simulation ran at (the trace's
+    /// own unless `--coarse-whole`).
+    pub whole_block_tokens: u32,
 }
 
 /// The sampling factor that leaves about `target` requests of `trace`
@@ -94,6 +97,7 @@ pub fn sessions(trace: &Trace, k: usize) -> Result<(Trace, SampleInfo), ModelErr
         requests: t.requests().len(),
         trace_requests: trace.requests().len(),
         block_tokens: t.block_size(),
+        whole_block_tokens: trace.block_size(),
     };
     Ok((t, info))
 }

@@ -354,6 +354,7 @@ fn a_large_trace_is_searched_on_a_sample_and_its_choice_verified_whole() {
     let c = cfg(slo(), Some(Target::Blended(100.0)));
     let run = RunOptions {
         sample_requests: t.requests().len() / 4,
+        coarse_whole: false,
         observer: &progress::Quiet,
     };
     let r = plan_with(&t, &profile(), &c, &run).unwrap();

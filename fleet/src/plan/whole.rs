@@ -9,9 +9,10 @@
 
 use super::demand::{Work, intervals};
 use super::fit::Planner;
-use super::progress::Observer;
 use super::size::{Binding, MAX_REPLICAS, Size};
-use super::{PlanConfig, PlanError, PlanReport, Variant, answer, exact, planner, sample};
+use super::{
+    PlanConfig, PlanError, PlanReport, RunOptions, Variant, answer, exact, planner, sample,
+};
 use crate::sim::Step;
 use tether_rank_engine::profile::Profile;
 
@@ -25,12 +26,23 @@ pub(super) fn plan(
     trace: &crate::trace::Trace,
     profile: &Profile,
     cfg: &PlanConfig,
-    obs: &dyn Observer,
+    run: &RunOptions,
     k: usize,
 ) -> Result<PlanReport, PlanError> {
+    let obs = run.observer;
     obs.note("sampling sessions");
-    let (part, info) = sample::sessions(trace, k)
-        .map_err(|e| PlanError::Setting(format!("sampling the trace's sessions: {e}")))?;
+    let resample = |k| {
+        sample::sessions(trace, k)
+            .map_err(|e| PlanError::Setting(format!("sampling the trace's sessions: {e}")))
+    };
+    let (part, mut info) = resample(k)?;
+    let coarse = if run.coarse_whole {
+        Some(resample(1)?.0)
+    } else {
+        None
+    };
+    let whole_trace = coarse.as_ref().unwrap_or(trace);
+    info.whole_block_tokens = whole_trace.block_size();
     let mut scfg = PlanConfig {
         rounds: cfg.rounds.min(SAMPLE_ROUNDS),
         ..cfg.clone()
@@ -43,7 +55,16 @@ pub(super) fn plan(
     let (mut report, part_work) = exact(&sp, obs)?;
     report.sample = Some(info);
     report.target_usd_per_mtok = cfg.target.map(|t| answer::blend(t, trace));
-    let mut wp = planner(trace, profile, cfg, obs)?;
+    // At the sample's blocks, the whole trace takes the sample's block setting.
+    let wcfg = PlanConfig {
+        sim: if coarse.is_some() {
+            scfg.sim.clone()
+        } else {
+            cfg.sim.clone()
+        },
+        ..cfg.clone()
+    };
+    let mut wp = planner(whole_trace, profile, &wcfg, obs)?;
     let Some(c) = report.chosen().cloned() else {
         answer::complete(&mut report, &sp, &scfg, &part_work);
         return Ok(report);
@@ -71,7 +92,7 @@ pub(super) fn plan(
     let met = v.meets();
     report.variants.push(v);
     report.chosen = met.then(|| report.variants.len() - 1);
-    answer::complete(&mut report, &wp, cfg, &work);
+    answer::complete(&mut report, &wp, &wcfg, &work);
     Ok(report)
 }
 
