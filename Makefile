@@ -21,13 +21,14 @@ export TETHER_FLOOR_WASM := $(abspath $(FLOOR_WASM))
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-# `$(call PIP_INSTALL,ARGS)`: pip install into .venv, up to three tries 15 s apart.
+# `$(call PIP_INSTALL,ARGS[,PIP])`: pip install into .venv (or with the pip given), up to
+# three tries 15 s apart.
 # The installs fetch several GB (torch, vLLM); one transient network fault that
 # pip's own --retries does not cover should not fail `make test`. No wheel cache:
 # it would hold a second copy of torch's ~4 GB of wheels. A failure shows the
 # free disk, since a full disk is what stopped CI before (Errno 28).
 PIP_INSTALL = for try in 1 2 3; do \
-	  $(PIP) install --no-cache-dir --retries 10 --timeout 60 $(1) && break; \
+	  $(or $(2),$(PIP)) install --no-cache-dir --retries 10 --timeout 60 $(1) && break; \
 	  [ $$try -lt 3 ] || { echo "pip install $(1): failed 3 times"; df -h .; exit 1; }; \
 	  echo "pip install $(1): try $$try failed, trying again in 15 s"; sleep 15; \
 	done
@@ -51,5 +52,5 @@ lint:
 
 include mk/*.mk
 
-test: lint test-filter test-host test-engine test-rank test-kernels test-vllm test-e2e
+test: lint test-filter test-host test-engine test-rank test-kernels test-vllm test-e2e test-engine-real
 	@echo "make test: all suites passed"

@@ -31,6 +31,7 @@ Every public behaviour is documented in docs/vllm.md.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -88,6 +89,7 @@ _DEFAULTS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "residency_port": ((int, type(None)), None),
     "residency_host": (str, "0.0.0.0"),
     "residency_max_entries": (int, RESIDENCY_MAX_ENTRIES),
+    "fault_corrupt_every": (int, 0),
 }
 _KINDS = ("first", "user", "tool", "handoff")
 
@@ -106,6 +108,7 @@ class TetherConfig:
     residency_port: int | None
     residency_host: str
     residency_max_entries: int
+    fault_corrupt_every: int
 
     @classmethod
     def parse(cls, extra: dict[str, Any] | None) -> TetherConfig:
@@ -147,6 +150,10 @@ class TetherConfig:
             raise ValueError(
                 "kv_connector_extra_config.residency_max_entries: must be in "
                 f"[1, {RESIDENCY_MAX_ENTRIES}]"
+            )
+        if values["fault_corrupt_every"] < 0:
+            raise ValueError(
+                "kv_connector_extra_config.fault_corrupt_every: must be >= 0 (0: off)"
             )
         for k, v in values["intervals_ms"].items():
             if k not in _KINDS:
@@ -292,6 +299,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             "bad_markers": 0,
             "no_snapshot": 0,
             "scheduler_us": 0,
+            "faults_injected": 0,
         }
         self._now_ms = lambda: int(time.monotonic() * 1000)
         if getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
@@ -348,7 +356,9 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         if port:
             port += int(getattr(parallel, "data_parallel_rank_local", 0) or 0)
         try:
-            self.residency = ResidencyListener(self.config.residency_host, port, self.load_report)
+            self.residency = ResidencyListener(
+                self.config.residency_host, port, self.load_report, self.stats_report
+            )
         except OSError as e:
             raise ValueError(
                 f"kv_connector_extra_config.residency_port: cannot listen on "
@@ -387,6 +397,12 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             uptime_ms=time.monotonic() * 1000 - self._started_ms,
             max_entries=self.config.residency_max_entries,
         )
+
+    def stats_report(self) -> bytes:
+        """``GET /stats``: ``connector_stats()`` as JSON — the ledger's counters and both
+        sides' counters (the worker's arrive with its reports), for operators and tests
+        that only see the engine from outside."""
+        return json.dumps(self.connector_stats(), sort_keys=True).encode()
 
     def shutdown(self) -> None:
         if getattr(self, "residency", None) is not None:
@@ -644,6 +660,8 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         if isinstance(meta, TetherWorkerReport):
             for h in meta.corrupt:
                 self.ledger.host_payload_lost(h)
+            for name, n in meta.counts.items():
+                self.stats[name] = self.stats.get(name, 0) + n
 
     def _tick(self, t0: int) -> None:
         self.stats["scheduler_us"] += (time.thread_time_ns() - t0) // 1000
@@ -667,6 +685,9 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._load_errors: set[int] = set()
         self._corrupt: list[bytes] = []
         self._device: torch.device | None = None
+        # The worker's counters as last reported to the scheduler (deltas travel).
+        self._reported: dict[str, int] = {}
+        self._saved_payloads = 0
 
     @property
     def copier(self) -> KvCopier | None:
@@ -746,6 +767,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
                 try:
                     self.copiers[g].save(ids, hashes)
                     self.stats["saved_blocks"] += len(ids)
+                    self._inject_faults(g, hashes)
                 except TetherError as e:
                     # A failed save is a future miss, never wrong KV: skip it.
                     logger.warning("request %s: host save failed (%s)", rid, e)
@@ -777,6 +799,18 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             if self.groups.hybrid:
                 self._recved.add(rid)
 
+    def _inject_faults(self, group: int, hashes: list[bytes]) -> None:
+        """``fault_corrupt_every`` = N > 0: every N-th saved payload is corrupted in place
+        after its checksum was taken, so its restore must fail verification and be
+        recomputed (the end-to-end fault test; off by default)."""
+        n = self.config.fault_corrupt_every
+        if not n:
+            return
+        for h in hashes:
+            self._saved_payloads += 1
+            if self._saved_payloads % n == 0 and self.copiers[group].corrupt(h):
+                self.stats["faults_injected"] += 1
+
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
 
@@ -806,9 +840,12 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         return errors
 
     def build_connector_worker_meta(self):
-        if not self._corrupt:
+        counts = {k: v - self._reported.get(k, 0) for k, v in self.stats.items()}
+        counts = {k: d for k, d in counts.items() if d}
+        if not self._corrupt and not counts:
             return None
-        report, self._corrupt = TetherWorkerReport(corrupt=self._corrupt), []
+        self._reported = dict(self.stats)
+        report, self._corrupt = TetherWorkerReport(corrupt=self._corrupt, counts=counts), []
         return report
 
     @property
@@ -839,9 +876,14 @@ def _new_copier(views: list[torch.Tensor], nb: int, bs: int, heads: int, head: i
 
 @dataclass
 class TetherWorkerReport(KVConnectorWorkerMetadata):
-    """Worker -> scheduler: host payloads found corrupt (their records are dropped)."""
+    """Worker -> scheduler: host payloads found corrupt (their records are dropped), and
+    the worker's counters since its last report (``connector_stats`` sums them)."""
 
     corrupt: list[bytes]
+    counts: dict[str, int] = field(default_factory=dict)
 
     def aggregate(self, other: TetherWorkerReport) -> TetherWorkerReport:
-        return TetherWorkerReport(corrupt=self.corrupt + other.corrupt)
+        counts = dict(self.counts)
+        for k, n in other.counts.items():
+            counts[k] = counts.get(k, 0) + n
+        return TetherWorkerReport(corrupt=self.corrupt + other.corrupt, counts=counts)

@@ -23,16 +23,24 @@ class _Server(HTTPServer):
 
 
 class ResidencyListener:
-    """Serves ``GET /load`` with ``report()`` (JSON bytes) from a daemon thread.
+    """Serves ``GET /load`` with ``report()`` (JSON bytes), and ``GET /stats`` with
+    ``stats()`` when given (the connector's counters), from a daemon thread.
 
     One connection at a time, HTTP/1.0 (closed after each answer), no request body
-    read: a poll costs one ``report()`` call under the GIL. Anything but ``GET /load``
-    is 404 (other paths) or 501 (other methods); a ``report()`` that raises is a 503,
-    logged once per distinct error, and the listener keeps serving.
+    read: a poll costs one ``report()`` call under the GIL. Anything but those paths
+    is 404 (other paths) or 501 (other methods); a ``report()`` or ``stats()`` that
+    raises is a 503, logged once per distinct error, and the listener keeps serving.
     """
 
-    def __init__(self, host: str, port: int, report: Callable[[], bytes]):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        report: Callable[[], bytes],
+        stats: Callable[[], bytes] | None = None,
+    ):
         self._report = report
+        self._stats = stats
         self._last_error: str | None = None
         listener = self
 
@@ -41,11 +49,13 @@ class ResidencyListener:
             server_version = "tether-vllm"
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                if self.path.split("?", 1)[0] != "/load":
+                path = self.path.split("?", 1)[0]
+                answer = {"/load": listener._report, "/stats": listener._stats}.get(path)
+                if answer is None:
                     self.send_error(404)
                     return
                 try:
-                    body = listener._report()
+                    body = answer()
                 except Exception as e:  # noqa: BLE001 — any failure is a 503, never a crash
                     listener._failed(e)
                     self.send_error(503, "load report unavailable")
@@ -77,7 +87,7 @@ class ResidencyListener:
         msg = f"{type(e).__name__}: {e}"
         if msg != self._last_error:
             self._last_error = msg
-            logger.warning("residency listener: /load report failed (%s)", msg)
+            logger.warning("residency listener: a report failed (%s)", msg)
 
     def close(self) -> None:
         """Stops serving and frees the port."""

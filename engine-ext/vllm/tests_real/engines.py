@@ -1,0 +1,180 @@
+"""Real vLLM servers (the CPU build in .venv-engine) for the end-to-end tests and the demo.
+
+Each server is ``python -m vllm.entrypoints.openai.api_server`` on its own loopback address
+(127.0.0.N, so every rank can use the same residency port: the gateway's load cluster
+overrides the port and keeps the address, docs/vllm.md), serving the tiny model of
+``tiny_model.py`` with a small, fixed KV budget (``--num-gpu-blocks-override``) so that a
+flood evicts what plain prefix caching holds. Started in parallel, ready when ``/health``
+answers, stopped (process group) on exit; a server that dies or is not ready within its
+deadline fails the test with its log tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+BLOCK = 32  # tokens per KV block (--block-size; the CPU attention backend needs a multiple of 32)
+API_PORT = 8000  # every rank's API port, on its own address
+RESIDENCY_PORT = 8101  # every rank's residency endpoint, on its own address
+START_S = float(os.environ.get("TETHER_ENGINE_START_S", "240"))
+
+
+@dataclass
+class Server:
+    """One vLLM server: where it listens, how it was started, its log."""
+
+    name: str
+    host: str
+    blocks: int
+    connector: dict | None  # kv_connector_extra_config; None = plain vLLM
+    log: Path
+    proc: subprocess.Popen | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{API_PORT}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{API_PORT}"
+
+    def argv(self, model: Path) -> list[str]:
+        argv = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model), "--served-model-name", "tiny",
+            "--host", self.host, "--port", str(API_PORT),
+            "--dtype", "bfloat16", "--enforce-eager", "--seed", "0",
+            "--block-size", str(BLOCK), "--num-gpu-blocks-override", str(self.blocks),
+            "--max-model-len", str((self.blocks - 1) * BLOCK), "--max-num-seqs", "8",
+            "--enable-prompt-tokens-details", "--enable-prefix-caching",
+        ] + self.extra_args
+        if self.connector is not None:
+            extra = dict(self.connector)
+            extra.setdefault("residency_port", RESIDENCY_PORT)
+            extra.setdefault("residency_host", self.host)
+            argv += ["--kv-transfer-config", json.dumps({
+                "kv_connector": "TetherConnector", "kv_connector_module_path": "tether_vllm",
+                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": extra})]
+        return argv
+
+    def start(self, model: Path) -> None:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   VLLM_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(self.argv(model), stdout=out, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        """The whole process group (API server, engine core, worker)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL to the group: a crash, not a shutdown."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+    # ---- what the engine says -------------------------------------------------------------
+
+    def post(self, path: str, body: dict, headers: dict | None = None, url: str | None = None) -> dict:
+        return post(url or self.url, path, body, headers)
+
+    def metrics(self) -> dict[str, float]:
+        """vLLM's own Prometheus counters (summed over label sets)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for m in re.finditer(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+        return out
+
+    def load(self) -> dict:
+        """The connector's residency endpoint (``/load``)."""
+        with urllib.request.urlopen(f"http://{self.host}:{RESIDENCY_PORT}/load", timeout=10) as r:
+            return json.load(r)
+
+
+def post(base: str, path: str, body: dict, headers: dict | None = None, timeout: float = 300) -> dict:
+    req = urllib.request.Request(f"{base}{path}", json.dumps(body).encode(),
+                                 {"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            out = json.load(r)
+            out["_headers"] = dict(r.headers)
+            return out
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{path}: HTTP {e.code}: {e.read()[:2000]!r}") from None
+
+
+@contextlib.contextmanager
+def serving(model: Path, servers: list[Server]) -> Iterator[list[Server]]:
+    """Start every server at once; yield when all are ready; stop them all."""
+    try:
+        for s in servers:
+            s.start(model)
+        deadline = time.monotonic() + START_S
+        waiting = list(servers)
+        while waiting:
+            for s in list(waiting):
+                if not s.alive():
+                    pytest.fail(f"vLLM {s.name} exited at start:\n{s.tail()}")
+                if s.ready():
+                    waiting.remove(s)
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM {waiting[0].name} not ready after {START_S:.0f} s:\n{waiting[0].tail()}")
+            time.sleep(0.5)
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def restart(model: Path, server: Server) -> None:
+    """Start a stopped or killed server again and wait until it serves."""
+    server.start(model)
+    deadline = time.monotonic() + START_S
+    while not server.ready():
+        if not server.alive():
+            pytest.fail(f"vLLM {server.name} exited at restart:\n{server.tail()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"vLLM {server.name} not ready after restart:\n{server.tail()}")
+        time.sleep(0.5)
