@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,7 +43,6 @@ class Server:
     connector: dict | None  # kv_connector_extra_config; None = plain vLLM
     log: Path
     proc: subprocess.Popen | None = None
-    extra_args: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -62,7 +61,7 @@ class Server:
             "--block-size", str(BLOCK), "--num-gpu-blocks-override", str(self.blocks),
             "--max-model-len", str((self.blocks - 1) * BLOCK), "--max-num-seqs", "8",
             "--enable-prompt-tokens-details", "--enable-prefix-caching",
-        ] + self.extra_args
+        ]
         if self.connector is not None:
             extra = dict(self.connector)
             extra.setdefault("residency_port", RESIDENCY_PORT)
@@ -115,9 +114,6 @@ class Server:
 
     # ---- what the engine says -------------------------------------------------------------
 
-    def post(self, path: str, body: dict, headers: dict | None = None, url: str | None = None) -> dict:
-        return post(url or self.url, path, body, headers)
-
     def metrics(self) -> dict[str, float]:
         """vLLM's own Prometheus counters (summed over label sets)."""
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as r:
@@ -145,23 +141,29 @@ def post(base: str, path: str, body: dict, headers: dict | None = None, timeout:
         raise AssertionError(f"{path}: HTTP {e.code}: {e.read()[:2000]!r}") from None
 
 
+def wait_ready(servers: list[Server]) -> None:
+    """Until every server answers ``/health``; one that exits or is not ready within
+    ``START_S`` fails the test with its log tail."""
+    deadline = time.monotonic() + START_S
+    waiting = list(servers)
+    while waiting:
+        for s in list(waiting):
+            if not s.alive():
+                pytest.fail(f"vLLM {s.name} exited at start:\n{s.tail()}")
+            if s.ready():
+                waiting.remove(s)
+        if waiting and time.monotonic() > deadline:
+            pytest.fail(f"vLLM {waiting[0].name} not ready after {START_S:.0f} s:\n{waiting[0].tail()}")
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def serving(model: Path, servers: list[Server]) -> Iterator[list[Server]]:
     """Start every server at once; yield when all are ready; stop them all."""
     try:
         for s in servers:
             s.start(model)
-        deadline = time.monotonic() + START_S
-        waiting = list(servers)
-        while waiting:
-            for s in list(waiting):
-                if not s.alive():
-                    pytest.fail(f"vLLM {s.name} exited at start:\n{s.tail()}")
-                if s.ready():
-                    waiting.remove(s)
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM {waiting[0].name} not ready after {START_S:.0f} s:\n{waiting[0].tail()}")
-            time.sleep(0.5)
+        wait_ready(servers)
         yield servers
     finally:
         for s in servers:
@@ -171,10 +173,4 @@ def serving(model: Path, servers: list[Server]) -> Iterator[list[Server]]:
 def restart(model: Path, server: Server) -> None:
     """Start a stopped or killed server again and wait until it serves."""
     server.start(model)
-    deadline = time.monotonic() + START_S
-    while not server.ready():
-        if not server.alive():
-            pytest.fail(f"vLLM {server.name} exited at restart:\n{server.tail()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"vLLM {server.name} not ready after restart:\n{server.tail()}")
-        time.sleep(0.5)
+    wait_ready([server])

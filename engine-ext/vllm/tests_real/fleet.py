@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from engines import API_PORT, RESIDENCY_PORT, Server, post
+from engines import RESIDENCY_PORT, Server, post
 from gateway import free_port, render, running
 
 APIS = ("chat", "responses", "messages")
@@ -182,5 +182,5 @@ def wait_listed(server: Server, entries: int, timeout: float = 10.0) -> None:
     time.sleep(0.3)
 
 
-__all__ = ["APIS", "API_PORT", "Answer", "Gateway", "ask", "envoy_stat", "flood", "gateway",
+__all__ = ["APIS", "Answer", "Gateway", "ask", "envoy_stat", "flood", "gateway",
            "marker", "stats", "wait_listed"]
