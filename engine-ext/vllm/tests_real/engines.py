@@ -31,6 +31,8 @@ BLOCK = 32  # tokens per KV block (--block-size; the CPU attention backend needs
 API_PORT = 8000  # every rank's API port, on its own address
 RESIDENCY_PORT = 8101  # every rank's residency endpoint, on its own address
 START_S = float(os.environ.get("TETHER_ENGINE_START_S", "240"))
+# On a CUDA vLLM (scripts/vllm-gpu-check.sh real): each engine's share of the one GPU.
+GPU_MEMORY = os.environ.get("TETHER_ENGINE_GPU_MEMORY")
 
 
 @dataclass
@@ -42,6 +44,8 @@ class Server:
     blocks: int
     connector: dict | None  # kv_connector_extra_config; None = plain vLLM
     log: Path
+    max_len: int | None = None  # --max-model-len; default: the whole pool but vLLM's null block
+    args: tuple[str, ...] = ()  # more vLLM flags
     proc: subprocess.Popen | None = None
 
     @property
@@ -59,9 +63,11 @@ class Server:
             "--host", self.host, "--port", str(API_PORT),
             "--dtype", "bfloat16", "--enforce-eager", "--seed", "0",
             "--block-size", str(BLOCK), "--num-gpu-blocks-override", str(self.blocks),
-            "--max-model-len", str((self.blocks - 1) * BLOCK), "--max-num-seqs", "8",
-            "--enable-prompt-tokens-details", "--enable-prefix-caching",
+            "--max-model-len", str(self.max_len or (self.blocks - 1) * BLOCK), "--max-num-seqs", "8",
+            "--enable-prompt-tokens-details", "--enable-prefix-caching", *self.args,
         ]
+        if GPU_MEMORY:
+            argv += ["--gpu-memory-utilization", GPU_MEMORY]
         if self.connector is not None:
             extra = dict(self.connector)
             extra.setdefault("residency_port", RESIDENCY_PORT)

@@ -146,13 +146,15 @@ PLUGIN = {
 
 
 @contextlib.contextmanager
-def gateway(servers: list[Server], plugin: dict | None = None) -> Iterator[Gateway]:
-    """Envoy in pick mode (``tether gateway``) in front of ``servers``, its load poll on
-    every server's residency port through an ORIGINAL_DST cluster (docs/vllm.md)."""
+def gateway(servers: list[Server], plugin: dict | None = None, mode: str = "pick") -> Iterator[Gateway]:
+    """Envoy (``tether gateway --mode MODE``) in front of ``servers``; with a ``load`` in the
+    plugin configuration its load poll reaches every server's residency port through an
+    ORIGINAL_DST cluster (docs/vllm.md), and the gateway is ready once each was polled."""
+    plugin = PLUGIN if plugin is None else plugin
     with tempfile.TemporaryDirectory(prefix="tether-real-") as work:
         listen, admin = free_port(), free_port()
         ranks = ",".join(s.address for s in servers)
-        bootstrap = render(work, ranks, plugin or PLUGIN, listen, admin)
+        bootstrap = render(work, ranks, plugin, listen, admin, mode)
         cfg = yaml.safe_load(bootstrap.read_text())
         cfg["static_resources"]["clusters"].append({
             "name": "tether-load", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
@@ -166,7 +168,7 @@ def gateway(servers: list[Server], plugin: dict | None = None) -> Iterator[Gatew
         with running(bootstrap, admin, log):
             gw = Gateway(f"http://127.0.0.1:{listen}", admin, log)
             deadline = time.monotonic() + 30
-            while envoy_stat(admin, "tether_load_poll_ok") < 2 * len(servers):
+            while "load" in plugin and envoy_stat(admin, "tether_load_poll_ok") < 2 * len(servers):
                 assert time.monotonic() < deadline, f"no load polls: {log.read_text()[-3000:]}"
                 time.sleep(0.1)
             yield gw

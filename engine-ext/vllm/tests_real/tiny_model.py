@@ -22,6 +22,9 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+# Where this tokenizer's words come from: tether's request synthesizer (fleet/src/synth).
+SYNTH_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
 SPECIAL = ["<|begin|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 
 # Role markers around each message; content may be a string or a list of text parts (the
@@ -74,16 +77,59 @@ def tokenizer(out: Path) -> int:
     )
     tok.train_from_iterator([c * 8 for c in CORPUS], trainer)
     tok.save(str(out / "tokenizer.json"))
+    _tokenizer_config(out, CHAT_TEMPLATE)
+    return tok.get_vocab_size()
+
+
+# The demo's tokenizer ("words", `make(..., words=True)`): one whitespace-separated word is
+# one token, as tether-rank's simulated tokenizer counts (engine-ext/rank-engine/src/prompt.rs),
+# so a replayed trace has the same prompt lengths and block boundaries on the real engine and
+# on the simulator. Its vocabulary: the synthesizer's 3,844 two-character words and the
+# literals its Chat bodies carry (roles, tool names, call ids); any other word is <|unk|>,
+# still one token.
+WORD_LITERALS = (["system", "user", "assistant", "tool", "function", "object", "{}", "bash", "Task"]
+                 + [f"tool_{i}" for i in range(1, 65)] + [f"call_{i}" for i in range(1000)])
+
+# The Chat body's strings in tether-rank's canonical order: `tools` (per tool: description,
+# name, parameter type, type), then `messages` (per message, keys ascending: content, role,
+# tool_call_id, tool_calls' {function: {arguments, name}, id, type}); no generation prompt
+# (tether-rank counts none). vLLM hands a template tool-call arguments parsed; `tojson`
+# writes `{}` back as the one word the body had.
+WORD_TEMPLATE = (
+    "{% for t in tools or [] %}{{ t['function']['description'] ~ ' ' ~ t['function']['name'] ~ ' '"
+    " ~ t['function']['parameters']['type'] ~ ' ' ~ t['type'] ~ ' ' }}{% endfor %}"
+    "{% for m in messages %}"
+    "{% if m['content'] is string %}{{ m['content'] ~ ' ' }}"
+    "{% elif m['content'] %}{% for p in m['content'] %}{{ p['text'] ~ ' ' }}{% endfor %}{% endif %}"
+    "{{ m['role'] ~ ' ' }}{% if m['tool_call_id'] %}{{ m['tool_call_id'] ~ ' ' }}{% endif %}"
+    "{% for c in m['tool_calls'] or [] %}{{ c['function']['arguments'] | tojson ~ ' ' ~"
+    " c['function']['name'] ~ ' ' ~ c['id'] ~ ' ' ~ c['type'] ~ ' ' }}{% endfor %}"
+    "{% endfor %}"
+)
+
+
+def word_tokenizer(out: Path) -> int:
+    """The word-level tokenizer (see WORD_TEMPLATE); its vocabulary size."""
+    words = [a + b for a in SYNTH_ALPHABET for b in SYNTH_ALPHABET]
+    vocab = {w: i for i, w in enumerate([*SPECIAL, "<|unk|>", *words, *WORD_LITERALS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIAL)
+    tok.save(str(out / "tokenizer.json"))
+    _tokenizer_config(out, WORD_TEMPLATE)
+    return tok.get_vocab_size()
+
+
+def _tokenizer_config(out: Path, template: str) -> None:
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<|begin|>",
         "eos_token": "<|end|>",
         "pad_token": "<|end|>",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template,
         "model_max_length": LLAMA["max_position_embeddings"],
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
-    return tok.get_vocab_size()
 
 
 def weights(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
@@ -110,10 +156,13 @@ def weights(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     return t
 
 
-def make(out: Path, seed: int = 7) -> Path:
-    """The tiny Llama model in ``out`` (created); returns ``out``."""
+def make(out: Path, seed: int = 7, *, words: bool = False, max_len: int | None = None) -> Path:
+    """The tiny Llama model in ``out`` (created), with the BPE tokenizer or (``words``) the
+    word-level one; ``max_len``: its longest context if not the default; returns ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    cfg = dict(LLAMA, vocab_size=tokenizer(out))
+    cfg = dict(LLAMA, vocab_size=(word_tokenizer if words else tokenizer)(out))
+    if max_len is not None:
+        cfg["max_position_embeddings"] = max_len
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     save_file(weights(cfg, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
