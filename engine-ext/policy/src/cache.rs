@@ -16,7 +16,7 @@
 //! (else dropped). Nothing in this module reads a clock: every call takes `now`.
 
 use crate::config::{ConfigError, Millis, PolicyConfig};
-use crate::hash::BlockHash;
+use crate::hash::{BlockHash, dead_block_hash};
 use crate::host::{HostKind, HostTier};
 use crate::marker::{RetentionKey, TurnMarker};
 use crate::payload::{MoveError, Mover, SlotId, StateSlot, split};
@@ -149,6 +149,9 @@ struct Running {
     state_pin: Option<BlockHash>,
     /// The retention key the request was admitted or retained under.
     key: Option<RetentionKey>,
+    /// Slots past the full prompt blocks: the prompt's partial block and the output's
+    /// ([`RetentionCache::grow`]; empty unless `hold_tail_blocks`).
+    tail: Vec<SlotId>,
 }
 
 /// Which block slots an allocation may take.
@@ -206,6 +209,8 @@ pub struct RetentionCache {
     stats: Stats,
     /// Scratch: hashes of blocks the last LRU eviction removed.
     evicted: Vec<BlockHash>,
+    /// Dead tail blocks published so far: makes each one's hash unique.
+    dead_blocks: u64,
 }
 
 impl RetentionCache {
@@ -221,6 +226,7 @@ impl RetentionCache {
             running: HashMap::new(),
             stats: Stats::default(),
             evicted: Vec::new(),
+            dead_blocks: 0,
             cfg,
         })
     }
@@ -333,6 +339,7 @@ impl RetentionCache {
             canonical: vec![None; n],
             state_pin: None,
             key,
+            tail: Vec::new(),
         };
         for (i, h) in hashes.iter().take(plan.device).enumerate() {
             let Some(s) = self.pool.get(*h) else { break };
@@ -691,7 +698,63 @@ impl RetentionCache {
         Ok(())
     }
 
-    fn release_running(&mut self, run: Running) {
+    /// Holds enough slots for `tokens` tokens of a running request (its prompt, then
+    /// prompt + generated after each decode step), as vLLM's block manager does; a no-op
+    /// unless `hold_tail_blocks`. The slots come in the usual eviction order. Returns the
+    /// slots added; `OutOfBlocks` when nothing gives way (a real engine would preempt;
+    /// the slots taken so far stay held).
+    pub fn grow(
+        &mut self,
+        id: RequestId,
+        tokens: usize,
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> Result<usize, CacheError> {
+        if !self.cfg.hold_tail_blocks {
+            return Ok(0);
+        }
+        let mut run = self.running.remove(&id).ok_or(CacheError::Unknown(id))?;
+        let need = tokens.div_ceil(self.cfg.block_size);
+        let mut added = 0;
+        let mut out = Ok(0);
+        while run.hashes.len() + run.tail.len() < need {
+            match self.alloc(now, mover) {
+                Some(s) => {
+                    run.tail.push(s);
+                    added += 1;
+                }
+                None => {
+                    out = Err(CacheError::OutOfBlocks { need });
+                    break;
+                }
+            }
+        }
+        self.running.insert(id, run);
+        out.map(|_: usize| added)
+    }
+
+    /// A request's tail slots, released tail first: published as dead blocks (a hash
+    /// no prompt has, chained under the last prompt block) when the prompt was computed,
+    /// so they age in the free queue ahead of the prompt's blocks as vLLM's do; freed
+    /// empty when it was not (nothing was written to them).
+    fn release_tail(&mut self, run: &mut Running) {
+        let computed = run.canonical.last().is_none_or(|c| c.is_some());
+        let mut parent = run.canonical.last().copied().flatten();
+        if computed {
+            for &s in &run.tail {
+                self.dead_blocks += 1;
+                let hash =
+                    dead_block_hash(parent.and_then(|p| self.pool.hash_of(p)), self.dead_blocks);
+                parent = self.pool.insert(s, hash, parent).then_some(s);
+            }
+        }
+        for s in run.tail.drain(..).rev() {
+            self.pool.release(s);
+        }
+    }
+
+    fn release_running(&mut self, mut run: Running) {
+        self.release_tail(&mut run);
         for i in (0..run.slots.len()).rev() {
             let own = run.slots[i];
             match run.canonical[i] {
@@ -992,6 +1055,9 @@ impl RetentionCache {
                 if let Some(c) = run.canonical[i].filter(|c| c != s) {
                     *refs.entry(c).or_default() += 1;
                 }
+            }
+            for s in &run.tail {
+                *refs.entry(*s).or_default() += 1;
             }
             state_pins += u64::from(run.state_pin.is_some());
         }

@@ -36,6 +36,13 @@ pub struct PolicyConfig {
     pub max_interval_ms: Millis,
     /// Retention interval per turn kind (the wire contract's table by default).
     pub intervals: RetentionMs,
+    /// Hold a running request's partial and output blocks as vLLM does
+    /// ([`RetentionCache::grow`](crate::RetentionCache::grow)): a request occupies
+    /// `⌈(prompt + generated) ÷ block_size⌉` slots, and when it ends those past its
+    /// full prompt blocks join the free queue as dead blocks ahead of its prompt (vLLM
+    /// frees a request's blocks tail first, hashed or not, into one LRU queue). Off, a
+    /// request holds its full prompt blocks only (the figures measured before it).
+    pub hold_tail_blocks: bool,
 }
 
 impl Default for PolicyConfig {
@@ -51,6 +58,7 @@ impl Default for PolicyConfig {
             state_align_tokens: 0,
             max_interval_ms: 3_600_000,
             intervals: RetentionMs::DEFAULT,
+            hold_tail_blocks: false,
         }
     }
 }

@@ -81,6 +81,17 @@ pub struct RequestKeys {
     pub lora: Option<Vec<u8>>,
 }
 
+/// The hash of the `n`-th dead block (a request's partial or output block kept in the
+/// free queue after it ended, `PolicyConfig::hold_tail_blocks`) under `parent`: in a
+/// domain of its own, so no prompt's block ever matches it.
+pub(crate) fn dead_block_hash(parent: Option<BlockHash>, n: u64) -> BlockHash {
+    let mut buf = Vec::with_capacity(48);
+    buf.extend_from_slice(b"tether.dead-block");
+    buf.extend_from_slice(&parent.unwrap_or(ROOT_HASH).0.to_le_bytes());
+    buf.extend_from_slice(&n.to_le_bytes());
+    BlockHash(xxh3_128(&buf))
+}
+
 /// Computes the chained hashes of a prompt's full blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockHasher {

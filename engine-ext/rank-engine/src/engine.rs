@@ -688,6 +688,9 @@ impl Engine {
                 Ok(adm) => {
                     admitted = true;
                     let p = w.req.prompt_tokens;
+                    // The prompt's partial block (`hold_tail_blocks`); a pool with no room
+                    // for it serves the request without, where vLLM would wait.
+                    let _ = self.cache.grow(id, p, start as u64, &mut self.mover);
                     let cap = cached_cap(p, bs);
                     let raw = adm.cached_blocks * bs;
                     let cached = raw.min(cap);
@@ -960,6 +963,12 @@ impl Engine {
             let steps = 1 + step.more;
             l.generated += steps;
             decoded += 1;
+            // The output's blocks (`hold_tail_blocks`): where none gives way vLLM would
+            // preempt; this engine does not model preemption and decodes on.
+            let tokens = l.req.prompt_tokens + l.generated;
+            let _ = self
+                .cache
+                .grow(RequestId(l.req.id), tokens, at as u64, &mut self.mover);
             let m = &mut self.metrics;
             m.generation_tokens += steps as u64;
             let gap = first_end - l.last_token;

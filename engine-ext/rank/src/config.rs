@@ -120,6 +120,11 @@ pub struct Args {
     /// tier before the session is expected back (only with `--cache retention-host`).
     #[arg(long)]
     pub prefetch: bool,
+    /// Hold each running request's partial and output blocks and free them tail first
+    /// into the LRU queue, as vLLM's block manager does (docs/rank.md "Flags"); off,
+    /// a request holds its full prompt blocks only, as every figure measured before it.
+    #[arg(long)]
+    pub vllm_tail_blocks: bool,
     /// Most entries of the residency summary in `/load` (docs/rank.md
     /// "Residency summary"); the largest retained states are listed first; 0
     /// publishes none.
@@ -318,7 +323,7 @@ impl RankConfig {
 
     /// The engine configuration of one DP rank.
     pub fn engine(&self) -> EngineConfig {
-        EngineConfig::for_profile(
+        let mut e = EngineConfig::for_profile(
             &self.profile,
             &EngineSettings {
                 block_size: self.args.block_size,
@@ -330,7 +335,9 @@ impl RankConfig {
                 kv_link_gbps: self.args.kv_link_gbps,
                 prefetch: self.args.prefetch,
             },
-        )
+        );
+        e.policy.hold_tail_blocks = self.args.vllm_tail_blocks;
+        e
     }
 
     /// The effective configuration as JSON (`GET /tether/config`), with a hash
@@ -339,6 +346,7 @@ impl RankConfig {
         let a = &self.args;
         let serving = json!({
             "cache": a.cache.name(),
+            "vllm_tail_blocks": a.vllm_tail_blocks,
             "host_bytes": self.host_bytes,
             "device_blocks": self.device_blocks,
             "block_size": a.block_size,

@@ -1517,3 +1517,86 @@ fn host_usage_counts_an_evicted_record_that_never_returned() {
     assert_eq!(u.resident[2].records, 1);
     assert_eq!(u.used().records, 0);
 }
+
+fn tail_cfg(device_blocks: usize, hold: bool) -> PolicyConfig {
+    PolicyConfig {
+        retention: false,
+        hold_tail_blocks: hold,
+        ..cfg(device_blocks, 0)
+    }
+}
+
+/// Admit a prompt of `blocks` full blocks plus `extra` tokens, grow it by `output` tokens.
+fn admit_grown(c: &mut RetentionCache, id: u64, hashes: &[BlockHash], extra: usize, output: usize) {
+    let m = &mut MetadataOnly;
+    let bs = c.config().block_size;
+    c.admit(RequestId(id), hashes, None, 0, m).expect("admit");
+    c.grow(RequestId(id), hashes.len() * bs + extra, 0, m)
+        .expect("grow prompt");
+    c.finish_prefill(RequestId(id), None, 0, m).expect("finish");
+    c.grow(RequestId(id), hashes.len() * bs + extra + output, 0, m)
+        .expect("grow output");
+}
+
+#[test]
+fn a_running_requests_partial_and_output_blocks_take_room_as_in_vllm() {
+    // x: 4 blocks, released. a: 2 full blocks + 5 tokens, then 20 output tokens — four
+    // slots (57 tokens) held as vLLM holds them — while b (2 blocks) arrives: b's room comes from
+    // x's tail. Without the tail a holds two slots and x keeps everything.
+    for (hold, x_kept) in [(true, 2), (false, 4)] {
+        let mut c = RetentionCache::try_new(tail_cfg(8, hold)).expect("cfg");
+        let x = chain(1, 4);
+        turn(&mut c, &mut VecMover::new(8, 0), 1, &x, None, 0);
+        admit_grown(&mut c, 2, &chain(2, 2), 5, 20);
+        assert_eq!(c.pool().empty_slots(), if hold { 0 } else { 2 });
+        turn(&mut c, &mut VecMover::new(8, 0), 3, &chain(3, 2), None, 0);
+        let back = c
+            .admit(RequestId(4), &x, None, 0, &mut MetadataOnly)
+            .expect("admit");
+        assert_eq!(back.cached_blocks, x_kept, "hold_tail_blocks = {hold}");
+        c.check().expect("invariants");
+    }
+}
+
+#[test]
+fn an_ended_requests_tail_blocks_are_evicted_before_its_prompt() {
+    let mut c = RetentionCache::try_new(tail_cfg(6, true)).expect("cfg");
+    let a = chain(1, 2);
+    admit_grown(&mut c, 1, &a, 5, 20);
+    c.release(RequestId(1)).expect("release");
+    // Two dead blocks (never a prompt's hash) age in the queue ahead of a's prompt.
+    assert_eq!(c.pool().evictable(), 4);
+    c.check().expect("invariants");
+    turn(&mut c, &mut VecMover::new(6, 0), 2, &chain(2, 4), None, 0);
+    assert_eq!(c.pool().evicted(), 2);
+    let back = c
+        .admit(RequestId(3), &a, None, 0, &mut MetadataOnly)
+        .expect("admit");
+    assert_eq!(back.cached_blocks, 2);
+}
+
+#[test]
+fn grow_is_a_no_op_when_off_and_refuses_an_unknown_request() {
+    let mut c = RetentionCache::try_new(tail_cfg(4, false)).expect("cfg");
+    let m = &mut MetadataOnly;
+    c.admit(RequestId(1), &chain(1, 1), None, 0, m)
+        .expect("admit");
+    assert_eq!(c.grow(RequestId(1), 60, 0, m).expect("off"), 0);
+    let mut on = RetentionCache::try_new(tail_cfg(4, true)).expect("cfg");
+    assert!(matches!(
+        on.grow(RequestId(9), 10, 0, m),
+        Err(CacheError::Unknown(_))
+    ));
+    on.admit(RequestId(1), &chain(1, 1), None, 0, m)
+        .expect("admit");
+    // Four slots in all: the fifth block finds no room; what was taken stays held.
+    assert!(matches!(
+        on.grow(RequestId(1), 80, 0, m),
+        Err(CacheError::OutOfBlocks { need: 5 })
+    ));
+    assert_eq!(on.pool().empty_slots(), 0);
+    on.release(RequestId(1)).expect("release");
+    on.check().expect("invariants");
+    // Released before its prompt was computed: nothing was written, every slot empty.
+    assert_eq!(on.pool().empty_slots(), 4);
+}

@@ -29,6 +29,10 @@ fn engine_with(
         retention,
         ..PolicyConfig::default()
     };
+    engine_of(policy, seqs, budget)
+}
+
+fn engine_of(policy: PolicyConfig, seqs: usize, budget: usize) -> Engine {
     Engine::try_new(
         EngineConfig {
             policy,
@@ -281,6 +285,37 @@ fn retention_keeps_a_session_through_a_flood_that_lru_loses() {
     };
     assert_eq!(hits(false), 0);
     assert_eq!(hits(true), 1600 / BS * BS);
+}
+
+#[test]
+fn held_tail_blocks_take_room_from_the_lru_front_as_in_vllm() {
+    // 256 blocks. a: 100 blocks, done. b: 150 blocks decoding 200 tokens — 163 slots
+    // held as vLLM holds them — pushes a's tail (after a's own dead block) out.
+    let hits = |hold: bool| {
+        let policy = PolicyConfig {
+            hold_tail_blocks: hold,
+            ..engine_with(256, 0, false, 64, 8192)
+                .cache()
+                .config()
+                .clone()
+        };
+        let mut e = engine_of(policy, 64, 8192);
+        let a = toks(5, 1600);
+        e.submit(req(1, &a, 1, None), 0.0).unwrap();
+        run(&mut e);
+        let at = e.clock();
+        e.submit(req(2, &toks(7, 2400), 200, None), at).unwrap();
+        run(&mut e);
+        let mut a2 = a.clone();
+        a2.extend(toks(6, 100));
+        let at = e.clock() + 10.0;
+        e.submit(req(3, &a2, 1, None), at).unwrap();
+        let o = done(&run(&mut e), 3);
+        e.cache().check().unwrap();
+        o.cached_tokens
+    };
+    assert_eq!(hits(false), 1600);
+    assert_eq!(hits(true), (100 - 7) * BS);
 }
 
 /// Session 1 retains a `tokens`-token prompt, three other sessions push it to the host
