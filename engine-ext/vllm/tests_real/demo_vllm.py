@@ -47,6 +47,7 @@ from pathlib import Path
 # The Envoy helpers of the scheduler suite (../tests/gateway.py), as conftest.py adds them.
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import calibrate  # noqa: E402
 import tiny_model  # noqa: E402
 from engines import BLOCK, Server, serving, wait_ready  # noqa: E402
 from fleet import PLUGIN, gateway, stats  # noqa: E402
@@ -189,20 +190,21 @@ def demo(a: argparse.Namespace, model: Path) -> None:
 
 
 @contextlib.contextmanager
-def ranks(s: Setting, a: argparse.Namespace, logs: Path) -> Iterator[list[Server]]:
+def ranks(s: Setting, a: argparse.Namespace, logs: Path, timing: Path) -> Iterator[list[Server]]:
     """``tether-rank`` processes on the engines' addresses with the engines' KV capacity
-    (vLLM keeps one of its blocks as the null block), block size, batch limits and host tier."""
+    (vLLM keeps one of its blocks as the null block), block size, batch limits and host
+    tier, timed by the profile at ``timing`` (``calibrate.py``'s, or the H200 one)."""
     binary = os.environ.get("TETHER_RANK", str(ROOT / "target/release/tether-rank"))
-    profile = json.loads(PROFILE.read_text())
+    profile = json.loads(timing.read_text())
     servers = [Server(f"{e.name}-rank", e.host, e.blocks, None, e.log.with_suffix(".rank.log"))
                for e in engines(s, a, logs)]
     try:
         for e in servers:
-            argv = [binary, "--listen", e.address, "--profile", str(PROFILE), "--cache", s.cache,
+            argv = [binary, "--listen", e.address, "--profile", str(timing), "--cache", s.cache,
                     "--kv-tokens", str((a.blocks - 1) * BLOCK), "--block-size", str(BLOCK),
                     "--max-num-seqs", "8", "--max-num-batched-tokens", str(BATCHED_TOKENS),
                     "--max-model-len", str(a.max_len), "--speedup", "1",
-                    "--served-model-name", "tiny", "--rank-id", e.address]
+                    "--served-model-name", "tiny", "--rank-id", e.address, "--vllm-tail-blocks"]
             if s.cache == "retention-host":
                 # The same host tier in tokens: the connector's bytes at the tiny model's KV
                 # bytes per token, in the profile's.
@@ -231,7 +233,24 @@ def per_request(out: Path) -> dict[int, tuple[int, int]]:
 SIM_PLUGIN = {"outputs": ["hash", "vllm", "debug"]}
 
 
+def measured_profile(a: argparse.Namespace, model: Path) -> Path:
+    """The engine's speed as a profile (``calibrate.py``), measured on engines of their
+    own so that no calibration prompt sits in a replayed engine's cache."""
+    out = a.out / "sim-check" / "profile.json"
+    logs = a.out / "logs" / "calibrate"
+    logs.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    b = settings(a.host_bytes)[1]
+    with serving(model, engines(b, a, logs)) as servers:
+        measured = calibrate.profile(servers[0], json.loads(PROFILE.read_text()),
+                                     (a.blocks - 1) * BLOCK, a.max_len)
+    out.write_text(json.dumps(measured, indent=1) + "\n")
+    print(f"engine speed measured: {out}")
+    return out
+
+
 def check_sim(a: argparse.Namespace, model: Path) -> None:
+    timing = measured_profile(a, model) if a.timing == "measured" else PROFILE
     results = {}
     for s in settings(a.host_bytes):
         if s.name == "a-round-robin-lru":
@@ -241,16 +260,20 @@ def check_sim(a: argparse.Namespace, model: Path) -> None:
         with serving(model, engines(sim_s, a, a.out / "logs")) as servers, \
                 gateway(servers, SIM_PLUGIN, "hash") as gw:
             replay(a, gw.url, gw.admin, f"vLLM, {s.cache}", engine_out)
-        with ranks(sim_s, a, a.out / "logs") as servers, gateway(servers, SIM_PLUGIN, "hash") as gw:
+        with ranks(sim_s, a, a.out / "logs", timing) as servers, gateway(servers, SIM_PLUGIN, "hash") as gw:
             replay(a, gw.url, gw.admin, f"tether-rank, {s.cache}", sim_out)
         results[s.cache] = agreement(per_request(engine_out), per_request(sim_out))
-    (a.out / "sim-vs-engine.json").write_text(json.dumps(results, indent=1))
+    report = {**results, "timing": {"profile": str(timing), "source": a.timing}}
+    (a.out / "sim-vs-engine.json").write_text(json.dumps(report, indent=1))
     lines = ["| cache | requests | hit ratio, engine | hit ratio, tether-rank | difference (points) |"
              " equal within one block | equal |", "|---|---:|---:|---:|---:|---:|---:|"]
     for cache, r in results.items():
         lines.append(f"| {cache} | {r['requests']} | {pct(r['engine_hit'])} | {pct(r['sim_hit'])} |"
                      f" {100 * (r['sim_hit'] - r['engine_hit']):+.2f} | {pct(r['within_block'])} |"
                      f" {pct(r['equal'])} |")
+    source = "the engine, measured by calibrate.py" if a.timing == "measured" else "an H200"
+    lines.append(f"\ntether-rank timed by {timing.name} ({source}); routing: Envoy hash mode"
+                 " on the filter's key; tokenizer: word-level on both sides.")
     table = "\n".join(lines)
     (a.out / "sim-vs-engine.md").write_text(table + "\n")
     print("\n" + table)
@@ -284,10 +307,13 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=32000, help="vLLM --max-model-len")
     p.add_argument("--host-bytes", type=int, default=1 << 30, help="host tier per engine in (c)")
     p.add_argument("--max-output", type=int, default=32, help="cap on every answer's tokens")
-    p.add_argument("--speedup", type=float, default=2.0)
+    p.add_argument("--speedup", type=float, default=4.0, help="the trace's clock, compressed")
     p.add_argument("--out", type=Path, default=ROOT / "target/demo-vllm")
     p.add_argument("--check-sim", action="store_true", help="also compare tether-rank with the engines")
     p.add_argument("--only-check-sim", action="store_true", help="the comparison only")
+    p.add_argument("--timing", choices=("measured", "h200"), default="measured",
+                   help="tether-rank's speed in the check: the engine's, measured (calibrate.py),"
+                        " or the H200 profile's")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "logs").mkdir(exist_ok=True)

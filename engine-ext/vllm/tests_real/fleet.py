@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import tempfile
 import time
@@ -25,6 +26,8 @@ from engines import RESIDENCY_PORT, Server, post
 from gateway import free_port, render, running
 
 APIS = ("chat", "responses", "messages")
+# How far a cold prefill's logprobs may sit from a cached prefill's (Answer.agrees_with).
+LOGPROB_TOL = 1e-2
 
 
 @dataclass
@@ -41,7 +44,32 @@ class Answer:
         return m.group(1) if m else ""
 
     def same_as(self, other: Answer) -> bool:
+        """Bit-exact: the same text and the same logprobs to the last bit. What a host
+        restore owes a device hit — both run the same suffix over the same KV values."""
         return (self.text, self.logprobs) == (other.text, other.logprobs)
+
+    def agrees_with(self, other: Answer, tol: float = LOGPROB_TOL) -> bool:
+        """The same text and the same chosen tokens, every logprob within ``tol``. What a
+        cold prefill owes a cached one: vLLM computes the prompt's attention in other
+        chunks when a prefix is cached, and float sums in another order differ in their
+        last bits (seen on CI's CPU: 5e-4 on a logprob of -4.19, same text)."""
+        return self.text == other.text and self.gap(other) <= tol
+
+    def gap(self, other: Answer) -> float:
+        """The largest logprob difference between two answers of the same tokens (top
+        alternatives compared where both list the token: a near tie may reorder them);
+        infinite where the tokens differ or only one has logprobs."""
+        if self.logprobs is None or other.logprobs is None:
+            return 0.0 if self.logprobs is other.logprobs else math.inf
+        if len(self.logprobs) != len(other.logprobs):
+            return math.inf
+        worst = 0.0
+        for (tok, lp, alts), (tok2, lp2, alts2) in zip(self.logprobs, other.logprobs):
+            if tok != tok2:
+                return math.inf
+            theirs = dict(alts2)
+            worst = max([worst, abs(lp - lp2), *(abs(v - theirs[t]) for t, v in alts if t in theirs)])
+        return worst
 
 
 def _chat(history: list[tuple[str, str]], n: int) -> tuple[str, dict]:

@@ -9,10 +9,12 @@ evicts everything plain prefix caching holds):
   its checksum was taken);
 - ``p``: plain vLLM (prefix caching, no connector) — what a user runs without tether.
 
-Equality is bitwise: the answer's text and every token's logprob and top-2 alternatives.
-On this backend a device prefix hit, a host-tier restore and a cold prefill of the same
-prompt give identical logits (the KV bytes are the same; the suffix is computed the same
-way), which is what makes "identical" a test that a wrong restore fails.
+A host-tier restore and a device prefix hit are compared bitwise (``Answer.same_as``):
+the answer's text and every token's logprob and top-2 alternatives. The KV bytes are the
+same and the suffix is computed the same way, so a restore that is wrong by one bit in a
+block that matters fails. A cold prefill of the same prompt computes the prompt's attention
+in other chunks: the same text, but logprobs that may differ in their last bits (CI's CPU:
+5e-4), so it is compared within ``LOGPROB_TOL`` (``Answer.agrees_with``).
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ def full_blocks(n: int) -> int:
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_a_host_restore_answers_exactly_as_a_device_hit_and_a_cold_prefill(fleet, api):
+def test_a_host_restore_answers_exactly_as_a_device_hit_and_agrees_with_a_cold_prefill(fleet, api):
     """Turn 1 on a, b and p; b and p flooded; turn 2: a hits on device, b restores from
-    its host tier, p (plain vLLM) lost the prefix and prefills cold — same answer."""
+    its host tier (bit-exact with a), p (plain vLLM) lost the prefix and prefills cold
+    (the same text, logprobs within float error)."""
     a, b, p = fleet["a"], fleet["b"], fleet["p"]
     session = f"00000000000001{APIS.index(api):02x}"
     first = [("system", f"{api} " + SYSTEM), ("user", FIRST)]
@@ -85,7 +88,7 @@ def test_a_host_restore_answers_exactly_as_a_device_hit_and_a_cold_prefill(fleet
     assert b.metrics()["vllm:external_prefix_cache_hits_total"] - hits_b >= expect
     assert after_b["yielded_to_host"] > 0
     assert two["b"].same_as(two["a"]), (two["b"], two["a"])
-    assert two["p"].same_as(two["a"]), (two["p"], two["a"])
+    assert two["p"].agrees_with(two["a"]), (two["p"].gap(two["a"]), two["p"], two["a"])
     if api != "messages":
         assert len(two["a"].logprobs) == 12
 
@@ -105,8 +108,9 @@ def test_a_corrupt_host_payload_is_a_counted_recompute_with_the_same_answer(flee
     two = ask(c.url, "chat", history, marker=marker(session, 2))
     after = stats(c)
     assert after["load_failed_blocks"] > before["load_failed_blocks"], (before, after)
-    # The answer is the device hit's answer: the corrupt KV never reached the model.
-    assert two.same_as(ref), (two, ref)
+    # The answer is the device hit's answer: the corrupt KV never reached the model (a
+    # recompute runs other chunks than the hit, hence within float error).
+    assert two.agrees_with(ref), (two.gap(ref), two, ref)
     # vLLM 0.32 fixes a request's usage.cached_tokens when it is scheduled, so the
     # recomputed blocks still read as cached there (docs/vllm-real.md, "What the engine
     # reports"); the connector's counter is the truth.
