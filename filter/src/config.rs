@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde::de::{self, IgnoredAny};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use tether_placement::Unseen;
 use tether_wire::{RetentionMs, TurnKind};
 
 /// An invalid plugin configuration: `field` is the JSON path of the culprit.
@@ -344,6 +345,7 @@ pub struct RawResidency {
     prefill_tokens_per_s: Option<f64>,
     factor: Option<f64>,
     floor: Option<f64>,
+    unseen: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -784,6 +786,11 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
         prefill_tokens_per_s: raw.prefill_tokens_per_s.unwrap_or(d.prefill_tokens_per_s),
         factor: raw.factor.unwrap_or(d.factor),
         floor: raw.floor.unwrap_or(d.floor),
+        unseen: match raw.unseen.as_deref() {
+            None => d.unseen,
+            Some(s) => Unseen::from_name(s)
+                .ok_or_else(|| err("unseen", "must be \"least-loaded\" or \"rendezvous\""))?,
+        },
     };
     let n = cfg.endpoints.len();
     if r.candidates == 0 || r.candidates > n {

@@ -42,4 +42,4 @@ pub use keys::{SEED, hash_parts};
 pub use load::{LoadBound, disaggregate, first_under_bound, load_bound};
 pub use rendezvous::{Endpoint, Pick, Placement};
 pub use residency::{Held, Resident, resident_key};
-pub use resident::{Choice, How, Knows, MoveCost, Rule, WAIT_MARGIN_MS};
+pub use resident::{Choice, How, Knows, MoveCost, Rule, Unseen, WAIT_MARGIN_MS};

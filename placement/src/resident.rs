@@ -10,7 +10,10 @@
 //!    backlog would delay the turn longer than moving it to another candidate
 //!    ([`Placement::place_resident_in`]);
 //! 2. no candidate holds it → the least loaded candidate, ties by rendezvous
-//!    order (power of *d* choices: [`How::Least`]);
+//!    order (power of *d* choices: [`How::Least`]); or, with
+//!    [`Unseen::Rendezvous`], its first rendezvous candidate while that one is
+//!    under the bound, so a turn that returns before any summary shows its
+//!    predecessor lands where the predecessor did;
 //! 3. the holder is over the bound → the least loaded other candidate with
 //!    room, and the state goes with the key when pulling it over the KV link
 //!    costs less than recomputing it ([`MoveCost::migrate`]: [`How::Migrate`],
@@ -96,6 +99,38 @@ impl MoveCost {
     }
 }
 
+/// Where rule 2 sends a key no candidate's summary shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Unseen {
+    /// The least loaded candidate, ties by rendezvous order.
+    #[default]
+    LeastLoaded,
+    /// The first rendezvous candidate while it is under the bound, else the
+    /// least loaded: deterministic until a summary shows the key.
+    Rendezvous,
+}
+
+impl Unseen {
+    /// Every setting with its name, as configurations and flags spell it.
+    pub const NAMES: [(&'static str, Unseen); 2] = [
+        ("least-loaded", Unseen::LeastLoaded),
+        ("rendezvous", Unseen::Rendezvous),
+    ];
+
+    /// The setting named `s`.
+    pub fn from_name(s: &str) -> Option<Unseen> {
+        Self::NAMES.iter().find(|(n, _)| *n == s).map(|(_, u)| *u)
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, u)| *u == self)
+            .map_or("", |(n, _)| n)
+    }
+}
+
 /// The residency-aware rule's settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rule {
@@ -105,6 +140,8 @@ pub struct Rule {
     pub bound: LoadBound,
     /// Migrate or recompute.
     pub cost: MoveCost,
+    /// Rule 2: where a key no summary shows goes.
+    pub unseen: Unseen,
 }
 
 /// Why the key went where it went.
@@ -112,7 +149,8 @@ pub struct Rule {
 pub enum How {
     /// To the candidate that holds its state.
     Stay,
-    /// No candidate holds it: to the least loaded candidate.
+    /// No candidate holds it: to the least loaded candidate (or, with
+    /// [`Unseen::Rendezvous`], to the first one while it has room).
     Least,
     /// The holder (endpoint index `from`) is over the bound: moved, its
     /// state pulled from `from` over the KV link.
@@ -247,7 +285,10 @@ impl Placement {
                 let pos = first_under_bound(&cands, loads, &shares, total, rule.bound)?;
                 (*cands.get(pos)?, How::Bounded)
             }
-            None => (least(&mut cands.iter().copied())?, How::Least),
+            None => match (rule.unseen, cands.first()) {
+                (Unseen::Rendezvous, Some(&first)) if room(first) => (first, How::Least),
+                _ => (least(&mut cands.iter().copied())?, How::Least),
+            },
         };
         let pos = pick.order.iter().position(|&i| i == chosen)?;
         let c = pick.order.remove(pos);

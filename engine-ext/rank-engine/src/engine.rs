@@ -50,7 +50,8 @@ use crate::metrics::{EngineGauges, EngineMetrics};
 use prefetch::{Moment, Prefetcher};
 use std::collections::{HashSet, VecDeque};
 use tether_engine::{
-    BlockHash, CacheError, MetadataOnly, PolicyConfig, RequestId, RetentionCache, TurnMarker,
+    BlockHash, CacheError, MetadataOnly, PolicyConfig, RequestId, RetentionCache, RetentionKey,
+    TurnMarker,
 };
 use thiserror::Error;
 
@@ -519,6 +520,28 @@ impl Engine {
             .map_or(0, |p| p + 1);
         self.waiting.insert(pos, w);
         Ok(())
+    }
+
+    /// The retention keys of the requests waiting or running whose prompt
+    /// end this engine will retain (a prompt-end marker, retention on), each
+    /// with the tokens it will retain (its prompt's full blocks): what the
+    /// engine is about to hold, listed before the retention record exists.
+    pub fn in_flight_keys(&self) -> impl Iterator<Item = (RetentionKey, usize)> + '_ {
+        let bs = self.cfg.policy.block_size;
+        let on = self.cfg.policy.retention;
+        let waiting = self.waiting.iter().map(|w| &w.req);
+        let running = self
+            .running
+            .iter()
+            .filter(|l| !l.cancelled && !l.done)
+            .map(|l| &l.req);
+        waiting
+            .chain(running)
+            .filter(move |_| on)
+            .filter_map(move |r| {
+                let m = r.marker.filter(|m| m.prompt_end)?;
+                Some((m.key, r.prompt_tokens / bs.max(1) * bs))
+            })
     }
 
     /// Requests waiting or running (what vLLM's `/load` calls server load).

@@ -130,6 +130,11 @@ pub struct Args {
     /// publishes none.
     #[arg(long, default_value_t = tether_placement::residency::MAX_ENTRIES)]
     pub residency_entries: usize,
+    /// What the residency summary lists: `admission` (retained states and
+    /// the keys of admitted requests, waiting or running) or `retention`
+    /// (retained states only).
+    #[arg(long, default_value = "admission", value_parser = ["admission", "retention"])]
+    pub residency_from: String,
 }
 
 /// A command line the rank cannot start with.

@@ -156,10 +156,13 @@ impl Rank {
     }
 
     /// The load report (`GET /load`), with the residency summary: every
-    /// retention on every DP rank's device and host tier (a key held more than
-    /// once lists its largest state, on the device when any copy is).
+    /// retention on every DP rank's device and host tier and, with
+    /// `--residency-from admission`, every admitted request's key (waiting or
+    /// running, its prompt's full blocks, on the device); a key listed more
+    /// than once lists its largest state, on the device when any copy is.
     pub fn load(&self) -> LoadReport {
         let max = self.cfg.args.residency_entries;
+        let admitted = self.cfg.args.residency_from == "admission";
         let mut held: HashMap<u64, Held> = HashMap::new();
         let ranks: Vec<RankLoad> = self
             .slots
@@ -168,7 +171,12 @@ impl Rank {
             .map(|(i, s)| {
                 let c = lock(s);
                 if max > 0 {
-                    for (k, tokens, device) in c.engine.cache().retained() {
+                    let in_flight = c
+                        .engine
+                        .in_flight_keys()
+                        .filter(|_| admitted)
+                        .map(|(k, t)| (k, t as u64, true));
+                    for (k, tokens, device) in c.engine.cache().retained().chain(in_flight) {
                         let key = resident_key(k.tenant.0, k.session.0, k.subagent.0);
                         let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
                         let e = held.entry(key).or_insert(Held { tokens, device });

@@ -4,7 +4,7 @@
 //! "Residency endpoint").
 
 use crate::CallerError;
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, Marker};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tether_placement::load::report::{LoadReport, RankLoad};
@@ -30,13 +30,28 @@ impl Ledger {
     }
 }
 
+/// Every key once: a key listed twice keeps its largest state, on the device when
+/// any copy is (the rule `tether-rank` lists by).
+fn merged(entries: impl IntoIterator<Item = (u64, Held)>) -> Vec<(u64, Held)> {
+    let mut by_key: std::collections::HashMap<u64, Held> = std::collections::HashMap::new();
+    for (k, h) in entries {
+        let e = by_key.entry(k).or_insert(h);
+        e.tokens = e.tokens.max(h.tokens);
+        e.device |= h.device;
+    }
+    by_key.into_iter().collect()
+}
+
 /// The `/load` reply (JSON bytes) of one engine core: `server_load` = `running +
 /// waiting`, one `ranks` entry for its DP rank, `sim_ms` = `uptime_ms` (wall time:
-/// `speedup` 1), and the ledger's residency summary of at most `max_entries`
-/// entries (≤ `RESIDENCY_MAX_ENTRIES`, else `CallerError`).
+/// `speedup` 1), and the residency summary of at most `max_entries` entries (≤
+/// `RESIDENCY_MAX_ENTRIES`, else `CallerError`): what the ledger retains and the
+/// `admitted` requests — `(marker, prompt tokens)` of requests waiting or running
+/// whose prompt end will be retained, listed on the device with their full blocks,
+/// so a next turn that arrives before its predecessor's retention finds its holder.
 #[pyfunction]
 #[pyo3(signature = (ledger, *, dp_rank, running, waiting, restoring, queued_prefill_tokens,
-    kv_usage, kv_blocks, uptime_ms, max_entries=MAX_ENTRIES))]
+    kv_usage, kv_blocks, uptime_ms, max_entries=MAX_ENTRIES, admitted=Vec::new()))]
 #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 pub fn load_report<'py>(
     py: Python<'py>,
@@ -50,6 +65,7 @@ pub fn load_report<'py>(
     kv_blocks: usize,
     uptime_ms: f64,
     max_entries: usize,
+    admitted: Vec<(Bound<'py, Marker>, u64)>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     if max_entries > MAX_ENTRIES {
         return Err(CallerError::new_err(format!(
@@ -58,7 +74,24 @@ pub fn load_report<'py>(
     }
     // Under the GIL only the snapshot: the scheduler thread runs on while the summary
     // is sorted, encoded and written.
-    let entries = ledger.resident_entries();
+    let bs = (ledger.inner.config().block_size as u64).max(1);
+    let in_flight = admitted
+        .into_iter()
+        .map(|(m, tokens)| (m.get().inner, tokens))
+        .filter(|(m, _)| m.prompt_end)
+        .map(|(m, tokens)| {
+            let k = m.key;
+            let tokens = u32::try_from(tokens / bs * bs).unwrap_or(u32::MAX);
+            let key = resident_key(k.tenant.0, k.session.0, k.subagent.0);
+            (
+                key,
+                Held {
+                    tokens,
+                    device: true,
+                },
+            )
+        });
+    let entries = merged(ledger.resident_entries().into_iter().chain(in_flight));
     let retentions = ledger.inner.device_records();
     drop(ledger);
     let body = py

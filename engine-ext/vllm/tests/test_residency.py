@@ -118,6 +118,24 @@ def test_load_counts_waiting_running_and_queued_prefill(engines):
     assert set(_entries(e)) == {rkey("w1"), rkey("w2")}
 
 
+def test_an_admitted_turn_is_listed_before_its_retention(engines):
+    """A turn is listed from admission (waiting, then running) with its prompt's full
+    blocks, so a next turn arriving before its retention finds its holder; a request
+    without a prompt-end marker is not listed, nor anything with retention off."""
+    e = engines({"host_bytes": 0}, num_blocks=64)
+    e.add("p1", tokens(9, 3 * BS + 5), tether("adm"), max_tokens=4)
+    e.add("p2", tokens(10, 2 * BS), tether("mid", prompt_end="0"), max_tokens=4)
+    assert _entries(e) == {rkey("adm"): (3 * BS, "device")}
+    assert e.sched_connector.ledger.held_blocks == 0, "nothing retained yet"
+    e.step()  # running
+    assert _entries(e) == {rkey("adm"): (3 * BS, "device")}
+    e.run()  # retained now: the record lists it (prompt + output's full blocks)
+    assert set(_entries(e)) == {rkey("adm")}
+    off = engines({"host_bytes": 0, "retention": False}, num_blocks=64)
+    off.add("q1", tokens(11, 3 * BS), tether("off"), max_tokens=4)
+    assert _entries(off) == {}
+
+
 def test_an_expired_device_only_retention_leaves_the_summary(engines):
     e = engines({"host_bytes": 0}, num_blocks=32)
     e.serve("x1", tokens(8, 4 * BS + 1), tether("exp", "tool", retention_ms="1000"))

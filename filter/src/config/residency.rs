@@ -1,7 +1,7 @@
 //! The `residency` configuration: residency-aware placement (`docs/gateway.md`,
 //! "Residency-aware placement").
 
-use tether_placement::{LoadBound, MoveCost, Rule};
+use tether_placement::{LoadBound, MoveCost, Rule, Unseen};
 
 /// The `residency` configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +22,8 @@ pub struct ResidencyConfig {
     pub factor: f64,
     /// Below this many requests in flight a holder always keeps its keys (≥ 1).
     pub floor: f64,
+    /// Where a key no candidate's summary shows goes (rule 2).
+    pub unseen: Unseen,
 }
 
 impl Default for ResidencyConfig {
@@ -37,6 +39,7 @@ impl Default for ResidencyConfig {
             prefill_tokens_per_s: 20_000.0,
             factor: 1.5,
             floor: 1.0,
+            unseen: Unseen::default(),
         }
     }
 }
@@ -56,6 +59,7 @@ impl ResidencyConfig {
                 self.transfer_setup_ms,
                 self.prefill_tokens_per_s,
             ),
+            unseen: self.unseen,
         }
     }
 }

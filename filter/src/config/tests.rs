@@ -348,6 +348,8 @@ fn residency_config_defaults_and_refusals_name_the_field() {
         (serde_json::json!({"factor": 1}), "residency.factor"),
         (serde_json::json!({"floor": 0.5}), "residency.floor"),
         (serde_json::json!({"bogus": 1}), "residency.bogus"),
+        (serde_json::json!({"unseen": "nearest"}), "residency.unseen"),
+        (serde_json::json!({"unseen": 1}), "residency.unseen"),
         (serde_json::json!([2]), "residency"),
     ] {
         assert_eq!(residency(v.clone(), true).unwrap_err().field, field, "{v}");
@@ -356,6 +358,13 @@ fn residency_config_defaults_and_refusals_name_the_field() {
         residency(serde_json::json!({}), false).unwrap_err().field,
         "residency"
     );
+    for (v, want) in [
+        ("least-loaded", tether_placement::Unseen::LeastLoaded),
+        ("rendezvous", tether_placement::Unseen::Rendezvous),
+    ] {
+        let c = residency(serde_json::json!({ "unseen": v }), true).unwrap();
+        assert_eq!(c.residency.unwrap().rule().unseen, want, "{v}");
+    }
     let hash = Config::parse(br#"{"mode":"hash","residency":{},"load":{}}"#).unwrap_err();
     assert_eq!(hash.field, "residency");
 }

@@ -137,6 +137,10 @@ pub const FIXED: &[(&str, &str)] = &[
         "residency: some candidate's summary unknown or stale, bounded-load pick",
     ),
     (
+        "tether_residency_unseen",
+        "residency: a returning turn (turn markers) that no candidate's fresh summary shows: placed on a view that has not caught up",
+    ),
+    (
         "tether_residency_bad_version",
         "a rank's residency summary has an unknown version (not used; logged)",
     ),
@@ -221,6 +225,7 @@ pub enum Fixed {
     ResidencyMigrate,
     ResidencyRecompute,
     ResidencyBounded,
+    ResidencyUnseen,
     ResidencyBadVersion,
     ResidencyBadTooMany,
     ResidencyBadShape,
@@ -237,7 +242,7 @@ pub enum Fixed {
 }
 
 impl Fixed {
-    pub const ALL: [Fixed; 40] = [
+    pub const ALL: [Fixed; 41] = [
         Fixed::HeaderPath,
         Fixed::BodyPath,
         Fixed::Untouched,
@@ -265,6 +270,7 @@ impl Fixed {
         Fixed::ResidencyMigrate,
         Fixed::ResidencyRecompute,
         Fixed::ResidencyBounded,
+        Fixed::ResidencyUnseen,
         Fixed::ResidencyBadVersion,
         Fixed::ResidencyBadTooMany,
         Fixed::ResidencyBadShape,

@@ -138,6 +138,11 @@ impl Plan {
         }
         if let Some(h) = self.placed.how {
             count(Counter::Fixed(Fixed::of_how(h)));
+            // Every candidate's summary fresh, none lists the key, yet the
+            // markers say an earlier turn was answered: the view lags.
+            if h == tether_placement::How::Least && r.turn.is_some_and(|t| t.returning(r.api)) {
+                count(Counter::Fixed(Fixed::ResidencyUnseen));
+            }
         }
     }
 }

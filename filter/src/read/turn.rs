@@ -18,6 +18,20 @@ pub struct Turn {
     pub prompt_end: bool,
 }
 
+impl Turn {
+    /// Whether the markers say the conversation was answered before: a
+    /// count above 1, or, uncounted, a user reply or tool result (a handoff
+    /// may be a subagent's first turn, so only its count says). Completions
+    /// (one text, always `user`) never say.
+    pub fn returning(&self, api: Api) -> bool {
+        api != Api::Completions
+            && match self.count {
+                Some(n) => n > 1,
+                None => matches!(self.kind, TurnKind::User | TurnKind::Tool),
+            }
+    }
+}
+
 /// One conversation entry, reduced to what turn detection needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Entry {

@@ -90,6 +90,7 @@ impl ResidentArgs {
                 self.transfer_setup_ms,
                 self.prefill_tokens_per_s,
             ),
+            unseen: tether_placement::Unseen::default(),
         })
     }
 }

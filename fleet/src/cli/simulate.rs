@@ -187,6 +187,7 @@ impl FleetArgs {
                 factor: a.resident_factor,
                 floor: a.resident_floor,
             },
+            resident_unseen: tether_placement::Unseen::default(),
             transfer_setup_ms: a.transfer_setup_ms,
             migrate: a.migrate,
             prefix: PrefixOptions {

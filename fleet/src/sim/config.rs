@@ -294,6 +294,9 @@ pub struct SimConfig {
     /// `tether-load`'s, because a key over it moves with its state instead
     /// of losing it.
     pub resident_bound: tether_placement::LoadBound,
+    /// `tether-resident`: where a key no rank holds goes (the filter's
+    /// `residency.unseen`).
+    pub resident_unseen: tether_placement::Unseen,
     /// `tether-resident`: fixed cost of one KV transfer (the migrate rule), ms.
     pub transfer_setup_ms: f64,
     /// `tether-resident`: how a migrated state moves.
@@ -333,6 +336,7 @@ impl Default for SimConfig {
                 factor: 1.5,
                 floor: 1.0,
             },
+            resident_unseen: tether_placement::Unseen::default(),
             transfer_setup_ms: 5.0,
             migrate: Migrate::Leg,
             prefix: PrefixOptions::default(),

@@ -867,6 +867,7 @@ impl Sim<'_> {
             candidates: self.cfg.candidates.max(1),
             bound: self.cfg.resident_bound,
             cost: MoveCost::from_link(kv_bytes, link, self.cfg.transfer_setup_ms, tps),
+            unseen: self.cfg.resident_unseen,
         };
         let pool = &mut self.pools[p];
         let engines = &pool.engines;

@@ -13,6 +13,7 @@ fn rule(d: usize) -> Rule {
         // 128 KiB per token over 12.5 GB/s (0.0105 ms/token), 5 ms set-up,
         // 20 k tokens/s prefill (0.05 ms/token): migrate above ~127 tokens.
         cost: MoveCost::from_link(131_072.0, 12.5, 5.0, 20_000.0),
+        unseen: Unseen::LeastLoaded,
     }
 }
 
@@ -37,6 +38,50 @@ fn holds(tokens: u32) -> Knows {
         tokens,
         device: true,
     })
+}
+
+#[test]
+fn an_unseen_key_stays_on_its_first_candidate_with_rendezvous() {
+    let p = placement(8);
+    let k = key(1);
+    let order = p.pick(k, 7).unwrap().order;
+    let mut loads = vec![1.0; 8];
+    loads[order[1]] = 0.0;
+    let r = Rule {
+        unseen: Unseen::Rendezvous,
+        ..rule(3)
+    };
+    // The first candidate has room (1 in flight, capacity the floor of 2): it takes the key.
+    let c = p
+        .place_resident(k, 2, &r, &loads, |_| Knows::Nothing)
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[0]), How::Least));
+    // The same view with least-loaded goes elsewhere.
+    let c = p
+        .place_resident(k, 2, &rule(3), &loads, |_| Knows::Nothing)
+        .unwrap();
+    assert_eq!(c.endpoint(), Some(order[1]));
+    // Over the bound: the least loaded, as least-loaded would.
+    loads[order[0]] = 40.0;
+    let c = p
+        .place_resident(k, 2, &r, &loads, |_| Knows::Nothing)
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[1]), How::Least));
+    // A holder still wins, and an unknown summary still gives the bounded pick.
+    let c = p
+        .place_resident(k, 2, &r, &loads, |i| {
+            if i == order[2] {
+                holds(900)
+            } else {
+                Knows::Nothing
+            }
+        })
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[2]), How::Stay));
+    for (n, u) in Unseen::NAMES {
+        assert_eq!((Unseen::from_name(n), u.name()), (Some(u), n));
+    }
+    assert_eq!(Unseen::from_name("nearest"), None);
 }
 
 #[test]

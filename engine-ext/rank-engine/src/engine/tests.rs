@@ -847,3 +847,34 @@ fn prefetch_results_do_not_depend_on_how_often_time_is_advanced() {
     assert_eq!(fine, coarse);
     assert_eq!(stats, stats_coarse);
 }
+
+/// An admitted request's key is listed before its prompt end is retained
+/// (waiting, then running), with its prompt's full blocks; a request without
+/// a prompt-end marker, or an engine without retention, lists nothing; once it
+/// finishes only the retention record remains.
+#[test]
+fn in_flight_keys_list_admitted_requests_until_they_finish() {
+    let mut e = engine();
+    let key = marker(0xa1).unwrap().key;
+    e.submit(req(1, &toks(1, 100), 4, marker(0xa1)), 0.0)
+        .unwrap();
+    e.submit(req(2, &toks(2, 100), 4, None), 0.0).unwrap();
+    let mut no_end = marker(0xb2);
+    if let Some(m) = no_end.as_mut() {
+        m.prompt_end = false;
+    }
+    e.submit(req(3, &toks(3, 100), 4, no_end), 0.0).unwrap();
+    assert_eq!(e.in_flight_keys().collect::<Vec<_>>(), vec![(key, 96)]);
+    assert_eq!(e.cache().retained().count(), 0, "nothing retained yet");
+    // Running (the first step started), still listed.
+    let mut out = Vec::new();
+    e.advance(0.0, &mut out);
+    assert_eq!(e.in_flight_keys().collect::<Vec<_>>(), vec![(key, 96)]);
+    run(&mut e);
+    assert_eq!(e.in_flight_keys().count(), 0);
+    assert!(e.cache().retained().any(|(k, t, _)| k == key && t == 96));
+    let mut off = engine_with(4096, 0, false, 64, 8192);
+    off.submit(req(1, &toks(1, 100), 4, marker(0xa1)), 0.0)
+        .unwrap();
+    assert_eq!(off.in_flight_keys().count(), 0);
+}

@@ -112,3 +112,45 @@ async fn the_entry_limit_keeps_the_largest_and_counts_the_rest() {
     let e = RankConfig::from_args(args).unwrap_err().to_string();
     assert!(e.contains("--residency-entries"), "{e}");
 }
+
+/// A request in flight lists its key from admission (`--residency-from
+/// admission`, the default): polled while its long answer is still being
+/// generated, the key is in `/load`'s residency before the reply returns.
+#[tokio::test]
+async fn an_admitted_unfinished_request_is_listed() {
+    let s = std::sync::Arc::new(Server::start(&["--speedup", "1"]).await);
+    let key = resident_key(7, 0xa7, 0);
+    let s2 = s.clone();
+    let reply = tokio::spawn(async move {
+        let h = [
+            ("x-tether-tenant", "7"),
+            ("x-tether-session", "a7"),
+            ("x-tether-prompt-end", "1"),
+            ("x-tether-turn-kind", "user"),
+        ];
+        let body = chat(&words("inflight", 600), &["go"], 200);
+        s2.post("/v1/chat/completions", &h, &body).await.status
+    });
+    let mut seen = None;
+    for _ in 0..400 {
+        if let Some(h) = resident(&s).await.0.get(key) {
+            seen = Some(h);
+            break;
+        }
+        if reply.is_finished() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let listed_in_flight = seen.is_some() && !reply.is_finished();
+    assert_eq!(reply.await.unwrap(), 200);
+    let h = seen.expect("the in-flight key is listed");
+    assert!(listed_in_flight, "listed while the request was in flight");
+    assert!(h.device && h.tokens > 0 && h.tokens % 16 == 0, "{h:?}");
+    // With `--residency-from retention` a key with no request and no record
+    // is not listed, and retention still lists it after the reply.
+    let r = Server::start(&["--residency-from", "retention"]).await;
+    assert!(resident(&r).await.0.is_empty());
+    retain(&r, "a8", None, 300).await;
+    assert!(resident(&r).await.0.get(resident_key(7, 0xa8, 0)).is_some());
+}

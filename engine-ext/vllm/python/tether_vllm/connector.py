@@ -374,7 +374,13 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         by vLLM's status, and the residency summary of what the ledger retains."""
         running = waiting = restoring = 0
         queued = 0
-        for req in list(self._inflight.values()):
+        admitted = []
+        for rid, req in list(self._inflight.items()):
+            # Listed from admission: a next turn that arrives while this one runs (or
+            # within a poll of its end) finds its holder (docs/vllm.md).
+            marker = self._markers.get(rid)
+            if self.config.retention and marker is not None and marker.prompt_end:
+                admitted.append((marker, req.num_prompt_tokens))
             status = req.status
             if status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 running += 1
@@ -396,6 +402,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             kv_blocks=self.num_blocks,
             uptime_ms=time.monotonic() * 1000 - self._started_ms,
             max_entries=self.config.residency_max_entries,
+            admitted=admitted,
         )
 
     def stats_report(self) -> bytes:

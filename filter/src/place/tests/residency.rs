@@ -224,3 +224,90 @@ fn a_rank_claiming_to_hold_everything_stays_under_the_bound() {
     // Without the bound it would have had every key it is a candidate for (~half).
     assert!(loads[0] < 0.4 * n as f64, "{loads:?}");
 }
+
+/// `residency` (as [`rcfg`]) with the turn markers among the outputs: the
+/// unseen counter reads them (a deployment that retains sends them).
+fn rcfg_marked(extra: serde_json::Value) -> Config {
+    let mut r = json!({"candidates": 2});
+    if let (Some(o), Some(e)) = (r.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    cfg(json!({"pd": null, "residency": r,
+               "outputs": ["pick", "prefiller", "prompt_end", "turn_kind", "turn"]}))
+}
+
+/// A returning turn that no fresh summary shows is counted as placed on a
+/// stale view; a first turn, a holder found or an unknown summary is not.
+#[test]
+fn a_returning_turn_no_summary_shows_counts_as_unseen() {
+    let c = rcfg_marked(json!({}));
+    let unseen = Counter::Fixed(Fixed::ResidencyUnseen);
+    let loads = view([0.0; 4], [0.0; 2], 1000);
+    let back = body("lag", true, 10);
+    let (order, key) = key_of(&c, &back);
+    let d = decide_r(
+        &c,
+        &back,
+        &loads,
+        &residency(key, [false; 4], 0, 1000),
+        1000,
+    );
+    assert_eq!(d.placed.how, Some(How::Least));
+    assert!(counters(&d, &c).contains(&unseen));
+    // The first turn of a key is new, not unseen.
+    let first = body("lag", false, 10);
+    let d = decide_r(
+        &c,
+        &first,
+        &loads,
+        &residency(key, [false; 4], 0, 1000),
+        1000,
+    );
+    assert_eq!(d.placed.how, Some(How::Least));
+    assert!(!counters(&d, &c).contains(&unseen));
+    // A holder listed: found.
+    let mut holds = [false; 4];
+    holds[order[1]] = true;
+    let d = decide_r(&c, &back, &loads, &residency(key, holds, 4000, 1000), 1000);
+    assert_eq!(d.placed.how, Some(How::Stay));
+    assert!(!counters(&d, &c).contains(&unseen));
+    // Stale summaries: the bounded pick, counted there instead.
+    let d = decide_r(
+        &c,
+        &back,
+        &view([0.0; 4], [0.0; 2], 1001),
+        &residency(key, [false; 4], 0, 0),
+        1001,
+    );
+    assert_eq!(d.placed.how, Some(How::Bounded));
+    assert!(!counters(&d, &c).contains(&unseen));
+}
+
+/// `unseen: "rendezvous"` keeps a key no summary shows on its first
+/// candidate while it has room; `"least-loaded"` (and the default) sends it
+/// to the less loaded one.
+#[test]
+fn unseen_rendezvous_keeps_an_unshown_key_on_its_first_candidate() {
+    let b = body("det", true, 10);
+    let least = rcfg(json!({"unseen": "least-loaded"}));
+    let rdv = rcfg_marked(json!({"unseen": "rendezvous"}));
+    let (order, key) = key_of(&least, &b);
+    // The first candidate busier than the second but under the bound
+    // (7 in flight: capacity ⌈1.5 · 8 / 4⌉ = 3).
+    let mut loads = [3.0; 4];
+    loads[order[0]] = 1.0;
+    loads[order[1]] = 0.0;
+    let v = view(loads, [0.0; 2], 1000);
+    let r = residency(key, [false; 4], 0, 1000);
+    let d = decide_r(&least, &b, &v, &r, 1000);
+    assert_eq!((primary(&d), d.placed.how), (order[1], Some(How::Least)));
+    let d = decide_r(&rcfg(json!({})), &b, &v, &r, 1000);
+    assert_eq!(primary(&d), order[1]);
+    let d = decide_r(&rdv, &b, &v, &r, 1000);
+    assert_eq!((primary(&d), d.placed.how), (order[0], Some(How::Least)));
+    assert!(counters(&d, &rdv).contains(&Counter::Fixed(Fixed::ResidencyUnseen)));
+    // Over the bound, the first candidate passes the key on.
+    loads[order[0]] = 40.0;
+    let d = decide_r(&rdv, &b, &view(loads, [0.0; 2], 1000), &r, 1000);
+    assert_eq!(primary(&d), order[1]);
+}

@@ -11,6 +11,7 @@ fn rule() -> Rule {
             floor: 2.0,
         },
         cost: MoveCost::from_link(131_072.0, 50.0, 5.0, 20_000.0),
+        unseen: tether_placement::Unseen::default(),
     }
 }
 
