@@ -8,7 +8,9 @@
 //!    there ([`How::Stay`]; the holder with the most tokens when several do) —
 //!    unless, when the view has the ranks' prefill backlogs, the holder's
 //!    backlog would delay the turn longer than moving it to another candidate
-//!    ([`Placement::place_resident_in`]);
+//!    ([`Placement::place_resident_in`]); of several holders, the one with the
+//!    most tokens, and of those with as many the least loaded (a state copied to
+//!    a cooler candidate during a tool gap is found there);
 //! 2. no candidate holds it → the least loaded candidate, ties by rendezvous
 //!    order (power of *d* choices: [`How::Least`]); or, with
 //!    [`Unseen::Rendezvous`], its first rendezvous candidate while that one is
@@ -234,7 +236,12 @@ impl Placement {
                 Knows::Unknown => unknown = true,
                 Knows::Nothing => {}
                 Knows::Holds(h) if h.tokens > 0 => {
-                    if holder.is_none_or(|(_, b)| h.tokens > b.tokens) {
+                    // The most tokens; of holders with as many (a copy made in a tool
+                    // gap beside its original), the less loaded.
+                    let better = |(b, bh): (usize, Held)| {
+                        h.tokens > bh.tokens || (h.tokens == bh.tokens && load(i) < load(b))
+                    };
+                    if holder.is_none_or(better) {
                         holder = Some((i, h));
                     }
                 }

@@ -255,3 +255,31 @@ fn a_holder_busy_with_another_prefill_passes_the_turn_on_when_moving_is_quicker(
         .unwrap();
     assert_eq!(c.how, How::Stay);
 }
+
+#[test]
+fn of_two_holders_of_the_same_state_the_cooler_one_takes_the_key() {
+    let p = placement(8);
+    let k = key(7);
+    let order = p.pick(k, 7).unwrap().order;
+    let (a, b) = (order[0], order[1]);
+    let mut loads = vec![1.0; 8];
+    loads[a] = 1.5;
+    loads[b] = 0.5;
+    let both = |i: usize| {
+        if i == a || i == b {
+            holds(4096)
+        } else {
+            Knows::Nothing
+        }
+    };
+    let c = p.place_resident(k, 2, &rule(3), &loads, both).unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(b), How::Stay));
+    // More tokens win over load: the original keeps a longer state.
+    let longer = |i: usize| match i {
+        i if i == a => holds(8192),
+        i if i == b => holds(4096),
+        _ => Knows::Nothing,
+    };
+    let c = p.place_resident(k, 2, &rule(3), &loads, longer).unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(a), How::Stay));
+}
