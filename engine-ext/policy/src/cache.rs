@@ -698,6 +698,20 @@ impl RetentionCache {
         Ok(())
     }
 
+    /// Lets `key`'s retention go on both tiers: a copy of it elsewhere took its next
+    /// turn (a state rebalanced in a tool gap), so this one will not be asked for. Its
+    /// device blocks join the free queue cold, tail first, as a retention that yielded
+    /// (still cached for another key that shares them); its host record is dropped.
+    /// True when either tier held one.
+    pub fn forget(&mut self, key: &RetentionKey) -> bool {
+        let device = self.take_record(key);
+        let held = device.is_some();
+        if let Some(rec) = device {
+            self.drop_device_record_cold(rec);
+        }
+        self.host.remove_record(key).is_some() || held
+    }
+
     /// Holds enough slots for `tokens` tokens of a running request (its prompt, then
     /// prompt + generated after each decode step), as vLLM's block manager does; a no-op
     /// unless `hold_tail_blocks`. The slots come in the usual eviction order. Returns the

@@ -1600,3 +1600,43 @@ fn grow_is_a_no_op_when_off_and_refuses_an_unknown_request() {
     // Released before its prompt was computed: nothing was written, every slot empty.
     assert_eq!(on.pool().empty_slots(), 4);
 }
+
+#[test]
+fn a_forgotten_retention_leaves_both_tiers_and_its_blocks_become_evictable() {
+    let mut c = RetentionCache::try_new(cfg(16, 8)).expect("cfg");
+    let mut m = VecMover::new(16, 0);
+    let t1 = chain(1, 4);
+    turn(&mut c, &mut m, 1, &t1, Some(marker(1, TurnKind::Tool)), 0);
+    assert!(c.device_record(&key(1)).is_some());
+    assert_eq!(c.pool().evictable(), 0);
+    assert!(c.forget(&key(1)));
+    c.check().expect("invariants");
+    assert!(c.device_record(&key(1)).is_none() && c.host().record(&key(1)).is_none());
+    assert_eq!(c.pool().evictable(), 4, "still cached, no longer pinned");
+    assert_eq!(c.retained().count(), 0);
+    assert!(!c.forget(&key(1)), "nothing left to forget");
+    // A host-only record is forgotten too: another retention's pressure offloaded it.
+    let mut c = RetentionCache::try_new(cfg(8, 16)).expect("cfg");
+    let mut m = VecMover::new(8, 0);
+    turn(
+        &mut c,
+        &mut m,
+        2,
+        &chain(2, 5),
+        Some(marker(2, TurnKind::Tool)),
+        10,
+    );
+    turn(
+        &mut c,
+        &mut m,
+        3,
+        &chain(3, 6),
+        Some(marker(3, TurnKind::Tool)),
+        20,
+    );
+    assert!(c.device_record(&key(2)).is_none(), "pressure offloaded it");
+    assert!(c.host().record(&key(2)).is_some());
+    assert!(c.forget(&key(2)));
+    assert!(c.host().record(&key(2)).is_none());
+    c.check().expect("invariants");
+}
