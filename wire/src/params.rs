@@ -12,6 +12,11 @@ use crate::headers::MARKERS;
 /// Member of `kv_transfer_params` that holds tether's markers.
 pub const KEY: &str = "tether";
 
+/// Member of the markers object naming the engine (`ip:port`, its API address) that
+/// holds a migrated key's state, for the new engine to pull it from (docs/vllm.md,
+/// "State pull (NIXL)"). Not a marker header: [`crate::TurnMarker`] ignores it.
+pub const PULL_FROM: &str = "pull_from";
+
 /// The body field name of a marker header (`x-tether-prompt-end` → `prompt_end`).
 pub fn field_of(header: &str) -> Option<&'static str> {
     FIELDS
