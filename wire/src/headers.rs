@@ -38,6 +38,11 @@ pub const DP_RANK: &str = "x-data-parallel-rank";
 pub const PREFILLER: &str = "x-prefiller-host-port";
 /// Engine-native session header (vLLM/SGLang `request.session_id`).
 pub const SESSION_ID: &str = "x-session-id";
+/// `ip:port` of the engine that holds a migrated key's state (the old holder,
+/// exactly as the gateway's `endpoints` name it): the engine serving the turn
+/// pulls the state from there (docs/rank.md "State pull"; in the body:
+/// [`crate::params::PULL_FROM`]). Internal: an `x-tether-*` name.
+pub const PULL_FROM: &str = "x-tether-pull-from";
 
 /// Prefix shared by every tether marker.
 pub const TETHER_PREFIX: &str = "x-tether-";
@@ -80,6 +85,8 @@ mod tests {
             DP_RANK,
             "X-Gateway-Destination-Endpoint",
             PREFILLER,
+            PULL_FROM,
+            "X-Tether-Pull-From",
         ] {
             assert!(is_internal(n.as_bytes()), "{n}");
         }
@@ -121,4 +128,7 @@ pub mod reply {
     pub const CACHED_TOKENS: &str = "x-tether-cached-tokens";
     /// Decode role: the prefiller (`ip:port`) whose KV this answer decoded from.
     pub const PREFILLED_BY: &str = "x-tether-prefilled-by";
+    /// The holder (`ip:port`) whose retained state this answer pulled (a
+    /// granted lease; docs/rank.md "State pull").
+    pub const PULLED_FROM: &str = "x-tether-pulled-from";
 }
