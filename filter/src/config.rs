@@ -13,7 +13,7 @@ use eject::EjectConfig;
 use load::LoadConfig;
 use outputs::{Output, Outputs};
 use pd::PdConfig;
-use residency::ResidencyConfig;
+use residency::{Migrate, ResidencyConfig};
 use serde::Deserialize;
 use serde::de::{self, IgnoredAny};
 use std::collections::BTreeMap;
@@ -346,6 +346,7 @@ pub struct RawResidency {
     factor: Option<f64>,
     floor: Option<f64>,
     unseen: Option<String>,
+    migrate: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -542,6 +543,12 @@ fn pick_features(mut cfg: Config, pd: Option<RawPd>) -> Result<Config, ConfigErr
         return Err(ConfigError::new(
             "outputs",
             "\"prefiller\" needs a pd or residency configuration",
+        ));
+    }
+    if cfg.outputs.has(Output::PullFrom) && cfg.residency.is_none() {
+        return Err(ConfigError::new(
+            "outputs",
+            "\"pull_from\" needs a residency configuration",
         ));
     }
     Ok(cfg)
@@ -759,7 +766,7 @@ impl TryFrom<RawLoad> for LoadConfig {
 
 /// The `residency` object, checked against the rest: it places pick-mode
 /// keys on the load view's samples, and a migration names the old home in
-/// `x-prefiller-host-port`.
+/// `x-tether-pull-from` (`migrate: "pull"`) or `x-prefiller-host-port` (`"leg"`).
 fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, ConfigError> {
     let err = |f: &str, why: &str| ConfigError::new(format!("residency.{f}"), why);
     if cfg.mode != Mode::Pick {
@@ -790,6 +797,11 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
             None => d.unseen,
             Some(s) => Unseen::from_name(s)
                 .ok_or_else(|| err("unseen", "must be \"least-loaded\" or \"rendezvous\""))?,
+        },
+        migrate: match raw.migrate.as_deref() {
+            None => d.migrate,
+            Some(s) => Migrate::from_name(s)
+                .ok_or_else(|| err("migrate", "must be \"pull\" or \"leg\""))?,
         },
     };
     let n = cfg.endpoints.len();
@@ -822,9 +834,13 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
     if !(r.floor.is_finite() && r.floor >= 1.0) {
         return Err(err("floor", "must be a number of at least 1"));
     }
+    // A migration names the old home: the engine pulls from it, or sends
+    // it the prefill leg.
+    cfg.outputs = cfg.outputs.with(match r.migrate {
+        Migrate::Pull => Output::PullFrom,
+        Migrate::Leg => Output::Prefiller,
+    });
     cfg.residency = Some(r);
-    // A migration names the old home in the prefiller header.
-    cfg.outputs = cfg.outputs.with(Output::Prefiller);
     Ok(cfg)
 }
 

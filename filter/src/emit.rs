@@ -13,7 +13,7 @@ pub mod unwrap;
 
 use crate::config::Config;
 use crate::config::outputs::Output;
-use crate::place::Placed;
+use crate::place::{Placed, Prefill};
 use crate::read::identity;
 use crate::read::scan::{self, Doc, View};
 use crate::read::{Body, Reading};
@@ -118,7 +118,12 @@ fn owned_fields(
         out.push(("routed_dp_rank", p.rank.to_string().into_bytes()));
     }
     if cfg.outputs.has(Output::KvTransferParams) {
-        let ours = kv_params::tether_object(cfg, read);
+        let pull_from = match placed.prefill {
+            // Decode endpoint `i` is `endpoints[i]` (the pools are built from it).
+            Prefill::Pull(i) => cfg.endpoints.get(i).map(|e| e.address.as_str()),
+            _ => None,
+        };
+        let ours = kv_params::tether_object(cfg, read, pull_from);
         let client = doc.member(view, kv_params::FIELD);
         *spoofed = kv_params::has_markers(client);
         out.push((kv_params::FIELD, kv_params::merged(&ours, client)));

@@ -17,8 +17,10 @@
 //!   key is placed by [`tether_placement::Placement::place_resident`] on the
 //!   polled loads and what each of its *d* candidates says it holds
 //!   ([`residency_view`]); a key moved off an overloaded holder names that
-//!   holder as its prefiller ([`Prefill::Holder`]) when pulling its state is
-//!   cheaper than recomputing it (`docs/gateway.md`, "Residency-aware placement").
+//!   holder when moving its state is cheaper than recomputing it — the new
+//!   endpoint pulls from it ([`Prefill::Pull`], `migrate: "pull"`) or it runs
+//!   the prefill leg ([`Prefill::Holder`], `"leg"`) (`docs/gateway.md`,
+//!   "Residency-aware placement").
 //! - P/D (`pd`, body path): [`pd::prefiller`] on the prompt estimate and the
 //!   prefill endpoints' queued prefill tokens.
 
@@ -27,6 +29,7 @@ pub mod load_view;
 pub mod pd;
 pub mod residency_view;
 
+use crate::config::residency::Migrate;
 use crate::config::{Config, Mode};
 use eject::Health;
 use load_view::{Freshness, LoadView};
@@ -111,8 +114,15 @@ pub enum Prefill {
     /// On this prefill endpoint (index into `pd.prefill_endpoints`).
     Remote(usize),
     /// On the key's old home, decode endpoint `i`, whose retained state the
-    /// chosen endpoint pulls over the KV link (a residency migration).
+    /// chosen endpoint receives over the KV link from a prefill leg there (a
+    /// residency migration, `migrate: "leg"`).
     Holder(usize),
+    /// On the chosen endpoint, after it pulls the key's retained state from
+    /// its old home, decode endpoint `i`, which schedules nothing for it (a
+    /// residency migration, `migrate: "pull"`). Never also disaggregated: a
+    /// prefill endpoint holds none of the state, so a P/D leg would recompute
+    /// what the pull brings.
+    Pull(usize),
 }
 
 /// Where one request goes.
@@ -250,8 +260,9 @@ fn healthy(pools: &Pools, req: &Request, snap: Snapshot<'_>, plain: &Pick) -> Op
 /// The residency-aware placement, when `residency` is configured and some
 /// decode endpoint has a fresh load sample; `None` leaves the key to the
 /// plain and bounded picks (also when a rewritten body would change its DP
-/// rank). A migrated key's prefill leg goes to its old home; otherwise P/D
-/// decides as usual, expecting the prompt uncached unless the key stays.
+/// rank). A migrated key pulls its state from its old home, or sends its
+/// prefill leg there (`residency.migrate`); otherwise P/D decides as usual,
+/// expecting the prompt uncached unless the key stays.
 fn resident(
     cfg: &Config,
     pools: &Pools,
@@ -284,7 +295,10 @@ fn resident(
         return None;
     }
     let prefill = match (c.how, req.prompt) {
-        (How::Migrate { from }, _) => Prefill::Holder(from),
+        (How::Migrate { from }, _) => match rc.migrate {
+            Migrate::Pull => Prefill::Pull(from),
+            Migrate::Leg => Prefill::Holder(from),
+        },
         (_, Some(p)) => prefill(cfg, pools, req.key, p, c.how != How::Stay, snap),
         (_, None) => Prefill::Off,
     };

@@ -35,6 +35,10 @@ pub enum Output {
     /// `x-prefiller-host-port` (pick mode with `pd`, llm-d P/D): only on
     /// disaggregated requests; added whenever `pd` is configured.
     Prefiller,
+    /// `x-tether-pull-from` (pick mode with `residency`, `migrate: "pull"`):
+    /// only on a migrated key's turn, naming its old holder; added whenever
+    /// residency pulls.
+    PullFrom,
     /// Filter state `envoy.network.transport_socket.original_dst_address` =
     /// the primary endpoint (pick mode, an `ORIGINAL_DST` cluster).
     OriginalDst,
@@ -75,7 +79,7 @@ pub const ORIGINAL_DST_KEY: &str = "envoy.network.transport_socket.original_dst_
 pub const HASHABLE_KEY: &str = "envoy.hashable_string";
 
 impl Output {
-    pub const ALL: [Output; 20] = [
+    pub const ALL: [Output; 21] = [
         Output::Key,
         Output::KeySource,
         Output::Tenant,
@@ -89,6 +93,7 @@ impl Output {
         Output::Destination,
         Output::DpRank,
         Output::Prefiller,
+        Output::PullFrom,
         Output::OriginalDst,
         Output::HashableString,
         Output::SessionId,
@@ -114,6 +119,7 @@ impl Output {
             Output::Destination => "destination",
             Output::DpRank => "dp_rank",
             Output::Prefiller => "prefiller",
+            Output::PullFrom => "pull_from",
             Output::OriginalDst => "original_dst",
             Output::HashableString => "hashable_string",
             Output::SessionId => "session_id",
@@ -139,6 +145,7 @@ impl Output {
             Output::Destination => Sink::Header(h::DESTINATION),
             Output::DpRank => Sink::Header(h::DP_RANK),
             Output::Prefiller => Sink::Header(h::PREFILLER),
+            Output::PullFrom => Sink::Header(h::PULL_FROM),
             Output::OriginalDst => Sink::FilterState(ORIGINAL_DST_KEY),
             Output::HashableString => Sink::FilterState(HASHABLE_KEY),
             Output::SessionId => Sink::Header(h::SESSION_ID),
@@ -156,6 +163,7 @@ impl Output {
             Output::Destination
                 | Output::DpRank
                 | Output::Prefiller
+                | Output::PullFrom
                 | Output::OriginalDst
                 | Output::RoutedDpRank
         )
@@ -317,7 +325,8 @@ impl Outputs {
                 | Output::Turn
                 | Output::RetentionMs
                 | Output::Parent
-                | Output::Prefiller,
+                | Output::Prefiller
+                | Output::PullFrom,
                 _,
             ) => None,
             (_, Sink::Header(name)) if tether_wire::headers::is_internal(name.as_bytes()) => {

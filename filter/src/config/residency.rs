@@ -24,6 +24,33 @@ pub struct ResidencyConfig {
     pub floor: f64,
     /// Where a key no candidate's summary shows goes (rule 2).
     pub unseen: Unseen,
+    /// How a migrated key's state reaches its new endpoint (rule 3).
+    pub migrate: Migrate,
+}
+
+/// How a migrated key's state reaches its new endpoint (`residency.migrate`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Migrate {
+    /// The new endpoint pulls the state from the old holder, named in
+    /// `x-tether-pull-from` (and `kv_transfer_params.tether.pull_from`): the
+    /// old holder schedules nothing, it only holds the state under a lease.
+    #[default]
+    Pull,
+    /// The old holder runs a prefill leg on its state, named as the prefiller
+    /// in `x-prefiller-host-port` (llm-d's P/D path): the leg queues behind
+    /// the backlog that made the key move.
+    Leg,
+}
+
+impl Migrate {
+    /// Every setting with its name, as the configuration spells it.
+    pub const NAMES: [(&'static str, Migrate); 2] =
+        [("pull", Migrate::Pull), ("leg", Migrate::Leg)];
+
+    /// The setting named `s`.
+    pub fn from_name(s: &str) -> Option<Migrate> {
+        Self::NAMES.iter().find(|(n, _)| *n == s).map(|(_, m)| *m)
+    }
 }
 
 impl Default for ResidencyConfig {
@@ -40,6 +67,7 @@ impl Default for ResidencyConfig {
             factor: 1.5,
             floor: 1.0,
             unseen: Unseen::default(),
+            migrate: Migrate::default(),
         }
     }
 }

@@ -312,9 +312,23 @@ fn residency_config_defaults_and_refusals_name_the_field() {
         ..residency::ResidencyConfig::default()
     };
     assert_eq!(c.residency, Some(want));
+    // The default migration pulls: the new endpoint is told where from.
+    assert_eq!(
+        c.residency.as_ref().map(|r| r.migrate),
+        Some(residency::Migrate::Pull)
+    );
     assert!(
-        c.outputs.has(Output::Prefiller),
-        "a migration names the old home"
+        c.outputs.has(Output::PullFrom) && !c.outputs.has(Output::Prefiller),
+        "a pulled migration names the old home in x-tether-pull-from"
+    );
+    let leg = residency(serde_json::json!({"migrate": "leg"}), true).unwrap();
+    assert_eq!(
+        leg.residency.as_ref().map(|r| r.migrate),
+        Some(residency::Migrate::Leg)
+    );
+    assert!(
+        leg.outputs.has(Output::Prefiller) && !leg.outputs.has(Output::PullFrom),
+        "a leg names the old home as the prefiller"
     );
     let c = residency(serde_json::json!({"link_gbps": 0, "candidates": 1}), true).unwrap();
     assert!(
@@ -350,6 +364,9 @@ fn residency_config_defaults_and_refusals_name_the_field() {
         (serde_json::json!({"bogus": 1}), "residency.bogus"),
         (serde_json::json!({"unseen": "nearest"}), "residency.unseen"),
         (serde_json::json!({"unseen": 1}), "residency.unseen"),
+        (serde_json::json!({"migrate": "push"}), "residency.migrate"),
+        (serde_json::json!({"migrate": "Pull"}), "residency.migrate"),
+        (serde_json::json!({"migrate": true}), "residency.migrate"),
         (serde_json::json!([2]), "residency"),
     ] {
         assert_eq!(residency(v.clone(), true).unwrap_err().field, field, "{v}");
@@ -367,6 +384,20 @@ fn residency_config_defaults_and_refusals_name_the_field() {
     }
     let hash = Config::parse(br#"{"mode":"hash","residency":{},"load":{}}"#).unwrap_err();
     assert_eq!(hash.field, "residency");
+    let e = residency(serde_json::json!({"migrate": "push"}), true).unwrap_err();
+    assert!(e.why.contains("\"pull\" or \"leg\""), "{e}");
+}
+
+#[test]
+fn the_pull_from_output_needs_residency() {
+    let e = Config::parse(
+        br#"{"mode":"pick","endpoints":[{"address":"10.0.0.1:80"}],"outputs":["pick","pull_from"]}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "outputs");
+    assert!(e.why.contains("pull_from"), "{e}");
+    let e = Config::parse(br#"{"outputs":["pull_from"]}"#).unwrap_err();
+    assert_eq!(e.field, "outputs[0]", "pick-only: {e}");
 }
 
 #[test]

@@ -18,8 +18,9 @@ pub const FIELD: &str = "kv_transfer_params";
 
 /// The `tether` object for a reading: one string member per marker known
 /// (prompt end, turn kind, turn count when counted, interval), then the
-/// tenant, session and subagent hashes.
-pub fn tether_object(cfg: &Config, read: &Reading) -> String {
+/// tenant, session and subagent hashes, then `pull_from` (the old holder's
+/// `ip:port`) when the turn is a migration that pulls its state.
+pub fn tether_object(cfg: &Config, read: &Reading, pull_from: Option<&str>) -> String {
     let mut out = String::with_capacity(192);
     out.push('{');
     let mut member = |name: &str, value: &[u8]| {
@@ -49,6 +50,10 @@ pub fn tether_object(cfg: &Config, read: &Reading) -> String {
         if let Some(name) = params::field_of(header) {
             member(name, &hex16_bytes(hash));
         }
+    }
+    if let Some(addr) = pull_from {
+        // An endpoint address (`ip:port`, `[v6]:port`): nothing to escape.
+        member(params::PULL_FROM, addr.as_bytes());
     }
     out.push('}');
     out

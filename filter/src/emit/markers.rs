@@ -64,10 +64,15 @@ pub fn for_each_request_header(
         let prefiller = match placed.prefill {
             Prefill::Remote(i) => pools.prefill.as_ref().and_then(|pp| pp.endpoints().get(i)),
             Prefill::Holder(i) => pools.decode.endpoints().get(i),
-            Prefill::Off | Prefill::Local => None,
+            Prefill::Off | Prefill::Local | Prefill::Pull(_) => None,
         };
         if let (true, Some(e)) = (out.has(Output::Prefiller), prefiller) {
             emit(names::PREFILLER, e.address.as_bytes());
+        }
+        if let (true, Prefill::Pull(i)) = (out.has(Output::PullFrom), placed.prefill)
+            && let Some(e) = pools.decode.endpoints().get(i)
+        {
+            emit(names::PULL_FROM, e.address.as_bytes());
         }
     }
     if out.has(Output::SessionId) {

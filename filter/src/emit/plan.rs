@@ -134,7 +134,8 @@ impl Plan {
             Prefill::Off => {}
             Prefill::Local => count(Counter::Fixed(Fixed::PdLocal)),
             Prefill::Remote(_) => count(Counter::Fixed(Fixed::PdDisaggregated)),
-            Prefill::Holder(_) => {}
+            // A migration: counted as `tether_residency_migrate` below.
+            Prefill::Holder(_) | Prefill::Pull(_) => {}
         }
         if let Some(h) = self.placed.how {
             count(Counter::Fixed(Fixed::of_how(h)));

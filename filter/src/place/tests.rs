@@ -95,7 +95,7 @@ fn primary(d: &Plan) -> usize {
 fn prefiller(d: &Plan) -> Option<&'static str> {
     match d.placed.prefill {
         Prefill::Remote(i) => Some(PREFILL[i]),
-        Prefill::Local | Prefill::Off | Prefill::Holder(_) => None,
+        Prefill::Local | Prefill::Off | Prefill::Holder(_) | Prefill::Pull(_) => None,
     }
 }
 

@@ -46,10 +46,11 @@ fn all_takes_what_the_mode_has() {
     );
     let pick = parse(&json!("all"), Mode::Pick).unwrap();
     // Everything but the body rewrites, which change the request and force the
-    // body path, and the prefiller, which comes with `pd`: those are chosen one by one.
+    // body path, the prefiller, which comes with `pd`, and pull_from, which
+    // comes with `residency`: those are chosen one by one.
     assert_eq!(pick.body_fields().count(), 0);
-    assert!(!pick.has(Output::Prefiller));
-    assert_eq!(pick.iter().count(), Output::ALL.len() - 6);
+    assert!(!pick.has(Output::Prefiller) && !pick.has(Output::PullFrom));
+    assert_eq!(pick.iter().count(), Output::ALL.len() - 7);
 }
 
 #[test]
@@ -91,6 +92,16 @@ fn where_each_output_goes() {
     );
     let body: Vec<&str> = o.body_fields().collect();
     assert_eq!(body, ["session_id", "routed_dp_rank", "kv_transfer_params"]);
+    // x-tether-pull-from: copied on the body path, but set on migrated turns
+    // only, so no route may key its buffering on it.
+    let pull = o.with(Output::PullFrom);
+    assert!(pull.copied_headers().any(|h| h == "x-tether-pull-from"));
+    assert!(
+        !pull
+            .header_path_markers()
+            .any(|h| h == "x-tether-pull-from")
+    );
+    assert_eq!(Output::PullFrom.sink(), Sink::Header("x-tether-pull-from"));
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Residency-aware placement through the whole pipeline: stay with the state,
-//! the less loaded candidate for a new key, migrate with the old home as the
-//! prefiller, recompute, stale and absent summaries, and a rank that claims
-//! to hold everything.
+//! the less loaded candidate for a new key, migrate pulling from the old home
+//! (or with it as the prefiller), recompute, stale and absent summaries, and a
+//! rank that claims to hold everything.
 
 use super::*;
 use crate::place::residency_view::ResidencyView;
@@ -105,37 +105,141 @@ fn a_returning_key_stays_with_its_state_under_the_bound() {
     assert!(counters(&d, &c).contains(&Counter::Fixed(Fixed::ResidencyStay)));
 }
 
+/// A hot holder of `key` (its first candidate) and an idle fleet otherwise.
+fn hot_holder(order: &[usize], key: u64) -> (LoadView, ResidencyView) {
+    let mut holds = [false; 4];
+    holds[order[0]] = true;
+    let mut loads = [0.0; 4];
+    loads[order[0]] = 40.0;
+    (
+        view(loads, [0.0; 2], 1000),
+        residency(key, holds, 8000, 1000),
+    )
+}
+
 #[test]
 fn an_overloaded_holder_migrates_the_key_with_its_state_or_recomputes_it() {
     let b = body("hot", true, 10);
     let c = rcfg(json!({}));
     let (order, key) = key_of(&c, &b);
-    let mut holds = [false; 4];
-    holds[order[0]] = true;
-    let mut loads = [0.0; 4];
-    loads[order[0]] = 40.0;
-    let v = view(loads, [0.0; 2], 1000);
-    let r = residency(key, holds, 8000, 1000);
+    let (v, r) = hot_holder(&order, key);
+    // The default: the new endpoint pulls the state from the old holder.
     let d = decide_r(&c, &b, &v, &r, 1000);
     assert_eq!(primary(&d), order[1]);
     assert_eq!(d.placed.how, Some(How::Migrate { from: order[0] }));
-    assert_eq!(d.placed.prefill, Prefill::Holder(order[0]));
+    assert_eq!(d.placed.prefill, Prefill::Pull(order[0]));
     assert_eq!(
-        header(&d, &c, "x-prefiller-host-port").as_deref(),
+        header(&d, &c, "x-tether-pull-from").as_deref(),
         Some(DECODE[order[0]])
     );
+    assert_eq!(header(&d, &c, "x-prefiller-host-port"), None);
     assert!(
         header(&d, &c, "x-gateway-destination-endpoint")
             .unwrap()
             .starts_with(DECODE[order[1]])
     );
     assert!(counters(&d, &c).contains(&Counter::Fixed(Fixed::ResidencyMigrate)));
-    // No link: the same move recomputes, and names no prefiller.
-    let no_link = rcfg(json!({"link_gbps": 0}));
-    let d = decide_r(&no_link, &b, &v, &r, 1000);
-    assert_eq!(d.placed.how, Some(How::Recompute { from: order[0] }));
-    assert_eq!(header(&d, &no_link, "x-prefiller-host-port"), None);
-    assert!(counters(&d, &no_link).contains(&Counter::Fixed(Fixed::ResidencyRecompute)));
+    // `migrate: "leg"`: the old holder is the prefiller instead.
+    let leg = rcfg(json!({"migrate": "leg"}));
+    let d = decide_r(&leg, &b, &v, &r, 1000);
+    assert_eq!(d.placed.prefill, Prefill::Holder(order[0]));
+    assert_eq!(
+        header(&d, &leg, "x-prefiller-host-port").as_deref(),
+        Some(DECODE[order[0]])
+    );
+    assert_eq!(header(&d, &leg, "x-tether-pull-from"), None);
+    assert!(counters(&d, &leg).contains(&Counter::Fixed(Fixed::ResidencyMigrate)));
+    // No link: the same move recomputes, and names no holder either way.
+    for extra in [
+        json!({"link_gbps": 0}),
+        json!({"link_gbps": 0, "migrate": "leg"}),
+    ] {
+        let no_link = rcfg(extra);
+        let d = decide_r(&no_link, &b, &v, &r, 1000);
+        assert_eq!(d.placed.how, Some(How::Recompute { from: order[0] }));
+        assert_eq!(header(&d, &no_link, "x-prefiller-host-port"), None);
+        assert_eq!(header(&d, &no_link, "x-tether-pull-from"), None);
+        assert!(counters(&d, &no_link).contains(&Counter::Fixed(Fixed::ResidencyRecompute)));
+    }
+}
+
+/// A key that stays, or a new one, never carries `x-tether-pull-from`.
+#[test]
+fn only_a_migrated_turn_names_a_holder_to_pull_from() {
+    let c = rcfg(json!({}));
+    let b = body("calm", true, 10);
+    let (order, key) = key_of(&c, &b);
+    let mut holds = [false; 4];
+    holds[order[0]] = true;
+    let v = view([0.0; 4], [0.0; 2], 1000);
+    for r in [
+        residency(key, holds, 8000, 1000),
+        residency(key, [false; 4], 0, 1000),
+    ] {
+        let d = decide_r(&c, &b, &v, &r, 1000);
+        assert!(matches!(d.placed.how, Some(How::Stay | How::Least)));
+        assert_eq!(header(&d, &c, "x-tether-pull-from"), None);
+    }
+}
+
+/// With the `kv_transfer_params` output a pulled turn's markers carry
+/// `pull_from` too (the vLLM connector reads the body, not the header); a
+/// turn that stays carries none.
+#[test]
+fn a_pulled_turn_names_its_holder_in_the_body_markers() {
+    let c = rcfg(json!({}));
+    let b = body("hot", true, 10);
+    let (order, key) = key_of(&c, &b);
+    let (v, r) = hot_holder(&order, key);
+    let vllm = cfg(json!({"pd": null, "residency": {"candidates": 2},
+                          "outputs": ["pick", "vllm"]}));
+    let markers = |c: &Config, r: &ResidencyView| {
+        let d = decide_r(c, &b, &v, r, 1000);
+        let edit = d.edit.clone().expect("the body is rewritten");
+        let out: serde_json::Value =
+            serde_json::from_slice(&crate::emit::rewrite::apply(&b, &edit)).unwrap();
+        (d, out["kv_transfer_params"]["tether"].clone())
+    };
+    let (d, t) = markers(&vllm, &r);
+    assert_eq!(d.placed.prefill, Prefill::Pull(order[0]));
+    assert_eq!(t["pull_from"], DECODE[order[0]], "{t}");
+    assert_eq!(
+        header(&d, &vllm, "x-tether-pull-from").as_deref(),
+        Some(DECODE[order[0]])
+    );
+    assert_eq!(t["session"].as_str().map(str::len), Some(16), "{t}");
+    let mut holds = [false; 4];
+    holds[order[1]] = true;
+    let (_, t) = markers(&vllm, &residency(key, holds, 8000, 1000));
+    assert!(t.get("pull_from").is_none(), "{t}");
+    let _ = c;
+}
+
+/// With `pd`, a pulled turn is not also disaggregated, however long its new
+/// tokens: the prefill endpoint holds none of the state.
+#[test]
+fn a_pulled_turn_is_not_disaggregated() {
+    let c = cfg(json!({"residency": {"candidates": 2}}));
+    // ~1,000 uncached tokens after the last assistant entry: over the 500-token threshold.
+    let mut v: serde_json::Value = serde_json::from_slice(&body("hotpd", true, 10)).unwrap();
+    v["messages"][2]["content"] = json!("y ".repeat(2000));
+    let b = v.to_string().into_bytes();
+    let (order, key) = key_of(&c, &b);
+    let (lv, r) = hot_holder(&order, key);
+    let d = decide_r(&c, &b, &lv, &r, 1000);
+    assert_eq!(d.placed.prefill, Prefill::Pull(order[0]));
+    assert_eq!(header(&d, &c, "x-prefiller-host-port"), None);
+    assert!(!counters(&d, &c).contains(&Counter::Fixed(Fixed::PdDisaggregated)));
+    // The same turn staying home is disaggregated on its new tokens.
+    let mut holds = [false; 4];
+    holds[order[0]] = true;
+    let calm = residency(key, holds, 8000, 1000);
+    let d = decide_r(&c, &b, &view([0.0; 4], [0.0; 2], 1000), &calm, 1000);
+    assert!(
+        matches!(d.placed.prefill, Prefill::Remote(_)),
+        "{:?}",
+        d.placed.prefill
+    );
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! Residency-aware placement in the harness: summaries polled with `/load`
 //! travel through shared data into the VM's view, a key goes where its state
-//! is and migrates off an overloaded holder with the holder as its
-//! prefiller; malformed, unsorted, unknown-version and oversized summaries
-//! are counted and logged, never a VM failure.
+//! is and migrates off an overloaded holder, told to pull from the holder
+//! (`x-tether-pull-from`, on the header path and as filter state plus the
+//! body's `kv_transfer_params.tether.pull_from` on the body path) or, with
+//! `migrate: "leg"`, with the holder as its prefiller; malformed, unsorted,
+//! unknown-version and oversized summaries are counted and logged, never a VM
+//! failure.
 
 use crate::load::{A, B, metric, poll, report_with, send_hot, vm_with};
 use serde_json::{Value, json};
@@ -24,17 +27,34 @@ fn hot_key() -> u64 {
     )
 }
 
-/// (destination, prefiller) of the session's next request.
+/// (destination, the holder named: `x-tether-pull-from`, or with
+/// `migrate: "leg"` `x-prefiller-host-port`) of the session's next request on
+/// the header path; a request never carries both.
 fn place(vm: &mut FilterVm) -> (String, Option<String>) {
     let out = send_hot(vm);
     let dest = out
         .upstream_header("x-gateway-destination-endpoint")
         .expect("picked");
+    let pull = out.upstream_header("x-tether-pull-from");
+    let leg = out.upstream_header("x-prefiller-host-port");
+    assert!(pull.is_none() || leg.is_none(), "{pull:?} and {leg:?}");
     (
         dest.split(',').next().unwrap().to_owned(),
-        out.upstream_header("x-prefiller-host-port")
-            .map(str::to_owned),
+        pull.or(leg).map(str::to_owned),
     )
+}
+
+/// Polls once: `hot` reports `load` requests in flight and holds the session,
+/// the other endpoint is idle and holds nothing.
+fn hold_hot(vm: &mut FilterVm, hot: &str, load: u64) {
+    let holder = hot.to_owned();
+    poll(vm, move |to| {
+        if to == holder {
+            report(load, holding(&[hot_key()]))
+        } else {
+            report(0, holding(&[]))
+        }
+    });
 }
 
 fn report(server_load: u64, residency: Value) -> HttpCallResponse {
@@ -75,20 +95,81 @@ fn a_key_follows_its_state_and_migrates_off_an_overloaded_holder() {
     assert_eq!(metric(&mut vm, "tether_residency_stay"), 1);
     // The holder is over the bound: the key moves home and pulls its state.
     vm.advance_clock_ms(100);
-    let holder = other.clone();
-    poll(&mut vm, move |to| {
-        if to == holder {
-            report(40, holding(&[hot_key()]))
-        } else {
-            report(0, holding(&[]))
-        }
-    });
+    hold_hot(&mut vm, &other, 40);
+    let out = send_hot(&mut vm);
+    assert_eq!(
+        out.upstream_header("x-tether-pull-from"),
+        Some(other.as_str())
+    );
+    assert_eq!(out.upstream_header("x-prefiller-host-port"), None);
     assert_eq!(place(&mut vm), (home.clone(), Some(other.clone())));
-    assert_eq!(metric(&mut vm, "tether_residency_migrate"), 1);
+    assert_eq!(metric(&mut vm, "tether_residency_migrate"), 2);
     // The summaries age out: unknown residency, the bounded pick, no prefiller.
     vm.advance_clock_ms(2000);
     let (_, prefiller) = place(&mut vm);
     assert_eq!(prefiller, None);
+    assert!(!vm.failed(), "{:?}", vm.state().logs);
+}
+
+/// `migrate: "leg"`: the same move names the holder as the prefiller instead.
+#[test]
+fn a_leg_migration_names_the_holder_as_the_prefiller() {
+    let mut vm = vm_with(json!({"residency": {"candidates": 2, "migrate": "leg"}}));
+    let (home, _) = place(&mut vm);
+    let other = if home == A { B } else { A }.to_owned();
+    hold_hot(&mut vm, &other, 40);
+    let out = send_hot(&mut vm);
+    assert_eq!(
+        out.upstream_header("x-prefiller-host-port"),
+        Some(other.as_str())
+    );
+    assert_eq!(out.upstream_header("x-tether-pull-from"), None);
+    assert_eq!(metric(&mut vm, "tether_residency_migrate"), 1);
+}
+
+/// One body-path request of the `hot` session: (primary from filter state,
+/// `x-tether-pull-from` from filter state, the upstream body's
+/// `kv_transfer_params.tether.pull_from`).
+fn place_body(vm: &mut FilterVm, body: &Value) -> (String, Option<String>, Value) {
+    let out = crate::tether::send(vm, "/v1/chat/completions", &[("x-session-id", "hot")], body);
+    let state = |h: &str| out.filter_state_value(&format!("wasm.tether.{h}"));
+    let dest = state("x-gateway-destination-endpoint").expect("picked");
+    let up = out.upstream.clone().expect("released upstream");
+    let sent: Value = serde_json::from_slice(&up.body).expect("JSON");
+    (
+        dest.split(',').next().unwrap().to_owned(),
+        state("x-tether-pull-from").map(str::to_owned),
+        sent["kv_transfer_params"]["tether"]["pull_from"].clone(),
+    )
+}
+
+/// The body path hands the holder over as filter state (a `header_mutation`
+/// entry copies it, as every body-path output) and, with the `vllm` outputs,
+/// in the body's markers; a client's own `pull_from` never survives.
+#[test]
+fn the_body_path_names_the_holder_in_filter_state_and_in_the_markers() {
+    let mut vm = vm_with(json!({"residency": {"candidates": 2},
+                                "header_fast_path": false, "outputs": ["pick", "vllm"]}));
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                      "kv_transfer_params": {"tether": {"pull_from": "6.6.6.6:80"}}});
+    let (home, pull, marker) = place_body(&mut vm, &body);
+    assert_eq!(
+        (pull, marker),
+        (None, Value::Null),
+        "the client's is dropped"
+    );
+    let other = if home == A { B } else { A }.to_owned();
+    hold_hot(&mut vm, &other, 40);
+    let (dest, pull, marker) = place_body(&mut vm, &body);
+    assert_eq!(
+        (dest, pull, marker),
+        (home, Some(other.clone()), json!(other))
+    );
+    // Idle again: the key stays with its state, and names no holder anywhere.
+    vm.advance_clock_ms(100);
+    hold_hot(&mut vm, &other, 0);
+    let (dest, pull, marker) = place_body(&mut vm, &body);
+    assert_eq!((dest, pull, marker), (other, None, Value::Null));
     assert!(!vm.failed(), "{:?}", vm.state().logs);
 }
 

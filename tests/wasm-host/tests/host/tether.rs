@@ -621,6 +621,7 @@ mod bad_input {
                 ("x-tether-key", "ffffffffffffffff"),
                 ("x-gateway-destination-endpoint", "6.6.6.6:80"),
                 ("x-data-parallel-rank", "7"),
+                ("x-tether-pull-from", "6.6.6.6:80"),
             ],
             b"{}",
         );
@@ -628,6 +629,7 @@ mod bad_input {
             out.upstream_header("x-tether-key"),
             Some("ffffffffffffffff")
         );
+        assert_eq!(out.upstream_header("x-tether-pull-from"), None);
         assert_eq!(
             out.upstream_header("x-gateway-destination-endpoint"),
             Some("10.0.0.1:8000")
@@ -636,7 +638,7 @@ mod bad_input {
         // One count per spoofed header removed.
         // Counts reach the host on the root context's tick.
         vm.tick().unwrap();
-        assert_eq!(vm.state().metric("tether_spoofed_header_removed"), Some(3));
+        assert_eq!(vm.state().metric("tether_spoofed_header_removed"), Some(4));
     }
 
     #[test]
