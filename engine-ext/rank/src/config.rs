@@ -135,6 +135,14 @@ pub struct Args {
     /// (retained states only).
     #[arg(long, default_value = "admission", value_parser = ["admission", "retention"])]
     pub residency_from: String,
+    /// State pull, as a holder: how long a lease holds a key's retained
+    /// blocks after its grant or last renewal, ms (docs/rank.md "State pull").
+    #[arg(long, default_value_t = 30_000)]
+    pub pull_lease_ms: u64,
+    /// State pull, as a new home: the bound on a lease call, ms; past it the
+    /// prompt is computed here.
+    #[arg(long, default_value_t = 10_000)]
+    pub pull_timeout_ms: u64,
 }
 
 /// A command line the rank cannot start with.
@@ -307,6 +315,14 @@ impl RankConfig {
         if args.max_body_bytes == 0 {
             return Err(flag("max-body-bytes", "must be positive"));
         }
+        for (name, v) in [
+            ("pull-lease-ms", args.pull_lease_ms),
+            ("pull-timeout-ms", args.pull_timeout_ms),
+        ] {
+            if !(1..=3_600_000).contains(&v) {
+                return Err(flag(name, "must be between 1 and 3600000"));
+            }
+        }
         let model_name = args
             .served_model_name
             .clone()
@@ -388,6 +404,7 @@ impl RankConfig {
                 "hash": self.profile_hash,
             },
             "rank_id": a.rank_id,
+            "pull": {"lease_ms": a.pull_lease_ms, "timeout_ms": a.pull_timeout_ms},
             "version": env!("CARGO_PKG_VERSION"),
         })
     }

@@ -4,13 +4,15 @@
 //! model of `tether-rank-engine` (re-exported here: [`engine`], [`latency`],
 //! [`profile`], [`prompt`], [`metrics`], [`load`]), which the fleet simulator
 //! steps too. This crate is the tokio/hyper shell: [`server`] (with [`pd`], a
-//! decode rank's prefill leg), [`request`] and [`reply`] (the wire formats of
+//! decode rank's prefill leg, and [`pull`], a migrated key's state pulled from
+//! its old holder under a lease), [`request`] and [`reply`] (the wire formats of
 //! the four APIs), [`clock`] (simulated time from wall time) and [`config`]
 //! (the command line).
 
 pub mod clock;
 pub mod config;
 pub mod pd;
+pub mod pull;
 pub mod reply;
 pub mod request;
 pub mod server;

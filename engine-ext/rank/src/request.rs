@@ -31,6 +31,9 @@ pub enum BadReason {
     BadPrompt,
     /// `x-prefiller-host-port` is not one `ip:port` (decode role).
     BadPrefiller,
+    /// `x-tether-pull-from` (or `kv_transfer_params.tether.pull_from`) is not
+    /// one `ip:port`.
+    BadPullFrom,
     /// Responses `previous_response_id` names no response this process
     /// answered (vLLM keeps stored responses in the memory of the server
     /// that made them, and answers 404 alike).
@@ -41,7 +44,7 @@ pub enum BadReason {
 
 impl BadReason {
     /// Every reason, in counter order.
-    pub const ALL: [BadReason; 12] = [
+    pub const ALL: [BadReason; 13] = [
         BadReason::UnknownPath,
         BadReason::Method,
         BadReason::NotJson,
@@ -52,6 +55,7 @@ impl BadReason {
         BadReason::BadDpRank,
         BadReason::BadPrompt,
         BadReason::BadPrefiller,
+        BadReason::BadPullFrom,
         BadReason::UnknownResponse,
         BadReason::Engine,
     ];
@@ -69,6 +73,7 @@ impl BadReason {
             BadReason::BadDpRank => "bad_dp_rank",
             BadReason::BadPrompt => "bad_prompt",
             BadReason::BadPrefiller => "bad_prefiller",
+            BadReason::BadPullFrom => "bad_pull_from",
             BadReason::UnknownResponse => "unknown_response",
             BadReason::Engine => "engine",
         }
@@ -128,6 +133,9 @@ pub struct Parsed {
     pub cache_salt: Option<String>,
     /// Marker from `kv_transfer_params.tether`, when present.
     pub body_marker: Option<TurnMarker>,
+    /// `kv_transfer_params.tether.pull_from`, when present (a string; read
+    /// as an address by the server, with the header's rule).
+    pub pull_from: Option<String>,
     /// Responses `previous_response_id`, when sent.
     pub previous_response_id: Option<String>,
 }
@@ -229,6 +237,23 @@ fn body_marker(o: &Map<String, Value>) -> Result<Option<TurnMarker>, Refusal> {
     })
 }
 
+/// Reads `kv_transfer_params.tether.pull_from` (`docs/wire.md`): a string,
+/// or a refusal (`bad_pull_from`).
+fn body_pull_from(o: &Map<String, Value>) -> Result<Option<String>, Refusal> {
+    let member = o
+        .get("kv_transfer_params")
+        .and_then(|p| p.get(tether_wire::params::KEY))
+        .and_then(|t| t.get(tether_wire::params::PULL_FROM));
+    match member {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(Refusal::new(
+            BadReason::BadPullFrom,
+            "`kv_transfer_params.tether.pull_from` must be a string",
+        )),
+    }
+}
+
 /// Parses and checks a request body of `api`.
 pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, Refusal> {
     let v: Value = serde_json::from_slice(body)
@@ -286,6 +311,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, Refusal> {
         return Err(bad_field("`tools` must be an array"));
     }
     let body_marker = body_marker(o)?;
+    let pull_from = body_pull_from(o)?;
     let tokens = prompt_tokens(api, &v);
     Ok(Parsed {
         api,
@@ -296,6 +322,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, Refusal> {
         tokens,
         cache_salt,
         body_marker,
+        pull_from,
         previous_response_id: match api {
             Api::Responses => opt_str(o, "previous_response_id")?,
             _ => None,
@@ -363,6 +390,23 @@ mod tests {
             ),
             BadReason::BadMarker
         );
+    }
+
+    #[test]
+    fn pull_from_is_read_from_the_markers() {
+        let p = parse(
+            Api::Chat,
+            br#"{"messages":[],"kv_transfer_params":{"tether":{"session":"1","pull_from":"10.0.0.1:80"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.pull_from.as_deref(), Some("10.0.0.1:80"));
+        assert!(p.body_marker.is_some());
+        let e = parse(
+            Api::Chat,
+            br#"{"messages":[],"kv_transfer_params":{"tether":{"pull_from":8000}}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, BadReason::BadPullFrom);
     }
 
     #[test]

@@ -39,6 +39,8 @@ use tether_wire::TurnMarker;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 
+mod state_pull;
+
 struct Core {
     engine: Engine,
     subs: HashMap<u64, mpsc::UnboundedSender<Event>>,
@@ -66,6 +68,10 @@ pub struct Rank {
     legs: pd::LegClient,
     legs_sent: AtomicU64,
     legs_failed: AtomicU64,
+    /// State pull: the leases this rank grants as a holder, and the outcomes
+    /// of the pulls it makes as a new home (`crate::pull::Outcome::ALL` order).
+    leases: crate::pull::Leases,
+    pulls: [AtomicU64; crate::pull::Outcome::ALL.len()],
 }
 
 impl std::fmt::Debug for Rank {
@@ -115,6 +121,10 @@ impl Rank {
             .map_or(0, |d| d.as_nanos() as u64)
             .rotate_left(32);
         let config_json = Bytes::from(serde_json::to_vec(&cfg.describe())?);
+        let leases = crate::pull::Leases::new(
+            std::time::Duration::from_millis(cfg.args.pull_lease_ms),
+            nonce,
+        );
         let id_header = cfg
             .args
             .rank_id
@@ -134,6 +144,8 @@ impl Rank {
                 .build_http(),
             legs_sent: AtomicU64::new(0),
             legs_failed: AtomicU64::new(0),
+            leases,
+            pulls: std::array::from_fn(|_| AtomicU64::new(0)),
         }))
     }
 
@@ -279,6 +291,7 @@ impl Rank {
             out,
             "tether_rank_prefill_legs_total{{outcome=\"failed\"}} {failed}"
         );
+        self.pull_metrics(&mut out);
         out
     }
 }
@@ -490,6 +503,9 @@ async fn handle(rank: Arc<Rank>, req: Request<Incoming>) -> Result<Response<Rank
         }
         return Ok(generate(rank, api, &path, req).await);
     }
+    if path.starts_with("/pull/") {
+        return Ok(rank.serve_pull(&path, req).await);
+    }
     let get = method == Method::GET || method == Method::HEAD;
     Ok(match path.as_str() {
         "/v1/models" | "/metrics" | "/load" | "/health" | "/tether/config" if !get => refuse(
@@ -620,6 +636,21 @@ async fn generate(
     } else {
         None
     };
+    // Any role but prefill: a migrated key's state, pulled from its old holder.
+    let pulls = rank.cfg.args.role != Role::Prefill;
+    let header_pull = if pulls {
+        match pull_from(
+            req.headers()
+                .get_all(tether_wire::headers::PULL_FROM)
+                .iter()
+                .map(|v| v.as_bytes()),
+        ) {
+            Ok(p) => p,
+            Err(r) => return refused(r),
+        }
+    } else {
+        None
+    };
     let limit = rank.cfg.args.max_body_bytes;
     let too_large = || {
         Refusal::new(
@@ -668,6 +699,15 @@ async fn generate(
         ));
     }
     let marker = marker.or(parsed.body_marker);
+    // The header wins over the body's member, as for the markers.
+    let pull_from = match (header_pull, parsed.pull_from.as_deref()) {
+        (Some(a), _) => Some(a),
+        (None, Some(v)) if pulls => match pull_from([v.as_bytes()]) {
+            Ok(a) => a,
+            Err(r) => return refused(r),
+        },
+        _ => None,
+    };
     let prompt = parsed.tokens.len();
     if prompt == 0 {
         return refused(Refusal::new(BadReason::BadPrompt, "the prompt is empty"));
@@ -707,6 +747,17 @@ async fn generate(
             }
         }
     }
+    // A migrated key's turn (no prefill leg): its state leased from the old
+    // holder crosses the KV link; a failed pull computes the prompt here.
+    let pulled = match (pull_from, marker.map(|m| m.key), prefiller) {
+        (Some(from), Some(key), None) => Some(rank.pull(from, key, &hashes, dp).await),
+        _ => None,
+    };
+    if let Some(p) = &pulled {
+        kv_in_tokens = p.kv_in_tokens;
+    }
+    // The leg or the lease call is part of the request's latency.
+    let waited = used_prefiller.is_some() || pulled.as_ref().is_some_and(|p| p.asked);
     drop(body);
     let id = rank.next_id.fetch_add(1, Ordering::Relaxed);
     let sim = SimRequest {
@@ -749,7 +800,7 @@ async fn generate(
     match first {
         Some(Event::Done { mut outcome, .. }) if !parsed.stream => {
             live.finished = true;
-            if used_prefiller.is_some() {
+            if waited {
                 outcome.arrival = outcome.arrival.min(received);
             }
             let mut r = full(
@@ -759,13 +810,14 @@ async fn generate(
             );
             timing_headers(&mut r, dp, &outcome);
             prefiller_header(&mut r, used_prefiller);
+            pulled_header(&mut r, pulled.as_ref());
             rank.identify(&mut r);
             r
         }
         Some(Event::First {
             at, mut admitted, ..
         }) if parsed.stream => {
-            if used_prefiller.is_some() {
+            if waited {
                 admitted.arrival = admitted.arrival.min(received);
             }
             // Usage the API announces up front (Anthropic) is known from admission;
@@ -791,6 +843,7 @@ async fn generate(
             put(h, rh::SIM_TTFT_MS, fmt_ms(at - arrival));
             put(h, rh::CACHED_TOKENS, cached.to_string());
             prefiller_header(&mut r, used_prefiller);
+            pulled_header(&mut r, pulled.as_ref());
             rank.identify(&mut r);
             r
         }
@@ -803,6 +856,39 @@ async fn generate(
             "the engine dropped the request",
         )),
     }
+}
+
+/// `x-tether-pulled-from`: the holder whose retained state this answer pulled.
+fn pulled_header(r: &mut Response<RankBody>, p: Option<&state_pull::Pulled>) {
+    if let Some(g) = p.and_then(|p| p.lease.as_ref()) {
+        put(r.headers_mut(), rh::PULLED_FROM, g.from().to_string());
+    }
+}
+
+/// The holder named by `x-tether-pull-from` (or the body's `pull_from`):
+/// `None` without it; a refusal (`bad_pull_from`) when it is repeated, not
+/// ASCII or not one `ip:port` (`tether_wire::params::parse_pull_from`).
+fn pull_from<'a>(
+    values: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<Option<std::net::SocketAddr>, Refusal> {
+    let bad = |why: String| Refusal::new(BadReason::BadPullFrom, why);
+    let name = tether_wire::headers::PULL_FROM;
+    let mut it = values.into_iter();
+    let Some(v) = it.next() else {
+        return Ok(None);
+    };
+    if it.next().is_some() {
+        return Err(bad(format!("{name} is repeated")));
+    }
+    let s = std::str::from_utf8(v).map_err(|_| bad(format!("{name} is not ASCII")))?;
+    tether_wire::params::parse_pull_from(s)
+        .map(Some)
+        .ok_or_else(|| {
+            bad(format!(
+                "{name} must be one ip:port, got {:?}",
+                s.chars().take(60).collect::<String>()
+            ))
+        })
 }
 
 /// `x-tether-prefilled-by`: the prefiller whose KV this answer decoded from.

@@ -10,4 +10,5 @@ mod dp;
 mod harness;
 mod observe;
 mod pd;
+mod pull;
 mod residency;
