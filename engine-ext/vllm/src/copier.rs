@@ -1,16 +1,22 @@
 //! The worker side: gathers vLLM's KV pages into checksummed host payloads and scatters
 //! them back, through the copy engine (CPU reference backend, or CUDA when the cache is
 //! on a GPU), with the GIL released.
+//!
+//! Host payloads live in one [`SlotArena`] (a slot per block) and a pull's READs land in
+//! another (the staging region), so a NIXL agent registers each once and a holder can
+//! name a payload to a puller by address (docs/vllm.md, "State pull (NIXL)").
 
+use crate::arena::SlotArena;
 use crate::{CallerError, fault_err, hash_id};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::HashMap;
-use tether_engine::{BlockHash, Payload};
+use tether_engine::BlockHash;
 use tether_kvcopy::{
     BlockId, ChunkMap, CpuCopy, CudaCopy, CudaCopyConfig, DeviceBuffer, DeviceTensor, Dtype,
     KvCacheSpec, KvCopy, KvLayout, PagedView, cuda_driver_present,
 };
+use xxhash_rust::xxh3::xxh3_128;
 
 /// True when a CUDA driver library loads here (nothing else is touched).
 #[pyfunction]
@@ -26,6 +32,13 @@ enum Backend {
     },
 }
 
+/// A host payload: its slot in the arena and the xxh3-128 of its bytes at save.
+#[derive(Clone, Copy)]
+struct Held {
+    slot: u32,
+    checksum: u128,
+}
+
 /// One worker's KV cache (every layer's view, one layout) and its host payloads.
 #[pyclass(module = "tether_vllm._native")]
 pub struct KvCopier {
@@ -33,8 +46,25 @@ pub struct KvCopier {
     map: ChunkMap,
     /// Base address of each layer's view.
     ptrs: Vec<u64>,
-    store: HashMap<BlockHash, Payload>,
-    stored_bytes: usize,
+    store: HashMap<BlockHash, Held>,
+    /// The host tier's payload bytes, one slot per block.
+    arena: SlotArena,
+    /// Where a pull's READs land before they are verified and scattered.
+    staging: SlotArena,
+    /// Payloads saved since the last `take_saved`: (id, address, checksum).
+    saved: Vec<(BlockHash, u64, u128)>,
+    /// Saves skipped because every arena slot was in use.
+    arena_full: u64,
+}
+
+/// Arena slots for a host tier of `host_bytes`: one per block it can hold, plus room for
+/// payloads a lease keeps after the ledger let them go (at least 16, an eighth more).
+fn host_slots(host_bytes: u64, block_bytes: usize) -> usize {
+    let blocks = (host_bytes as usize).div_ceil(block_bytes.max(1));
+    if blocks == 0 {
+        return 0;
+    }
+    blocks + (blocks / 8).max(16)
 }
 
 // SAFETY: the raw addresses are plain integers here; every dereference happens inside a
@@ -60,9 +90,11 @@ impl KvCopier {
     /// (storage bytes after the view's offset); the view is logical `[num_blocks,
     /// num_kv_heads, block_size, 2*head_size]` with element strides `(block, head, token)`
     /// and a unit last stride. `device`: `"cpu"` or `"cuda"` (with `device_index`).
+    /// `host_bytes`: the host tier's capacity, which sizes the payload arena (None: one
+    /// slot per device block); `staging_bytes`: the pull staging region (0: none).
     #[new]
     #[pyo3(signature = (ptrs, available, num_blocks, block_size, num_kv_heads, head_size,
-        strides, elem_bytes, device="cpu", device_index=0))]
+        strides, elem_bytes, device="cpu", device_index=0, host_bytes=None, staging_bytes=0))]
     #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn new(
         ptrs: Vec<u64>,
@@ -75,6 +107,8 @@ impl KvCopier {
         elem_bytes: usize,
         device: &str,
         device_index: usize,
+        host_bytes: Option<u64>,
+        staging_bytes: u64,
     ) -> PyResult<Self> {
         let view = PagedView {
             num_kv_heads,
@@ -138,12 +172,24 @@ impl KvCopier {
                 )));
             }
         };
+        let each = map.block_bytes();
+        let slots = match host_bytes {
+            Some(b) => host_slots(b, each),
+            None => num_blocks,
+        };
+        let arena = SlotArena::new(slots, each)
+            .map_err(|e| CallerError::new_err(format!("host payload arena: {e}")))?;
+        let staging = SlotArena::new(staging_bytes as usize / each.max(1), each)
+            .map_err(|e| CallerError::new_err(format!("pull staging region: {e}")))?;
         Ok(Self {
             backend,
             map,
             ptrs,
             store: HashMap::new(),
-            stored_bytes: 0,
+            arena,
+            staging,
+            saved: Vec::new(),
+            arena_full: 0,
         })
     }
 
@@ -156,7 +202,28 @@ impl KvCopier {
     /// Host payload bytes held.
     #[getter]
     fn stored_bytes(&self) -> usize {
-        self.stored_bytes
+        self.store.len() * self.map.block_bytes()
+    }
+
+    /// Saves skipped because every slot of the payload arena was in use (a future miss).
+    #[getter]
+    fn arena_full(&self) -> u64 {
+        self.arena_full
+    }
+
+    /// `(address, bytes)` of the payload arena and of the staging region: what a NIXL
+    /// agent registers (a region of 0 bytes is not registered).
+    fn regions(&self) -> ((u64, usize), (u64, usize)) {
+        (self.arena.region(), self.staging.region())
+    }
+
+    /// Payloads saved since the last call: `(16-byte id, address, checksum)` each, what
+    /// the scheduler needs to lease them.
+    fn take_saved<'py>(&mut self, py: Python<'py>) -> Vec<(Bound<'py, PyBytes>, u64, u128)> {
+        std::mem::take(&mut self.saved)
+            .into_iter()
+            .map(|(h, addr, sum)| (PyBytes::new(py, &h.0.to_le_bytes()), addr, sum))
+            .collect()
     }
 
     /// Host payloads held.
@@ -192,8 +259,14 @@ impl KvCopier {
             .map_err(|e| fault_err(e.fault(), e))?;
         let each = self.map.block_bytes();
         for ((_, h), bytes) in todo.iter().zip(staging.chunks_exact(each)) {
-            self.store.insert(*h, Payload::seal(bytes.to_vec()));
-            self.stored_bytes += each;
+            let Some(slot) = self.arena.alloc() else {
+                self.arena_full += 1;
+                continue;
+            };
+            self.arena.bytes_mut(slot).copy_from_slice(bytes);
+            let checksum = xxh3_128(bytes);
+            self.store.insert(*h, Held { slot, checksum });
+            self.saved.push((*h, self.arena.addr(slot), checksum));
         }
         Ok(staging.len())
     }
@@ -208,23 +281,17 @@ impl KvCopier {
         block_hashes: Vec<Bound<'_, PyBytes>>,
     ) -> PyResult<usize> {
         let hashes = paired(&block_ids, &block_hashes)?;
-        let mut staging = Vec::with_capacity(block_ids.len() * self.map.block_bytes());
-        let mut good = 0;
-        for &h in &hashes {
-            match self.store.get(&h).map(Payload::verify) {
-                Some(Ok(bytes)) => staging.extend_from_slice(bytes),
-                Some(Err(_)) => {
-                    self.free_one(h);
-                    break;
-                }
-                None => break,
-            }
-            good += 1;
+        let held: Vec<Held> = hashes
+            .iter()
+            .map_while(|h| self.store.get(h).copied())
+            .collect();
+        let payloads = held.iter().map(|p| (self.arena.bytes(p.slot), p.checksum));
+        let (staging, good) = verified_run(payloads, self.map.block_bytes());
+        if good < held.len() {
+            // Held but corrupt: freed, so it is never offered again.
+            self.free_one(hashes[good]);
         }
-        let ids = &block_ids[..good];
-        py.detach(|| self.scatter(ids, &staging))
-            .map_err(|e| fault_err(e.fault(), e))?;
-        Ok(good)
+        self.scatter_run(py, &block_ids[..good], &staging)
     }
 
     /// Frees the payloads of these 16-byte ids (what `Ledger.take_freed` returns).
@@ -237,21 +304,111 @@ impl KvCopier {
     /// Flips one byte of a held payload without updating its checksum (fault injection
     /// for tests: host-memory corruption). Returns false when it is not held.
     fn corrupt(&mut self, block_hash: &Bound<'_, PyBytes>) -> bool {
-        match self.store.get_mut(&hash_id(block_hash.as_bytes())) {
-            Some(p) if !p.is_empty() => {
-                p.bytes_mut_unchecked()[0] ^= 0x5A;
+        match self.store.get(&hash_id(block_hash.as_bytes())).copied() {
+            Some(held) if self.arena.slot_bytes() > 0 => {
+                self.arena.bytes_mut(held.slot)[0] ^= 0x5A;
                 true
             }
             _ => false,
         }
     }
+
+    /// `n` staging slots for a pull's READs, as `(slot, address)` pairs, or None (and
+    /// none taken) when fewer are free.
+    fn staging_alloc(&mut self, n: usize) -> Option<Vec<(u32, u64)>> {
+        let slots = self.staging.alloc_n(n)?;
+        Some(
+            slots
+                .into_iter()
+                .map(|s| (s, self.staging.addr(s)))
+                .collect(),
+        )
+    }
+
+    /// Hands staging slots back (after their READ completed or was given up).
+    fn staging_free(&mut self, slots: Vec<u32>) {
+        for s in slots {
+            self.staging.release(s);
+        }
+    }
+
+    /// Zeroes a staging slot from byte `start` on (fault injection: what a READ that
+    /// ended early leaves behind).
+    fn staging_poison(&mut self, slot: u32, start: usize) -> PyResult<()> {
+        self.staging_slot(slot)?;
+        let bytes = self.staging.bytes_mut(slot);
+        let from = start.min(bytes.len());
+        bytes[from..].fill(0);
+        Ok(())
+    }
+
+    /// Restores pulled payloads: verifies each staging slot against the checksum the
+    /// holder's lease gave, scatters the verified leading run into `block_ids`, and
+    /// returns its length (== len(block_ids) when all were good). The slots stay taken.
+    fn load_staged(
+        &mut self,
+        py: Python<'_>,
+        block_ids: Vec<u32>,
+        slots: Vec<u32>,
+        checksums: Vec<u128>,
+    ) -> PyResult<usize> {
+        if block_ids.len() != slots.len() || slots.len() != checksums.len() {
+            return Err(CallerError::new_err(
+                "block_ids, slots and checksums differ in length",
+            ));
+        }
+        for &slot in &slots {
+            self.staging_slot(slot)?;
+        }
+        let payloads = slots
+            .iter()
+            .zip(&checksums)
+            .map(|(&slot, &sum)| (self.staging.bytes(slot), sum));
+        let (staging, good) = verified_run(payloads, self.map.block_bytes());
+        self.scatter_run(py, &block_ids[..good], &staging)
+    }
+}
+
+/// The leading run of `payloads` whose bytes match their checksum, concatenated, and
+/// its length: what a restore may scatter (`each`: one payload's bytes).
+fn verified_run<'a>(
+    payloads: impl ExactSizeIterator<Item = (&'a [u8], u128)>,
+    each: usize,
+) -> (Vec<u8>, usize) {
+    let mut out = Vec::with_capacity(payloads.len() * each);
+    let mut good = 0;
+    for (bytes, sum) in payloads {
+        if xxh3_128(bytes) != sum {
+            break;
+        }
+        out.extend_from_slice(bytes);
+        good += 1;
+    }
+    (out, good)
 }
 
 impl KvCopier {
     fn free_one(&mut self, h: BlockHash) {
-        if let Some(p) = self.store.remove(&h) {
-            self.stored_bytes -= p.len();
+        if let Some(held) = self.store.remove(&h) {
+            self.arena.release(held.slot);
         }
+    }
+
+    /// Scatters verified payload bytes into `ids` with the GIL released; returns how many.
+    fn scatter_run(&mut self, py: Python<'_>, ids: &[u32], staging: &[u8]) -> PyResult<usize> {
+        py.detach(|| self.scatter(ids, staging))
+            .map_err(|e| fault_err(e.fault(), e))?;
+        Ok(ids.len())
+    }
+
+    fn staging_slot(&self, slot: u32) -> PyResult<()> {
+        let (_, len) = self.staging.region();
+        if (slot as usize + 1) * self.staging.slot_bytes() > len {
+            return Err(CallerError::new_err(format!(
+                "staging slot {slot} out of range"
+            )));
+        }
+        Ok(())
     }
 
     fn gather(&mut self, ids: &[BlockId]) -> Result<Vec<u8>, tether_kvcopy::CopyError> {

@@ -4,6 +4,7 @@
 use crate::{CallerError, fault_err, hash_id};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
+use std::net::SocketAddr;
 use tether_engine::{BlockHash, Fault, Ledger as Inner, PolicyConfig, TurnMarker};
 use tether_wire::RetentionMs;
 
@@ -12,11 +13,14 @@ use tether_wire::RetentionMs;
 const MAX_MEMBERS: usize = 32;
 const MAX_VALUE_CHARS: usize = 256;
 
-/// A parsed turn marker (read-only).
+/// A parsed turn marker (read-only), with the connector's own member beside it.
 #[pyclass(frozen, module = "tether_vllm._native")]
 #[derive(Clone, Copy)]
 pub struct Marker {
     pub(crate) inner: TurnMarker,
+    /// `pull_from`: the API address of the engine holding this key's state, which a
+    /// gateway names when it migrates the key (docs/vllm.md, "State pull (NIXL)").
+    pub(crate) pull_from: Option<SocketAddr>,
 }
 
 #[pymethods]
@@ -54,6 +58,12 @@ impl Marker {
         self.inner.retention_ms
     }
 
+    /// `(ip, port)` of `pull_from`, when the gateway sent one.
+    #[getter]
+    fn pull_from(&self) -> Option<(String, u16)> {
+        self.pull_from.map(|a| (a.ip().to_string(), a.port()))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Marker(key={}, prompt_end={}, kind={})",
@@ -67,8 +77,8 @@ impl Marker {
 /// Parses `kv_transfer_params["tether"]`: `None` → `None` (not a tracked turn); an
 /// object of string members in the wire grammar → a `Marker` (or `None` when it names
 /// no session); anything else — another type, non-string members, more than 32
-/// members, values over 256 characters, values outside the grammar — raises
-/// `CallerError` naming the problem.
+/// members, values over 256 characters, values outside the grammar, a `pull_from` that
+/// is not an IP socket address with a port — raises `CallerError` naming the problem.
 #[pyfunction]
 pub fn parse_marker(params: &Bound<'_, PyAny>) -> PyResult<Option<Marker>> {
     if params.is_none() {
@@ -100,9 +110,25 @@ pub fn parse_marker(params: &Bound<'_, PyAny>) -> PyResult<Option<Marker>> {
         }
         fields.push((k, v));
     }
+    let pull_from = fields
+        .iter()
+        .find(|(k, _)| k == tether_wire::params::PULL_FROM)
+        .map(|(_, v)| parse_pull_from(v))
+        .transpose()?;
     TurnMarker::from_fields(fields.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .map(|m| m.map(|inner| Marker { inner }))
+        .map(|m| m.map(|inner| Marker { inner, pull_from }))
         .map_err(|e| CallerError::new_err(format!("kv_transfer_params.tether: {e}")))
+}
+
+/// `pull_from`: `ip:port` or `[ipv6]:port`, port not 0.
+fn parse_pull_from(v: &str) -> PyResult<SocketAddr> {
+    match v.trim().parse::<SocketAddr>() {
+        Ok(a) if a.port() != 0 => Ok(a),
+        _ => Err(CallerError::new_err(format!(
+            "kv_transfer_params.tether.{}: {v:?} is not an ip:port address",
+            tether_wire::params::PULL_FROM
+        ))),
+    }
 }
 
 fn hashes(list: &[Bound<'_, PyBytes>]) -> Vec<BlockHash> {

@@ -7,8 +7,10 @@
 //! fail the request), `DeviceError` (memory or driver: recompute), `TransientError`
 //! (no room now: recompute or retry), all subclasses of `TetherError`.
 
+mod arena;
 mod copier;
 mod ledger;
+mod pull;
 mod residency;
 
 use pyo3::create_exception;
@@ -49,6 +51,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ledger::Marker>()?;
     m.add_class::<ledger::Ledger>()?;
     m.add_class::<copier::KvCopier>()?;
+    m.add_class::<pull::PullSource>()?;
+    m.add_function(wrap_pyfunction!(pull::pull_chain, m)?)?;
     m.add_function(wrap_pyfunction!(ledger::parse_marker, m)?)?;
     m.add_function(wrap_pyfunction!(copier::cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(residency::load_report, m)?)?;
@@ -58,5 +62,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         tether_placement::residency::MAX_ENTRIES,
     )?;
     m.add("MARKER_KEY", tether_wire::params::KEY)?;
+    m.add("PULL_FROM", tether_wire::params::PULL_FROM)?;
     Ok(())
 }

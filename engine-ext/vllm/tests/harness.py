@@ -161,6 +161,9 @@ class Engine:
     pickle_metadata: bool = True
     check_every_step: bool = True
     module_path: str = "tether_vllm.connector"
+    # The model name vLLM serves (a state pull's fingerprint includes it; the model
+    # directory differs between processes). None: vLLM's default, the directory.
+    served_model_name: str | None = None
     now_ms: int = 0
     stats: StepStats = field(default_factory=StepStats)
     mismatched_positions: int = 0
@@ -182,6 +185,7 @@ class Engine:
             seed=0,
             skip_tokenizer_init=True,
             max_model_len=65536,
+            **({"served_model_name": self.served_model_name} if self.served_model_name else {}),
         )
         scheduler_config = SchedulerConfig(
             max_num_seqs=64,

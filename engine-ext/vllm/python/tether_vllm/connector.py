@@ -25,6 +25,10 @@ Residency endpoint (``residency_port``): the scheduler side serves a ``/load`` r
 resident key, tokens and tier, so a gateway can place sessions where their state is
 (docs/vllm.md, "Residency endpoint").
 
+State pull (``pull``): a turn migrated to this engine reads its retained blocks from the
+old holder with a one-sided NIXL READ of the holder's host tier, under a lease the holder
+serves on the same listener (``lease.py``, ``pull.py``; docs/vllm.md, "State pull (NIXL)").
+
 Every public behaviour is documented in docs/vllm.md.
 """
 
@@ -62,6 +66,7 @@ from tether_vllm._native import (
     load_report,
     parse_marker,
 )
+from tether_vllm.lease import LeaseBook, Puller, chain_of, fingerprint
 from tether_vllm.residency import ResidencyListener
 
 if TYPE_CHECKING:
@@ -90,6 +95,12 @@ _DEFAULTS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "residency_host": (str, "0.0.0.0"),
     "residency_max_entries": (int, RESIDENCY_MAX_ENTRIES),
     "fault_corrupt_every": (int, 0),
+    "pull": (bool, False),
+    "pull_port": ((int, type(None)), None),
+    "pull_lease_ms": (int, 30_000),
+    "pull_timeout_ms": (int, 10_000),
+    "pull_staging_bytes": (int, 256 << 20),
+    "fault_pull_truncate_every": (int, 0),
 }
 _KINDS = ("first", "user", "tool", "handoff")
 
@@ -109,6 +120,12 @@ class TetherConfig:
     residency_host: str
     residency_max_entries: int
     fault_corrupt_every: int
+    pull: bool
+    pull_port: int | None
+    pull_lease_ms: int
+    pull_timeout_ms: int
+    pull_staging_bytes: int
+    fault_pull_truncate_every: int
 
     @classmethod
     def parse(cls, extra: dict[str, Any] | None) -> TetherConfig:
@@ -155,6 +172,7 @@ class TetherConfig:
             raise ValueError(
                 "kv_connector_extra_config.fault_corrupt_every: must be >= 0 (0: off)"
             )
+        _check_pull(values)
         for k, v in values["intervals_ms"].items():
             if k not in _KINDS:
                 raise ValueError(
@@ -169,6 +187,31 @@ class TetherConfig:
         values["max_device_fraction"] = float(values["max_device_fraction"])
         values["free_watermark"] = float(values["free_watermark"])
         return cls(**values)
+
+
+def _check_pull(values: dict[str, Any]) -> None:
+    """The state pull's fields (docs/vllm.md, "State pull (NIXL)")."""
+    for name in ("pull_lease_ms", "pull_timeout_ms"):
+        if values[name] < 1:
+            raise ValueError(f"kv_connector_extra_config.{name}: must be >= 1")
+    for name in ("pull_staging_bytes", "fault_pull_truncate_every"):
+        if values[name] < 0:
+            raise ValueError(f"kv_connector_extra_config.{name}: must be >= 0")
+    port = values["pull_port"]
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError("kv_connector_extra_config.pull_port: must be in [1, 65535]")
+    if not values["pull"]:
+        return
+    if values["residency_port"] is None:
+        raise ValueError(
+            "kv_connector_extra_config.pull: needs residency_port (the lease endpoints "
+            "share its listener)"
+        )
+    if port is None and values["residency_port"] == 0:
+        raise ValueError(
+            "kv_connector_extra_config.pull_port: must be set when residency_port is 0 "
+            "(a holder's port is not known otherwise)"
+        )
 
 
 def _type_name(types: type | tuple[type, ...]) -> str:
@@ -189,6 +232,9 @@ class TetherMetadata(KVConnectorMetadata):
 
     ops: list[tuple] = field(default_factory=list)
     loads: list[tuple[str, int, list[int], list[bytes]]] = field(default_factory=list)
+    # State pulls to start: (req_id, lease, holder's agent metadata, block ids,
+    # [(address, bytes, checksum)]) (docs/vllm.md, "State pull (NIXL)").
+    pulls: list[tuple] = field(default_factory=list)
 
 
 @dataclass
@@ -197,6 +243,7 @@ class _Pending:
 
     start_block: int
     hashes: list[bytes]
+    pull: bool = False  # from a holder (a lease), not from this engine's host tier
 
 
 @dataclass(frozen=True)
@@ -307,10 +354,34 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
                 "kv_load_failure_policy is not 'recompute': a host block that fails its "
                 "checksum will fail its request instead of being recomputed (docs/vllm.md)"
             )
+        if self.config.pull:
+            self._check_pull()
         if role == KVConnectorRole.SCHEDULER:
             self._init_scheduler()
         else:
             self._init_worker()
+
+    def _check_pull(self) -> None:
+        """What a state pull needs, checked at start (a ValueError naming ``pull``)."""
+        why = None
+        parallel = self._vllm_config.parallel_config
+        sizes = {
+            name: int(getattr(parallel, name, 1) or 1)
+            for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+        }
+        if self.groups.hybrid:
+            why = "hybrid models (several KV cache groups) are not pulled"
+        elif any(n > 1 for n in sizes.values()):
+            why = f"pulls need one worker and one engine core ({sizes})"
+        else:
+            try:
+                from tether_vllm.pull import load_nixl
+
+                load_nixl()
+            except ImportError as e:
+                why = f"the nixl package does not import ({e})"
+        if why:
+            raise ValueError(f"kv_connector_extra_config.pull: {why}")
 
     # ------------------------------------------------------------------ scheduler
 
@@ -335,6 +406,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._pending: dict[str, _Pending] = {}
         self._ops: list[tuple] = []
         self._loads: list[tuple[str, int, list[int], list[bytes]]] = []
+        self._pulls: list[tuple] = []
         # Hashes whose save is not in a built metadata yet: not loadable this step.
         self._unsaved: set[bytes] = set()
         # Requests whose blocks vLLM must not free until the worker saved them.
@@ -343,9 +415,28 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         # computed tokens are current whenever the listener reads them).
         self._inflight: dict[str, Request] = {}
         self._started_ms = time.monotonic() * 1000
+        self.book: LeaseBook | None = None
+        self.puller: Puller | None = None
+        if self.config.pull:
+            self._init_pull()
         self.residency: ResidencyListener | None = None
         if self.config.residency_port is not None:
             self._start_residency()
+
+    def _init_pull(self) -> None:
+        """The holder's lease book and the puller (docs/vllm.md, "State pull (NIXL)")."""
+        fp = fingerprint(self._vllm_config, self._kv_cache_config)
+        self.book = LeaseBook(self.ledger, self.config.pull_lease_ms, fp, self.block_bytes)
+        port = self.config.pull_port or self.config.residency_port
+        self.puller = Puller(
+            port,
+            self.config.pull_timeout_ms,
+            fp,
+            self.block_size,
+            self.block_bytes,
+            self.config.pull_staging_bytes // max(self.block_bytes, 1),
+        )
+        logger.info("state pull: on (holders' lease endpoints on port %d; %s)", port, fp)
 
     def _start_residency(self) -> None:
         """The ``/load`` listener, in this (engine-core) process where the ledger lives;
@@ -355,9 +446,11 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         port = self.config.residency_port
         if port:
             port += int(getattr(parallel, "data_parallel_rank_local", 0) or 0)
+        get, post = self.book.routes() if self.book is not None else ({}, {})
         try:
             self.residency = ResidencyListener(
-                self.config.residency_host, port, self.load_report, self.stats_report
+                self.config.residency_host, port, self.load_report, self.stats_report,
+                get=get, post=post,
             )
         except OSError as e:
             raise ValueError(
@@ -457,13 +550,17 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         t0 = time.thread_time_ns()
         try:
             n = self._matched(request, num_computed_tokens)
+            if n is None:
+                return None, False  # a lease request is in flight: ask again later
+            pending = self._pending.get(request.request_id)
             # Hybrid loads are asynchronous: vLLM 0.33 can recompute a failed load
-            # of a multi-group model only as a failed receive (docs/vllm.md).
-            return n, bool(n) and self.groups.hybrid
+            # of a multi-group model only as a failed receive (docs/vllm.md); so are
+            # pulls (the READ runs between steps).
+            return n, bool(n) and (self.groups.hybrid or (pending is not None and pending.pull))
         finally:
             self._tick(t0)
 
-    def _matched(self, request: Request, num_computed_tokens: int) -> int:
+    def _matched(self, request: Request, num_computed_tokens: int) -> int | None:
         self._pending.pop(request.request_id, None)
         bs = self.block_size
         start = num_computed_tokens // bs
@@ -486,9 +583,35 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         ):
             n -= 1
         if n == 0:
-            return 0
+            if self.puller is None:
+                return 0
+            # Nothing to restore here: the holder the gateway named may have it.
+            k = self._pull(request, start, usable)
+            if not k:
+                return k
+            self._pending[request.request_id] = _Pending(start, chain[:k], pull=True)
+            return k * bs
         self._pending[request.request_id] = _Pending(start, chain[:n])
         return n * bs
+
+    def _pull(self, request: Request, start: int, usable: int) -> int | None:
+        """Blocks from ``start`` a holder leased to this request (0: no pull; None: its
+        answer is not in yet). A request asks once, and only when its marker names
+        ``pull_from`` (docs/vllm.md, "State pull (NIXL)")."""
+        rid = request.request_id
+        if rid in self.puller.pulls:
+            return self.puller.granted(rid, start)
+        marker = self._markers.get(rid)
+        if (
+            marker is None
+            or marker.pull_from is None
+            or getattr(request, "lora_request", None) is not None
+        ):
+            return 0
+        tokens = request.all_token_ids[: usable * self.block_size]
+        chain = chain_of(tokens, self.block_size, getattr(request, "cache_salt", None))
+        self.puller.want(rid, marker.pull_from[0], marker.resident_key, chain, start)
+        return None
 
     def _on_host(self, hashes: list[bytes]) -> int:
         """Leading hashes the host tier holds and whose save is not still queued."""
@@ -514,6 +637,9 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         pending = self._pending.pop(request.request_id, None)
+        if pending is not None and pending.pull:
+            self._pull_allocated(request, blocks, num_external_tokens, pending)
+            return
         if num_external_tokens == 0 or pending is None:
             return
         n = num_external_tokens // self.block_size
@@ -538,16 +664,49 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
                 (request.request_id, g, list(ids), [_group_hash(g, h) for h in hashes])
             )
 
+    def _pull_allocated(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int, pending: _Pending
+    ) -> None:
+        """vLLM allocated the blocks of a granted pull: the worker READs into them."""
+        rid = request.request_id
+        n = num_external_tokens // self.block_size
+        start = pending.start_block
+        ids = list(blocks.get_block_ids()[0][start : start + n])
+        null = self.pool.null_block.block_id if self.pool is not None else 0
+        if n == 0 or len(ids) != n or null in ids:
+            if n:
+                # Never READ into a block vLLM did not allocate for it.
+                raise RuntimeError(
+                    f"TetherConnector: request {rid}: blocks {ids} for {n} to pull"
+                )
+            self.puller.finish(rid)
+            return
+        op = self.puller.allocated(rid, start, ids)
+        if op is not None:
+            self._pulls.append(op)
+
+    def _free_op(self) -> None:
+        """The ledger's host frees into the metadata, in order with the saves queued
+        before and after them (a payload freed and stored again in one step ends stored);
+        a payload a lease holds is freed when its lease ends."""
+        freed = self.ledger.take_freed()
+        if self.book is not None:
+            freed = self.book.frees(freed)
+        if freed:
+            self._ops.append(("free", freed))
+
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         t0 = time.thread_time_ns()
         now = self._now_ms()
         self._release(self.ledger.release_expired(now))
         self._enforce_device_share(now)
-        freed = self.ledger.take_freed()
-        if freed:
-            self._ops.append(("free", freed))
-        meta = TetherMetadata(ops=self._ops, loads=self._loads)
-        self._ops, self._loads = [], []
+        if self.book is not None:
+            self.book.tick()
+        if self.puller is not None:
+            self.puller.heartbeat()
+        self._free_op()
+        meta = TetherMetadata(ops=self._ops, loads=self._loads, pulls=self._pulls)
+        self._ops, self._loads, self._pulls = [], [], []
         self._unsaved.clear()
         for rid in scheduler_output.finished_req_ids:
             self._markers.pop(rid, None)
@@ -576,6 +735,12 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._markers.pop(request.request_id, None)
         self._pending.pop(request.request_id, None)
         self._inflight.pop(request.request_id, None)
+        if self.puller is not None:
+            if self.puller.loading(request.request_id):
+                # Its READ is in flight: the blocks hold no verified KV yet (nothing to
+                # retain) and vLLM must not reuse them before the worker reports it.
+                return True
+            self.puller.forget(request.request_id)
         if marker is None or not marker.prompt_end or self.pool is None:
             return False
         n = min(
@@ -591,6 +756,12 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         # blocks never touch the free queue).
         self.pool.touch([self.pool.blocks[i] for i in hold])
         self._release(release)
+        # What the host tier evicted to take this turn is freed before it is saved.
+        self._free_op()
+        if self.book is not None and getattr(request, "lora_request", None) is None:
+            tokens = request.all_token_ids[: len(hashes) * self.block_size]
+            self.book.record(marker.resident_key, tokens, hashes, self.block_size,
+                             getattr(request, "cache_salt", None))
         if not store:
             return False
         for g in sorted({groups[i] for i in store}):
@@ -669,6 +840,14 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
                 self.ledger.host_payload_lost(h)
             for name, n in meta.counts.items():
                 self.stats[name] = self.stats.get(name, 0) + n
+            if self.book is not None:
+                lost = [bytes(h[:16]) for h in meta.corrupt]
+                self.book.worker_report(meta.saved, lost, meta.agents, meta.notified)
+            if self.puller is not None:
+                for rid, *_ in meta.pulled:
+                    self.puller.finish(rid)
+                    if rid not in self._inflight:
+                        self.puller.forget(rid)
 
     def _tick(self, t0: int) -> None:
         self.stats["scheduler_us"] += (time.thread_time_ns() - t0) // 1000
@@ -677,6 +856,10 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         """Ledger counters plus this side's counters (scheduler side)."""
         out = dict(self.ledger.stats())
         out.update(self.stats)
+        if self.book is not None:
+            out.update(self.book.counters())
+        if self.puller is not None:
+            out.update(self.puller.stats)
         return out
 
     # ------------------------------------------------------------------ worker
@@ -695,6 +878,9 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         # The worker's counters as last reported to the scheduler (deltas travel).
         self._reported: dict[str, int] = {}
         self._saved_payloads = 0
+        self.pull_worker = None  # tether_vllm.pull.PullWorker, with `pull`
+        self._agent_reported = False
+        self._pulled: list[tuple[str, str, int, int]] = []
 
     @property
     def copier(self) -> KvCopier | None:
@@ -715,6 +901,30 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
                 self.copiers[g] = self._state_copier(g, kv_caches)
         self._kv_caches = dict(kv_caches)  # keeps the tensors (and their addresses) alive
         self._device = next(iter(kv_caches.values())).device
+        if self.config.pull:
+            self._init_pull_worker()
+
+    def _init_pull_worker(self) -> None:
+        """A NIXL agent over the attention group's payload arena and staging region,
+        registered once (docs/vllm.md, "State pull (NIXL)")."""
+        from tether_vllm.pull import Agent, PullWorker
+
+        copier = self.copier
+        if copier.block_bytes != self.block_bytes:
+            raise ValueError(
+                f"kv_connector_extra_config.pull: the copy engine's payload is "
+                f"{copier.block_bytes} bytes, the scheduler's block {self.block_bytes}"
+            )
+        arena, staging = copier.regions()
+        self.pull_worker = PullWorker(
+            copier,
+            Agent([arena, staging]),
+            self.config.pull_timeout_ms / 1000,
+            self.config.fault_pull_truncate_every,
+            stats=self.stats,
+        )
+        logger.info("state pull: NIXL agent %s registered %d + %d bytes",
+                    self.pull_worker.agent.name, arena[1], staging[1])
 
     def _copier(self, kv_caches: dict[str, torch.Tensor]) -> KvCopier:
         """The copy engine of one attention group's layer views."""
@@ -731,7 +941,8 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
                 raise ValueError(f"TetherConnector: layer {name} differs in shape/stride/dtype")
             if v.stride(3) != 1:
                 raise ValueError(f"TetherConnector: layer {name}: last axis not contiguous")
-        return _new_copier(views, nb, bs, heads, content // 2)
+        return _new_copier(views, nb, bs, heads, content // 2, self._host_bytes(),
+                           self.config.pull_staging_bytes if self.config.pull else 0)
 
     def _state_copier(self, group: int, kv_caches: dict[str, torch.Tensor]) -> KvCopier:
         """The copy engine of one state group: each layer's state page is moved as
@@ -759,7 +970,11 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
                 raise ValueError(f"TetherConnector: state layer {name} differs in strides")
             views.append(view)
         # One "token" of one "head" per block, of want bytes: the state page.
-        return _new_copier(views, views[0].shape[0], 1, 1, want // 2)
+        return _new_copier(views, views[0].shape[0], 1, 1, want // 2, self._host_bytes())
+
+    def _host_bytes(self) -> int:
+        """The host tier's capacity, which sizes each copy engine's payload arena."""
+        return self.config.host_bytes
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -782,6 +997,9 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             elif op[0] == "free":
                 for copier in self.copiers.values():
                     copier.free(op[1])
+        for op in meta.pulls:
+            if self.pull_worker is not None:
+                self.pull_worker.start(op)
         for rid, g, ids, hashes in meta.loads:
             try:
                 good = self.copiers[g].load(ids, hashes)
@@ -828,6 +1046,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        self._poll_pulls()
         sent, self._sent = self._sent, set()
         recved, self._recved = self._recved, set()
         return (sent or None), (recved or None)
@@ -842,6 +1061,18 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             failed_recving=failed,
         )
 
+    def _poll_pulls(self) -> None:
+        """Finished pulls: received (vLLM schedules them), their unverified blocks load
+        errors (vLLM recomputes from the first), reported to the scheduler."""
+        if self.pull_worker is None:
+            return
+        self.pull_worker.poll()
+        for rid, lease, good, ids in self.pull_worker.done:
+            self._recved.add(rid)
+            self._load_errors.update(ids[good:])
+            self._pulled.append((rid, lease, good, len(ids)))
+        self.pull_worker.done = []
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
@@ -849,10 +1080,24 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
     def build_connector_worker_meta(self):
         counts = {k: v - self._reported.get(k, 0) for k, v in self.stats.items()}
         counts = {k: d for k, d in counts.items() if d}
-        if not self._corrupt and not counts:
+        saved, agents, notified = [], [], []
+        for copier in self.copiers.values():
+            s = copier.take_saved()  # drained every step: the list must not grow
+            if copier is self.copier and self.pull_worker is not None:
+                saved = s
+        if self.pull_worker is not None:
+            notified = self.pull_worker.take_notified()
+            if not self._agent_reported:
+                agents = [(self.pull_worker.agent.name, self.pull_worker.agent.metadata)]
+                self._agent_reported = True
+        if not (self._corrupt or counts or saved or agents or notified or self._pulled):
             return None
         self._reported = dict(self.stats)
-        report, self._corrupt = TetherWorkerReport(corrupt=self._corrupt, counts=counts), []
+        report = TetherWorkerReport(
+            corrupt=self._corrupt, counts=counts, saved=saved, agents=agents,
+            notified=notified, pulled=self._pulled,
+        )
+        self._corrupt, self._pulled = [], []
         return report
 
     @property
@@ -861,8 +1106,13 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         return False
 
 
-def _new_copier(views: list[torch.Tensor], nb: int, bs: int, heads: int, head: int) -> KvCopier:
-    """A copy engine over same-shaped views ([num_blocks, heads, block_size, 2*head])."""
+def _new_copier(
+    views: list[torch.Tensor], nb: int, bs: int, heads: int, head: int, host_bytes: int,
+    staging_bytes: int = 0,
+) -> KvCopier:
+    """A copy engine over same-shaped views ([num_blocks, heads, block_size, 2*head]),
+    its payload arena sized for ``host_bytes`` and a pull staging region of
+    ``staging_bytes``."""
     first = views[0]
     es = first.element_size()
     available = [v.untyped_storage().nbytes() - v.storage_offset() * es for v in views]
@@ -878,19 +1128,35 @@ def _new_copier(views: list[torch.Tensor], nb: int, bs: int, heads: int, head: i
         es,
         device="cuda" if device.type == "cuda" else "cpu",
         device_index=device.index or 0,
+        host_bytes=host_bytes,
+        staging_bytes=staging_bytes,
     )
 
 
 @dataclass
 class TetherWorkerReport(KVConnectorWorkerMetadata):
-    """Worker -> scheduler: host payloads found corrupt (their records are dropped), and
-    the worker's counters since its last report (``connector_stats`` sums them)."""
+    """Worker -> scheduler: host payloads found corrupt (their records are dropped), the
+    worker's counters since its last report (``connector_stats`` sums them), and, with
+    ``pull``: payloads saved (id, address, checksum: what a lease names), the worker's
+    NIXL agent (name, metadata; once), lease ids the holders' notifications released,
+    and pulls finished (req_id, lease, blocks loaded, blocks pulled)."""
 
     corrupt: list[bytes]
     counts: dict[str, int] = field(default_factory=dict)
+    saved: list[tuple[bytes, int, int]] = field(default_factory=list)
+    agents: list[tuple[str, bytes]] = field(default_factory=list)
+    notified: list[str] = field(default_factory=list)
+    pulled: list[tuple[str, str, int, int]] = field(default_factory=list)
 
     def aggregate(self, other: TetherWorkerReport) -> TetherWorkerReport:
         counts = dict(self.counts)
         for k, n in other.counts.items():
             counts[k] = counts.get(k, 0) + n
-        return TetherWorkerReport(corrupt=self.corrupt + other.corrupt, counts=counts)
+        return TetherWorkerReport(
+            corrupt=self.corrupt + other.corrupt,
+            counts=counts,
+            saved=self.saved + other.saved,
+            agents=self.agents + other.agents,
+            notified=self.notified + other.notified,
+            pulled=self.pulled + other.pulled,
+        )
