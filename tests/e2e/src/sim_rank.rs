@@ -61,6 +61,20 @@ impl SimRank {
         serde_json::from_slice(&body).map_err(|e| protocol(e.to_string()))
     }
 
+    /// Its metrics (`GET /metrics`, docs/rank.md "Metrics").
+    pub fn metrics(&self) -> Result<crate::prometheus::Metrics, HarnessError> {
+        let (status, body) = crate::envoy::admin_get(self.addr, "/metrics")?;
+        if status != 200 {
+            return Err(HarnessError::Protocol {
+                what: format!("tether-rank {} /metrics", self.addr),
+                why: format!("status {status}"),
+            });
+        }
+        Ok(crate::prometheus::Metrics::parse(&String::from_utf8_lossy(
+            &body,
+        )))
+    }
+
     /// Kills it now (a rank dying mid-replay).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

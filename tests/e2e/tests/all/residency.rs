@@ -3,8 +3,11 @@
 //! processes that publish what they retain in `/load`: a new session lands
 //! on the less loaded of its two candidates; a session whose holder is over
 //! the load bound migrates, its next turn served from KV transferred from the
-//! old holder (no recompute); a restarted rank is known to hold nothing; and
-//! two Envoys with the same polled view place requests identically.
+//! old holder (no recompute) — pulled under a lease while the holder
+//! schedules nothing (`migrate: "pull"`, the default), or by a prefill leg
+//! there (`"leg"`); a dead holder's pull is computed and counted; a restarted
+//! rank is known to hold nothing; and two Envoys with the same polled view
+//! place requests identically.
 
 use crate::pd::{chat, words};
 use crate::support::*;
@@ -63,9 +66,48 @@ impl Fleet {
     /// The filter's configuration: pick mode on the header path, markers for
     /// the ranks to retain by, residency with two candidates.
     fn config(&self, load: Value, outputs: Value) -> Value {
+        self.config_with(load, outputs, json!({"candidates": 2}))
+    }
+
+    /// [`Fleet::config`] with this `residency` block.
+    fn config_with(&self, load: Value, outputs: Value, residency: Value) -> Value {
         let eps: Vec<Value> = (0..4).map(|i| json!({"address": self.addr(i)})).collect();
         json!({"mode": "pick", "endpoints": eps, "outputs": outputs,
-               "load": load, "residency": {"candidates": 2}})
+               "load": load, "residency": residency})
+    }
+
+    fn metrics(&self, i: usize) -> tether_e2e::prometheus::Metrics {
+        self.ranks[i].metrics().expect("rank metrics")
+    }
+
+    /// Puts 6 long answers in flight on rank `i` (straight to it, not through
+    /// Envoy) and waits until its `/load` shows them and the filter's view
+    /// has had time to poll it (a period to poll, one more to reach every
+    /// worker); the handles abort them.
+    async fn make_hot(&self, i: usize) -> Vec<tokio::task::JoinHandle<()>> {
+        let addr = self.ranks[i].addr();
+        let load = (0..6)
+            .map(|n| {
+                let c = self.client.clone();
+                let body = chat(
+                    &words(&format!("busy{i}-{n}-"), 50),
+                    &["write a novel"],
+                    20_000,
+                );
+                tokio::spawn(async move {
+                    let _ = c
+                        .send(addr, Request::post_json("/v1/chat/completions", &body))
+                        .await;
+                })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.load(i)["server_load"].as_u64().unwrap_or(0) < 6 {
+            assert!(Instant::now() < deadline, "the hot rank never got busy");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        load
     }
 
     fn envoy(&self, cfg: &Value) -> Envoy {
@@ -150,9 +192,10 @@ fn sessions(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_land_by_load_migrate_with_their_state_and_a_restarted_rank_holds_nothing() {
     let mut f = Fleet::start("20");
-    let cfg = f.config(
+    let cfg = f.config_with(
         json!({"poll_ms": 50, "factor": 1.5, "floor": 2}),
         json!(["pick", "retain"]),
+        json!({"candidates": 2, "migrate": "leg"}),
     );
     let envoy = f.envoy(&cfg);
     wait_counter(&envoy, "tether_load_poll_ok", 8.0);
@@ -174,25 +217,7 @@ async fn sessions_land_by_load_migrate_with_their_state_and_a_restarted_rank_hol
     assert_eq!(served_by(&r), f.addr(rst_home));
 
     // Load the hot rank directly: 6 long answers in flight.
-    let hot_addr = f.ranks[hot].addr();
-    let client = f.client.clone();
-    let load: Vec<_> = (0..6)
-        .map(|i| {
-            let c = client.clone();
-            let body = chat(&words(&format!("busy{i}-"), 50), &["write a novel"], 20_000);
-            tokio::spawn(async move {
-                c.send(hot_addr, Request::post_json("/v1/chat/completions", &body))
-                    .await
-            })
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while f.load(hot)["server_load"].as_u64().unwrap_or(0) < 6 {
-        assert!(Instant::now() < deadline, "the hot rank never got busy");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // The filter's view: a poll period to poll, one more to reach every worker.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let load = f.make_hot(hot).await;
 
     // (a) New sessions whose first candidate is the hot rank go to their second.
     let least = counter(&envoy, "tether_residency_least");
@@ -205,7 +230,7 @@ async fn sessions_land_by_load_migrate_with_their_state_and_a_restarted_rank_hol
     assert!(wait_counter(&envoy, "tether_residency_least", least + 3.0) >= least + 3.0);
 
     // (b) The hot rank holds `mig`: its next turn moves to the other candidate
-    // and pulls the state from the hot rank (the prefill leg hits there).
+    // and takes the state from the hot rank by a prefill leg there (`leg`).
     let t2 = chat(&sys_mig, &["read the file", "done", "now fix it"], 2);
     let r = f.send(&envoy, &mig.0, &t2).await;
     assert_eq!(
@@ -217,6 +242,7 @@ async fn sessions_land_by_load_migrate_with_their_state_and_a_restarted_rank_hol
         r.header("x-tether-prefilled-by"),
         Some(f.addr(hot).as_str())
     );
+    assert_eq!(r.header("x-tether-pulled-from"), None);
     let u = r.json::<Value>().unwrap()["usage"].clone();
     let prompt = u["prompt_tokens"].as_u64().unwrap();
     let computed = u["tether"]["computed_tokens"].as_u64().unwrap();
@@ -261,6 +287,113 @@ async fn sessions_land_by_load_migrate_with_their_state_and_a_restarted_rank_hol
     assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 0, "{u}");
     assert!(wait_counter(&envoy, "tether_residency_least", least + 1.0) >= least + 1.0);
     assert_eq!(counter(&envoy, "tether_residency_bounded"), bounded);
+}
+
+/// `migrate: "pull"` (the default): a session held by a rank over its bound
+/// moves to its other candidate, which leases the state from the old holder
+/// (granted, released) and decodes with it as transferred KV while the old
+/// holder's engine takes no new work; then the holder dies with another of
+/// its sessions still listed in the view: that session's moved turn finds no
+/// one to pull from, is computed on its new home and counted, and the client
+/// sees a normal answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrated_session_pulls_its_state_and_a_dead_holders_pull_is_computed() {
+    let mut f = Fleet::start("20");
+    let cfg = f.config(
+        json!({"poll_ms": 50, "factor": 1.5, "floor": 2}),
+        json!(["pick", "retain"]),
+    );
+    let envoy = f.envoy(&cfg);
+    wait_counter(&envoy, "tether_load_poll_ok", 8.0);
+    let hot = 2;
+    let mut two = sessions(&cfg, "pull-", 2, |o| o[0] == hot);
+    let (pl, dd) = (two.remove(0), two.remove(0));
+    let (sys_pl, sys_dd) = (words("pl", 3000), words("dd", 2000));
+    for (s, sys) in [(&pl, &sys_pl), (&dd, &sys_dd)] {
+        let r = f
+            .send(&envoy, &s.0, &chat(sys, &["read the file"], 2))
+            .await;
+        assert_eq!(served_by(&r), f.addr(hot), "{}: first turn at home", s.0);
+    }
+    let listed = f.load(hot)["residency"]["tiers"].as_str().map(str::len);
+    assert_eq!(listed, Some(2), "the hot rank lists both sessions");
+    let load = f.make_hot(hot).await;
+    let before = f.metrics(hot);
+    let migrations = counter(&envoy, "tether_residency_migrate");
+
+    // (a) The pull: served by the other candidate, from the hot rank's state.
+    let t2 = chat(&sys_pl, &["read the file", "done", "now fix it"], 2);
+    let r = f.send(&envoy, &pl.0, &t2).await;
+    let new = pl.1[1];
+    assert_eq!(
+        served_by(&r),
+        f.addr(new),
+        "migrated to the other candidate"
+    );
+    assert_eq!(r.header("x-tether-pulled-from"), Some(f.addr(hot).as_str()));
+    assert_eq!(r.header("x-tether-prefilled-by"), None, "no prefill leg");
+    let u = r.json::<Value>().unwrap()["usage"].clone();
+    let (prompt, transferred, computed) = (
+        u["prompt_tokens"].as_u64().unwrap(),
+        u["tether"]["transferred_tokens"].as_u64().unwrap(),
+        u["tether"]["computed_tokens"].as_u64().unwrap(),
+    );
+    // The first turn's whole blocks (its ~3,000 words) crossed the link; only
+    // the new messages and the partial block are computed on the new home.
+    assert!(transferred >= 2976 && transferred % 16 == 0, "{u}");
+    assert_eq!(prompt, transferred + computed, "{u}");
+    assert!(computed < 40, "{u}");
+    assert!(wait_counter(&envoy, "tether_residency_migrate", migrations + 1.0) > migrations);
+    let nm = f.metrics(new);
+    assert_eq!(
+        nm.get("tether_rank_pulls_total", &[("outcome", "ok")]),
+        Some(1.0)
+    );
+    // The holder granted one lease and got it back; its engine admitted nothing.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let hm = loop {
+        let m = f.metrics(hot);
+        let released = m.get("tether_rank_pull_leases_total", &[("event", "released")]);
+        if released == Some(1.0) || Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let lease = |e: &str| hm.get("tether_rank_pull_leases_total", &[("event", e)]);
+    assert_eq!(
+        (lease("granted"), lease("released")),
+        (Some(1.0), Some(1.0))
+    );
+    for m in ["vllm:prompt_tokens_total", "vllm:request_success_total"] {
+        assert_eq!(
+            hm.sum(m),
+            before.sum(m),
+            "{m}: the holder scheduled nothing"
+        );
+    }
+
+    // (b) The holder dies while the view still lists it holding `dd`, over
+    // its bound (a dead endpoint keeps its last report up to max_age_ms):
+    // `dd` moves, its pull fails, its prompt is computed on the new home.
+    f.ranks[hot].kill();
+    let t2 = chat(&sys_dd, &["read the file", "done", "run it"], 2);
+    let r = f.send(&envoy, &dd.0, &t2).await;
+    let new = dd.1[1];
+    assert_eq!(served_by(&r), f.addr(new));
+    assert_eq!(r.header("x-tether-pulled-from"), None);
+    let u = r.json::<Value>().unwrap()["usage"].clone();
+    assert_eq!(u["tether"]["transferred_tokens"], 0, "{u}");
+    assert!(
+        u["tether"]["computed_tokens"].as_u64().unwrap() >= 2000,
+        "{u}"
+    );
+    let failed = f
+        .metrics(new)
+        .get("tether_rank_pulls_total", &[("outcome", "failed")]);
+    assert_eq!(failed, Some(1.0), "counted");
+    for h in load {
+        h.abort();
+    }
 }
 
 /// Two Envoys, the same ranks, the same polled view: the view is made
