@@ -21,7 +21,7 @@ pub enum RouteArg {
     RoundRobin,
     /// By residency and load (the filter's `residency` pick), polling the
     /// targets' `/load`; sends the turn markers and, for a migration,
-    /// `x-prefiller-host-port`.
+    /// `x-tether-pull-from` (or, `--migrate leg`, `x-prefiller-host-port`).
     Resident,
 }
 
@@ -54,6 +54,15 @@ pub struct ResidentArgs {
     /// Prefill tokens per second of a rank (the migrate rule's recompute cost).
     #[arg(long, default_value_t = 20_000.0)]
     pub prefill_tokens_per_s: f64,
+    /// How a migrated state moves: `pull` (the new rank pulls it from the old
+    /// home, named in `x-tether-pull-from`) or `leg` (a prefill leg on the old
+    /// home, named in `x-prefiller-host-port`; the ranks run `--role decode`).
+    #[arg(long, default_value = "pull", value_parser = parse_migrate)]
+    pub migrate: crate::sim::Migrate,
+}
+
+fn parse_migrate(s: &str) -> Result<crate::sim::Migrate, String> {
+    crate::sim::Migrate::parse(s).map_err(|e| e.to_string())
 }
 
 impl ResidentArgs {
@@ -325,6 +334,7 @@ pub fn run(a: Args) -> Result<()> {
             RouteArg::Resident => Route::Resident {
                 rule: a.resident.rule()?,
                 poll_ms: a.resident.load_poll_ms,
+                migrate: a.resident.migrate,
             },
         },
         schedule,

@@ -114,9 +114,10 @@ pub struct FleetArgs {
     /// tether-resident: fixed cost of one KV transfer in the migrate rule, ms.
     #[arg(long, default_value_t = 5.0)]
     pub transfer_setup_ms: f64,
-    /// tether-resident: how a migrated state moves: `leg` (the P/D path, a
-    /// prefill leg on the old home) or `pull` (the new rank reads it).
-    #[arg(long, default_value = "leg", value_parser = parse_migrate)]
+    /// tether-resident: how a migrated state moves: `pull` (the new rank
+    /// leases the state from the old home and reads it; the default, as the
+    /// filter's) or `leg` (the P/D path, a prefill leg on the old home).
+    #[arg(long, default_value = "pull", value_parser = parse_migrate)]
     pub migrate: Migrate,
     /// P/D: prefill remotely only above this many uncached prompt tokens.
     #[arg(long, default_value_t = 2048)]

@@ -2,10 +2,13 @@
 //! targets (ranks) as the gateway filter's residency-aware pick does — the
 //! same `tether_placement::resident` rule on a `/load` view it polls itself —
 //! and sends what the gateway would add: the turn markers the ranks retain
-//! by and, for a migration, `x-prefiller-host-port` naming the state's old
-//! home (the P/D transfer path). `docs/cli.md` ("--route") states the flags.
+//! by and, for a migration, the state's old home — `x-tether-pull-from` (the
+//! new rank pulls the state; `--migrate pull`, the default) or
+//! `x-prefiller-host-port` (a prefill leg there; `--migrate leg`).
+//! `docs/cli.md` ("--route") states the flags.
 
 use super::client::Client;
+use crate::sim::Migrate;
 use crate::sim::identity::request_key;
 use crate::trace::{RequestId, Trace};
 use std::sync::RwLock;
@@ -33,6 +36,8 @@ pub struct ResidentRoute {
     origins: Vec<String>,
     rule: Rule,
     max_age: Duration,
+    /// How a migrated state moves: which header names the old home.
+    migrate: Migrate,
     view: RwLock<Vec<Option<Polled>>>,
 }
 
@@ -42,7 +47,8 @@ pub struct Routed {
     /// Target index.
     pub target: usize,
     pub how: How,
-    /// Headers to add: markers, and `x-prefiller-host-port` for a migration.
+    /// Headers to add: markers, and for a migration `x-tether-pull-from`
+    /// (pull) or `x-prefiller-host-port` (leg).
     pub headers: Vec<(String, String)>,
 }
 
@@ -64,8 +70,15 @@ impl ResidentRoute {
             origins: origins.to_vec(),
             rule,
             max_age,
+            migrate: Migrate::Pull,
             view: RwLock::new(vec![None; origins.len()]),
         }
+    }
+
+    /// The same route with migrations sent as `m` moves them (default: pull).
+    pub fn migrating(mut self, m: Migrate) -> Self {
+        self.migrate = m;
+        self
     }
 
     /// Polls every target's `/load` once; returns the problems met (a target
@@ -173,7 +186,11 @@ impl ResidentRoute {
         let mut headers = markers(trace, r, &rk);
         if let How::Migrate { from } = choice.how {
             let addr = self.placement.endpoints().get(from)?.address.clone();
-            headers.push((headers::PREFILLER.to_owned(), addr));
+            let name = match self.migrate {
+                Migrate::Pull => headers::PULL_FROM,
+                Migrate::Leg => headers::PREFILLER,
+            };
+            headers.push((name.to_owned(), addr));
         }
         Some(Routed {
             target,

@@ -44,6 +44,8 @@ pub enum Route {
     Resident {
         rule: tether_placement::Rule,
         poll_ms: u64,
+        /// How a migrated state moves (which header names the old home).
+        migrate: crate::sim::Migrate,
     },
 }
 
@@ -213,7 +215,7 @@ async fn send_one(
     let sent_ms = sh.clock.now_ms();
     let wall = Instant::now();
     let outcome = tokio::select! {
-        o = sh.client.exchange(target, api, &req) => o,
+        o = sh.client.exchange(target, api, req) => o,
         _ = cancel.wait_for(|c| *c) => return None,
     };
     let wall_ms = wall.elapsed().as_secs_f64() * 1000.0;
@@ -384,10 +386,15 @@ pub async fn replay(
         )
     });
     let resident = match opts.route {
-        Route::Resident { rule, poll_ms } => {
+        Route::Resident {
+            rule,
+            poll_ms,
+            migrate,
+        } => {
             let origins: Vec<String> = opts.targets.iter().map(|t| t.origin.clone()).collect();
             // A reply older than three polls no longer counts (as the filter's `max_age_ms`).
-            let res = ResidentRoute::new(&origins, rule, Duration::from_millis(poll_ms.max(1) * 3));
+            let res = ResidentRoute::new(&origins, rule, Duration::from_millis(poll_ms.max(1) * 3))
+                .migrating(migrate);
             // A first view before the first request.
             for w in res.poll(&client).await {
                 warnings.push(format!("resident route: {w}"));

@@ -93,13 +93,15 @@ impl Policy {
 pub enum Migrate {
     /// The P/D path with the old home as prefiller: the old home runs the
     /// request as a one-token prefill leg on its retained state (computing
-    /// the turn's new tokens) and the KV crosses to the new rank — what
-    /// `tether-rank` and vLLM's NIXL connector do (`x-prefiller-host-port`).
-    #[default]
+    /// the turn's new tokens) and the KV crosses to the new rank
+    /// (`x-prefiller-host-port`, the filter's `residency.migrate: "leg"`).
     Leg,
-    /// The new rank reads the retained state over its link and computes the
-    /// new tokens itself; nothing is scheduled on the old home (a KV store
-    /// such as LMCache or Mooncake's, or a one-sided read of pinned blocks).
+    /// The new rank leases the retained state from the old home (a round
+    /// trip, `transfer_setup_ms`), reads the blocks matching its prompt over
+    /// its link and computes the new tokens itself; nothing is scheduled on
+    /// the old home — what `tether-rank` does on `x-tether-pull-from` and the
+    /// vLLM connector over NIXL (the filter's default, `migrate: "pull"`).
+    #[default]
     Pull,
 }
 
@@ -338,7 +340,7 @@ impl Default for SimConfig {
             },
             resident_unseen: tether_placement::Unseen::default(),
             transfer_setup_ms: 5.0,
-            migrate: Migrate::Leg,
+            migrate: Migrate::Pull,
             prefix: PrefixOptions::default(),
             identity: IdentityModel::default(),
             track_reusable: false,

@@ -699,9 +699,23 @@ impl Sim<'_> {
     }
 
     fn submit(&mut self, p: usize, r: usize, req: SimRequest, at: SimMs) -> bool {
-        self.advance(p, r, at);
+        self.submit_at(p, r, req, at, at)
+    }
+
+    /// Submits at `now` a request that reaches the engine at `arrival` (≥
+    /// `now`): the engine is advanced to `now` only, so requests arriving in
+    /// between still go first (it keeps arrival order).
+    fn submit_at(
+        &mut self,
+        p: usize,
+        r: usize,
+        req: SimRequest,
+        now: SimMs,
+        arrival: SimMs,
+    ) -> bool {
+        self.advance(p, r, now);
         let pool = &mut self.pools[p];
-        let at = at.max(pool.advanced[r]);
+        let at = arrival.max(pool.advanced[r]);
         match pool.engines[r].submit(req, at) {
             Ok(()) => {
                 pool.inflight[r] += 1.0;
@@ -774,12 +788,16 @@ impl Sim<'_> {
         let prompt = req.input_tokens as usize;
         let output = (req.output_tokens as usize).max(1);
         if let (Some(How::Migrate { from }), Migrate::Pull) = (how, self.cfg.migrate) {
-            // The new rank reads the held state over its link; nothing runs on
-            // the old home (a KV store or a one-sided read of pinned blocks).
-            let held = self.held(from, id).min(prompt);
+            // What `tether-rank` does on `x-tether-pull-from` (docs/rank.md
+            // "State pull"): the new rank leases the held blocks that match its
+            // prompt from the old home — a round trip, `transfer_setup_ms`,
+            // before the request reaches its engine — and reads them over its
+            // link; nothing runs on the old home. TTFT counts from `t`.
+            let held = self.leased(from, id).min(prompt);
             self.reqs[q].pulled = true;
             let sr = self.sim_request(id, output, held);
-            if !self.submit(DECODE, d, sr, t) {
+            let reach = t + self.cfg.transfer_setup_ms.max(0.0);
+            if !self.submit_at(DECODE, d, sr, t, reach) {
                 self.tot.refused += 1;
             }
             return Ok(());
@@ -920,6 +938,26 @@ impl Sim<'_> {
             .map(|x| x.meta.tokens)
             .or_else(|| c.host().record(&rk).map(|x| x.meta.tokens))
             .map_or(0, |t| usize::try_from(t).unwrap_or(usize::MAX))
+    }
+
+    /// Tokens a pull of `id`'s state from rank `r` leases: the leading whole
+    /// blocks of its retention (device first, else host tier) equal to the
+    /// prompt's (`blocks_buf`) — `tether-rank`'s holder matches the same way,
+    /// so a turn that rewrote its history pulls only the common prefix.
+    fn leased(&self, r: usize, id: RequestId) -> usize {
+        let (_, rk) = request_key(self.trace, id);
+        let c = self.pools[DECODE].engines[r].cache();
+        let chain = c
+            .device_record(&rk)
+            .map(|x| &x.hashes)
+            .or_else(|| c.host().record(&rk).map(|x| &x.hashes));
+        let same = chain.map_or(0, |h| {
+            h.iter()
+                .zip(&self.blocks_buf)
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        same * self.blocks.engine_block()
     }
 
     /// Starts a request's prefill leg on rank `pr` of pool `lp` (the prefill

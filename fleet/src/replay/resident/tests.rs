@@ -82,17 +82,35 @@ fn a_returning_key_follows_its_state_and_an_overloaded_holder_hands_it_over() {
     }
     let got = route.route(&t, r, "").unwrap();
     assert_eq!((got.target, got.how), (holder, How::Stay));
-    // The holder over the bound: the key moves and names its old home as prefiller.
+    // The holder over the bound: the key moves and names its old home to
+    // pull from (the default) — or, migrating by legs, as its prefiller.
     set(&route, holder, 12.0, Some(held.clone()));
     let got = route.route(&t, r, "").unwrap();
     assert_eq!(got.how, How::Migrate { from: holder });
     assert_ne!(got.target, holder);
-    let pre = got
-        .headers
-        .iter()
-        .find(|(k, _)| k == headers::PREFILLER)
-        .unwrap();
-    assert_eq!(pre.1, origins(4)[holder].trim_start_matches("http://"));
+    let named = |got: &super::Routed, h: &str| {
+        got.headers
+            .iter()
+            .find(|(k, _)| k == h)
+            .map(|(_, v)| v.clone())
+    };
+    let home = origins(4)[holder].trim_start_matches("http://").to_owned();
+    assert_eq!(named(&got, headers::PULL_FROM), Some(home.clone()));
+    assert_eq!(named(&got, headers::PREFILLER), None);
+    let leg = ResidentRoute::new(&origins(4), rule(), Duration::from_secs(60))
+        .migrating(crate::sim::Migrate::Leg);
+    for i in 0..4 {
+        let load = if i == holder { 12.0 } else { 0.0 };
+        let res = if i == holder {
+            held.clone()
+        } else {
+            Resident::EMPTY
+        };
+        set(&leg, i, load, Some(res));
+    }
+    let by_leg = leg.route(&t, r, "").unwrap();
+    assert_eq!(named(&by_leg, headers::PREFILLER), Some(home));
+    assert_eq!(named(&by_leg, headers::PULL_FROM), None);
     // A salted replay is another session: nothing held for it.
     let salted = route.route(&t, r, "run-2").unwrap();
     assert_ne!(salted.how, How::Stay);

@@ -318,6 +318,8 @@ fn an_overloaded_holder_hands_its_sessions_on_with_their_state() {
     };
     c.load_poll_ms = 20.0;
     c.engine.device_kv_tokens = Some(64 * 1024);
+    // By legs first (pull is the default).
+    c.migrate = crate::sim::Migrate::Leg;
     let r = run(&t, &c).report;
     let counts = r.sim.resident.unwrap();
     eprintln!("{counts:?} {:?}", r.returning);
@@ -340,6 +342,49 @@ fn an_overloaded_holder_hands_its_sessions_on_with_their_state() {
     assert_eq!(c0.migrate, 0, "{c0:?}");
     assert!(c0.recompute > 0, "{c0:?}");
     assert!(r.returning.hit_tokens > r0.returning.hit_tokens);
+}
+
+/// The pull's lease round trip (`transfer_setup_ms`) is in its TTFT, as
+/// `tether-rank`'s is: with a 15 ms round trip no pulled turn (part of its
+/// prompt neither on the new rank's device nor restored there) answers
+/// sooner than 15 ms, and the fastest pulled turn answers at least 15 ms later
+/// than with none. (Measured without the charge: the fastest pulled turn
+/// answered in 21.7 ms at every round trip from 0 to 15 ms, so the second
+/// check fails if the round trip is not charged; with it, 56.7 ms.)
+#[test]
+fn a_pull_waits_for_its_lease_round_trip() {
+    let t = agent_trace(24, 10, 100, 5, 512);
+    let mut c = cfg(Policy::TetherResident, CacheMode::Retention, 4);
+    c.candidates = 4;
+    c.resident_bound = tether_placement::LoadBound {
+        factor: 1.1,
+        floor: 1.0,
+    };
+    c.load_poll_ms = 20.0;
+    c.engine.device_kv_tokens = Some(512 * 1024);
+    assert_eq!(c.migrate, crate::sim::Migrate::Pull, "the default");
+    let mut fastest = Vec::new();
+    for setup in [0.0, 15.0] {
+        c.transfer_setup_ms = setup;
+        let pulled: Vec<f64> = run(&t, &c)
+            .records
+            .iter()
+            .filter_map(|o| o.served())
+            .filter(|s| {
+                let local = s.device_cached_tokens.unwrap_or(0) + s.restored_tokens.unwrap_or(0);
+                s.cached_tokens > local
+            })
+            .map(|s| s.timing.ttft_ms)
+            .collect();
+        let f = pulled.iter().copied().fold(f64::INFINITY, f64::min);
+        eprintln!(
+            "setup {setup} ms: {} pulled, fastest TTFT {f:.1} ms",
+            pulled.len()
+        );
+        assert!(!pulled.is_empty() && f >= setup, "setup {setup}: {f}");
+        fastest.push(f);
+    }
+    assert!(fastest[1] >= fastest[0] + 15.0, "{fastest:?}");
 }
 
 #[test]

@@ -425,7 +425,14 @@ fn replay_route_resident_places_by_what_the_ranks_hold() {
         cost: tether_placement::MoveCost::from_link(131_072.0, 50.0, 5.0, 20_000.0),
         unseen: tether_placement::Unseen::default(),
     };
-    let resident = run_over(Route::Resident { rule, poll_ms: 50 }, "resident");
+    let resident = run_over(
+        Route::Resident {
+            rule,
+            poll_ms: 50,
+            migrate: tether_fleet::sim::Migrate::Pull,
+        },
+        "resident",
+    );
     let rr = run_over(Route::RoundRobin, "round-robin");
     for r in [&resident, &rr] {
         // No gateway here: the rest of `check_adds_up` holds.
