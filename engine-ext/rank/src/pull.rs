@@ -306,9 +306,10 @@ pub fn lease_id(body: &[u8]) -> Option<String> {
 pub enum Outcome {
     /// Leased and transferred.
     Ok,
-    /// The holder holds nothing of the prompt (no lease): computed here.
+    /// The holder holds nothing of the prompt past what this rank has (no
+    /// lease): the rest computed here.
     NotHeld,
-    /// This rank holds the key itself: nothing asked, served from its own cache.
+    /// This rank has every whole block of the prompt already: nothing asked.
     HeldHere,
     /// The holder could not be reached, refused (non-200, another
     /// fingerprint) or answered something that is no grant: computed here.

@@ -76,15 +76,6 @@ impl Rank {
         o
     }
 
-    /// Whether any DP rank retains `key` (device or host).
-    fn holds(&self, key: &RetentionKey) -> bool {
-        self.slots.iter().any(|s| {
-            let c = lock(s);
-            let cache = c.engine.cache();
-            cache.device_record(key).is_some() || cache.host().record(key).is_some()
-        })
-    }
-
     /// The retained chain serving the most of `ask` past its start, over every
     /// DP rank (reading only: the engines schedule nothing for it).
     fn leasable(&self, ask: &Ask) -> Option<(Vec<BlockHash>, Tier)> {
@@ -126,9 +117,17 @@ impl Rank {
             asked,
             lease: None,
         };
-        // Blocks already on this device are not asked for.
-        let start = lock(&self.slots[dp]).engine.cache().peek_prefix(hashes);
-        if self.holds(&key) || start >= hashes.len() {
+        // Blocks this DP rank has already (its device, else its host tier:
+        // an older state of the key, a shared prefix) are not asked for; the
+        // holder leases what lies past them.
+        let start = {
+            let c = lock(&self.slots[dp]);
+            let cache = c.engine.cache();
+            cache
+                .peek_prefix(hashes)
+                .max(cache.host().prefix_len(hashes))
+        };
+        if start >= hashes.len() {
             return none(self.count_pull(Outcome::HeldHere), false);
         }
         let ask = Ask {

@@ -114,6 +114,47 @@ async fn a_migrated_turn_pulls_the_state_and_the_old_home_schedules_nothing() {
     assert_eq!(pulls(&new.metrics().await, "held_here"), 1.0);
 }
 
+/// The new home holds an older state of the key (its turn 1; turn 2 was
+/// served and retained on the old holder): it pulls only the blocks past
+/// what it has, and serves the rest from its own cache.
+#[tokio::test]
+async fn an_older_state_here_pulls_only_the_newer_blocks() {
+    let (old, new) = (Server::start(&[]).await, Server::start(&[]).await);
+    let sys = words("older", 1000);
+    let p1 = first_turn(&new, &sys).await;
+    let long = words("t2-", 400);
+    let r2 = old
+        .post(
+            "/v1/chat/completions",
+            &MARKERS,
+            &chat(&sys, &["read", "ok", &long], 2),
+        )
+        .await;
+    let p2 = r2.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let from = old.addr.to_string();
+    let mut h = MARKERS.to_vec();
+    h.push((PULL_FROM, &from));
+    let r3 = new
+        .post(
+            "/v1/chat/completions",
+            &h,
+            &chat(&sys, &["read", "ok", &long, "done", "go on"], 2),
+        )
+        .await;
+    assert_eq!(r3.header("x-tether-pulled-from"), Some(from.as_str()));
+    let t = &r3.json()["usage"]["tether"];
+    assert_eq!(
+        t["device_cached_tokens"].as_u64(),
+        Some(p1 / 16 * 16),
+        "{t}"
+    );
+    assert_eq!(
+        t["transferred_tokens"].as_u64(),
+        Some(p2 / 16 * 16 - p1 / 16 * 16),
+        "{t}"
+    );
+}
+
 #[tokio::test]
 async fn a_streamed_pull_reports_the_same_transfer() {
     let (old, new) = (Server::start(&[]).await, Server::start(&[]).await);
