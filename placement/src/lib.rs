@@ -33,6 +33,7 @@
 pub mod dp;
 pub mod keys;
 pub mod load;
+pub mod rebalance;
 pub mod rendezvous;
 pub mod residency;
 pub mod resident;
@@ -40,6 +41,7 @@ pub mod resident;
 pub use dp::dp_rank;
 pub use keys::{SEED, hash_parts};
 pub use load::{LoadBound, disaggregate, first_under_bound, load_bound};
+pub use rebalance::{Loads, Rebalance};
 pub use rendezvous::{Endpoint, Pick, Placement};
 pub use residency::{Held, Resident, resident_key};
 pub use resident::{Choice, How, Knows, MoveCost, Rule, Unseen, WAIT_MARGIN_MS};

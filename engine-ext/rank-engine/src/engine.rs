@@ -549,6 +549,12 @@ impl Engine {
         self.live.len()
     }
 
+    /// Lets `key`'s retention go on both tiers ([`RetentionCache::forget`]): a copy
+    /// of the state on another engine took the key's next turn. True when one was held.
+    pub fn forget(&mut self, key: &RetentionKey) -> bool {
+        self.cache.forget(key)
+    }
+
     /// Cancels a request (its client went away); its KV pins are dropped. Returns
     /// false if the id is not live.
     pub fn cancel(&mut self, id: u64) -> bool {

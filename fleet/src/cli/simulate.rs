@@ -119,6 +119,15 @@ pub struct FleetArgs {
     /// filter's) or `leg` (the P/D path, a prefill leg on the old home).
     #[arg(long, default_value = "pull", value_parser = parse_migrate)]
     pub migrate: Migrate,
+    /// tether-resident: copy a tool/handoff turn's state to a cooler candidate
+    /// during the tool gap when its home holds more device KV than the mean by
+    /// --rebalance-kv-factor (docs/planning.md, "Rebalancing in tool gaps").
+    #[arg(long)]
+    pub rebalance: bool,
+    /// tether-resident with --rebalance: a home whose device KV in use is above
+    /// this × the ranks' mean is relieved (> 1).
+    #[arg(long, default_value_t = 1.1)]
+    pub rebalance_kv_factor: f64,
     /// P/D: prefill remotely only above this many uncached prompt tokens.
     #[arg(long, default_value_t = 2048)]
     pub pd_threshold: u64,
@@ -189,6 +198,9 @@ impl FleetArgs {
                 floor: a.resident_floor,
             },
             resident_unseen: tether_placement::Unseen::default(),
+            rebalance: a.rebalance.then_some(tether_placement::Rebalance {
+                kv_factor: a.rebalance_kv_factor,
+            }),
             transfer_setup_ms: a.transfer_setup_ms,
             migrate: a.migrate,
             prefix: PrefixOptions {

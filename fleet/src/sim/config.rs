@@ -299,6 +299,11 @@ pub struct SimConfig {
     /// `tether-resident`: where a key no rank holds goes (the filter's
     /// `residency.unseen`).
     pub resident_unseen: tether_placement::Unseen,
+    /// `tether-resident`: copy a `tool`/`handoff` turn's retained state to a
+    /// cooler candidate during the tool gap when its home holds more device KV
+    /// than the mean by the factor (`tether_placement::rebalance`), releasing
+    /// the copy the next turn does not take; `None`: off.
+    pub rebalance: Option<tether_placement::Rebalance>,
     /// `tether-resident`: fixed cost of one KV transfer (the migrate rule), ms.
     pub transfer_setup_ms: f64,
     /// `tether-resident`: how a migrated state moves.
@@ -339,6 +344,7 @@ impl Default for SimConfig {
                 floor: 1.0,
             },
             resident_unseen: tether_placement::Unseen::default(),
+            rebalance: None,
             transfer_setup_ms: 5.0,
             migrate: Migrate::Pull,
             prefix: PrefixOptions::default(),

@@ -31,6 +31,15 @@ pub struct Balance {
     pub requests_max_over_mean: f64,
     /// Mean busy share of the ranks (busy time over the run's span).
     pub utilization: f64,
+    /// KV memory imbalance (the "worker-HBM imbalance" of rebalancing designs):
+    /// at every load poll, the busiest rank's device KV in use (requests and
+    /// retentions, `kv_usage`) over the mean, minus 1; the 95th percentile over
+    /// the polls where any rank held KV. 0 without polling policies.
+    #[serde(default)]
+    pub kv_imbalance_p95: f64,
+    /// The same, averaged over those polls.
+    #[serde(default)]
+    pub kv_imbalance_mean: f64,
 }
 
 /// Disaggregated serving.
@@ -68,6 +77,21 @@ pub struct ResidentSummary {
     pub migrated_tokens: u64,
     /// Mean KV-transfer time of a migration, ms.
     pub migrate_transfer_ms_mean: f64,
+    /// Rebalancing in tool gaps: states copied to a cooler candidate (landed).
+    #[serde(default)]
+    pub rebalanced: u64,
+    /// Their tokens (crossed the KV link off the critical path).
+    #[serde(default)]
+    pub rebalanced_tokens: u64,
+    /// Returning turns placed on the copy (the original released).
+    #[serde(default)]
+    pub rebalance_used: u64,
+    /// Returning turns placed on the original (the copy released).
+    #[serde(default)]
+    pub rebalance_unused: u64,
+    /// Copies still crossing when their turn returned (released on landing).
+    #[serde(default)]
+    pub rebalance_late: u64,
 }
 
 impl ResidentSummary {

@@ -10,7 +10,9 @@ use super::config::{Policy, PrefixOptions};
 use super::prefix::ApproxTree;
 use crate::trace::{BlockRef, BlockStore};
 use std::collections::HashMap;
-use tether_placement::{Endpoint, How, Knows, LoadBound, Placement, Rule, first_under_bound};
+use tether_placement::{
+    Endpoint, How, Knows, LoadBound, Loads, Placement, Rebalance, Rule, first_under_bound,
+};
 
 /// `n` equal endpoints with stable addresses (rank `i` keeps its address when
 /// the active set changes, so rendezvous moves only the keys of ranks that
@@ -233,6 +235,38 @@ impl Router {
             h => h,
         };
         Some((rank(choice.endpoint()?)?, how))
+    }
+
+    /// `tether-resident` rebalancing: the pool rank to copy `key`'s state to
+    /// from pool rank `home` during a tool gap
+    /// ([`Placement::rebalance_target`] over the active ranks); the views per
+    /// pool rank.
+    pub fn rebalance_target(
+        &mut self,
+        key: u64,
+        home: usize,
+        rule: &Rule,
+        settings: Rebalance,
+        view: Loads<'_>,
+    ) -> Option<usize> {
+        let pick = |v: &[f64]| -> Vec<f64> {
+            self.active
+                .iter()
+                .map(|&r| v.get(r).copied().unwrap_or(0.0))
+                .collect()
+        };
+        let (requests, kv_usage, backlog) =
+            (pick(view.requests), pick(view.kv_usage), pick(view.backlog));
+        let j = self.active.iter().position(|&r| r == home)?;
+        let active = Loads {
+            requests: &requests,
+            kv_usage: &kv_usage,
+            backlog: &backlog,
+        };
+        let t = self
+            .placement
+            .rebalance_target(key, j, rule, settings, active)?;
+        self.active.get(t).copied()
     }
 
     /// SGLang's cache-aware policy: shortest queue when the pool is imbalanced

@@ -31,6 +31,8 @@ use tether_rank_engine::latency::LatencyModel;
 use tether_rank_engine::profile::Profile;
 use thiserror::Error;
 
+mod rebalance;
+
 /// Why a run could not start.
 #[derive(Debug, Error)]
 pub enum SimError {
@@ -88,6 +90,8 @@ struct Pool {
     inflight_total: f64,
     polled: Vec<f64>,
     polled_prefill: Vec<f64>,
+    /// Device KV in use per rank at the last poll (`kv_usage`, 0–1).
+    polled_kv: Vec<f64>,
     requests: Vec<u64>,
     router: Router,
     /// Keep a wake per engine (a load view needs in-flight counts exact, or
@@ -221,6 +225,14 @@ pub fn simulate(
             rb.factor, rb.floor
         )));
     }
+    if let Some(r) = cfg.rebalance
+        && (r.kv_factor.is_nan() || r.kv_factor <= 1.0)
+    {
+        return Err(SimError::Setting(format!(
+            "rebalancing's KV factor {} must be greater than 1",
+            r.kv_factor
+        )));
+    }
     if cfg.candidates == 0 {
         return Err(SimError::Setting(
             "tether-resident needs at least 1 candidate".into(),
@@ -300,6 +312,7 @@ pub fn simulate(
             inflight_total: 0.0,
             polled: vec![0.0; count],
             polled_prefill: vec![0.0; count],
+            polled_kv: vec![0.0; count],
             requests: vec![0; count],
             router,
             wakes: p == PREFILL || policy.reads_inflight() || policy == Policy::TetherResident,
@@ -373,6 +386,8 @@ pub fn simulate(
         },
         oracle: cfg.policy == Policy::Oracle,
         oracle_hits,
+        rebalance: rebalance::Rebalancer::new(n),
+        kv_imbalance: Vec::new(),
     };
     // Which requests are a session's first.
     let mut first_of_session = vec![true; trace.sessions().len()];
@@ -551,6 +566,9 @@ struct Sim<'a> {
     records: Vec<Observation>,
     oracle: bool,
     oracle_hits: &'a [u32],
+    rebalance: rebalance::Rebalancer,
+    /// At every poll, the busiest decode rank's KV in use over the mean, minus 1.
+    kv_imbalance: Vec<f64>,
 }
 
 impl Sim<'_> {
@@ -612,6 +630,30 @@ impl Sim<'_> {
             self.pools[DECODE].polled[r] = (g.running + g.waiting) as f64;
             self.pools[DECODE].polled_prefill[r] = g.queued_prefill_tokens as f64;
         }
+        self.sample_kv_imbalance();
+    }
+
+    /// One sample of the decode pool's KV imbalance (`Balance::kv_imbalance_p95`):
+    /// the busiest active rank's device KV in use over the mean, minus 1.
+    fn sample_kv_imbalance(&mut self) {
+        let pool = &mut self.pools[DECODE];
+        for r in 0..pool.engines.len() {
+            pool.polled_kv[r] = pool.engines[r].gauges().kv_usage;
+        }
+        let usage: Vec<f64> = (0..pool.engines.len())
+            .filter(|&r| pool.active[r])
+            .map(|r| pool.polled_kv[r])
+            .collect();
+        let mean = usage.iter().sum::<f64>() / usage.len().max(1) as f64;
+        if mean > 0.0 {
+            let max = usage.iter().copied().fold(0.0, f64::max);
+            self.kv_imbalance.push(max / mean - 1.0);
+        }
+    }
+
+    /// Whether tool-gap rebalancing runs (`SimConfig::rebalance`, `tether-resident`).
+    fn rebalancing(&self) -> bool {
+        self.cfg.rebalance.is_some() && self.cfg.policy == Policy::TetherResident
     }
 
     /// Advances one engine to `t` and handles what finished.
@@ -624,6 +666,11 @@ impl Sim<'_> {
         let events = std::mem::take(&mut self.events);
         for ev in &events {
             match ev {
+                Event::Done { id, .. } | Event::Failed { id, .. }
+                    if self.rebalance.is_copy(*id) =>
+                {
+                    self.copy_landed(*id, matches!(ev, Event::Done { .. }));
+                }
                 Event::Done { id, outcome } => {
                     let q = *id as u32;
                     let pool = &mut self.pools[p];
@@ -637,6 +684,9 @@ impl Sim<'_> {
                         });
                     } else {
                         self.done(q, r, outcome);
+                        if p == DECODE && self.rebalancing() {
+                            self.rebalance_after(q, r, outcome.finished);
+                        }
                     }
                 }
                 Event::Failed { id, .. } => {
@@ -763,6 +813,9 @@ impl Sim<'_> {
         let resident = self.cfg.policy == Policy::TetherResident;
         let (d, how) = if resident {
             let (d, how) = self.place_resident(DECODE, id, key, t)?;
+            if self.rebalancing() {
+                self.settle_twins(&request_key(trace, id).1, d);
+            }
             (d, Some(how))
         } else {
             let path = &self.path;
@@ -872,21 +925,7 @@ impl Sim<'_> {
                 self.advance(p, r, t);
             }
         }
-        let model = self.pools[p].engines[0].model().clone();
-        let link = self.cfg.pd.kv_link_gbps;
-        let kv_bytes = model.profile().kv_bytes_per_token as f64;
-        // The rule's recompute rate is the profile's at this prompt's size.
-        let tps = if prompt > 0 {
-            prompt as f64 / model.prefill_ms(prompt as usize).max(f64::MIN_POSITIVE) * 1e3
-        } else {
-            f64::INFINITY
-        };
-        let rule = Rule {
-            candidates: self.cfg.candidates.max(1),
-            bound: self.cfg.resident_bound,
-            cost: MoveCost::from_link(kv_bytes, link, self.cfg.transfer_setup_ms, tps),
-            unseen: self.cfg.resident_unseen,
-        };
+        let rule = self.resident_rule(p, prompt);
         let pool = &mut self.pools[p];
         let engines = &pool.engines;
         let knows = |r: usize| {
@@ -927,6 +966,25 @@ impl Sim<'_> {
             }))?;
         self.tot.resident.count(how);
         Ok((r, how))
+    }
+
+    /// The residency rule of pool `p` for a prompt of `prompt` tokens: the
+    /// settings, and the migrate rule's recompute rate at this prompt's size.
+    fn resident_rule(&self, p: usize, prompt: u64) -> Rule {
+        let model = self.pools[p].engines[0].model();
+        let link = self.cfg.pd.kv_link_gbps;
+        let kv_bytes = model.profile().kv_bytes_per_token as f64;
+        let tps = if prompt > 0 {
+            prompt as f64 / model.prefill_ms(prompt as usize).max(f64::MIN_POSITIVE) * 1e3
+        } else {
+            f64::INFINITY
+        };
+        Rule {
+            candidates: self.cfg.candidates.max(1),
+            bound: self.cfg.resident_bound,
+            cost: MoveCost::from_link(kv_bytes, link, self.cfg.transfer_setup_ms, tps),
+            unseen: self.cfg.resident_unseen,
+        }
     }
 
     /// Prompt tokens decode rank `r` retains for request `id`'s retention key
@@ -1233,6 +1291,9 @@ impl Sim<'_> {
                     busy_max_over_mean: max_over_mean(&dec_busy),
                     requests_max_over_mean: max_over_mean(&reqs),
                     utilization,
+                    kv_imbalance_p95: crate::quantile::of(&self.kv_imbalance, 0.95).unwrap_or(0.0),
+                    kv_imbalance_mean: self.kv_imbalance.iter().sum::<f64>()
+                        / self.kv_imbalance.len().max(1) as f64,
                 },
                 itl_ms: Dist::of_us(&itl),
                 interactivity_tok_s: if tpot.p50 > 0.0 {

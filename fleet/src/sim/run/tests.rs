@@ -424,3 +424,54 @@ fn resident_settings_out_of_range_are_refused() {
     let e = simulate(&t, &profile(), &c, &oracle, false, None).unwrap_err();
     assert!(e.to_string().contains("factor"), "{e}");
 }
+
+/// Rebalancing in tool gaps: on generated agent traffic over 4 ranks, homes
+/// holding more KV than the mean copy tool turns' states to cooler candidates;
+/// copies are never trace requests (every request finished once, the same
+/// prompt tokens), each returning turn settles its twins once, and the cache
+/// hit ratio stays within 2 points of the same run without rebalancing.
+#[test]
+fn rebalancing_copies_states_in_tool_gaps_without_counting_them_as_requests() {
+    let t = crate::generate::generate(&crate::generate::GenerateOptions {
+        seed: 5,
+        sessions: 24,
+        session_gap_ms: 3_000.0,
+        max_context_tokens: 60_000,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut c = cfg(Policy::TetherResident, CacheMode::RetentionHost, 4);
+    c.engine.device_kv_tokens = Some(96 * 1024);
+    c.speedup = 4.0;
+    c.load_poll_ms = 100.0;
+    let plain = run(&t, &c).report;
+    c.rebalance = Some(tether_placement::Rebalance { kv_factor: 1.05 });
+    let r = run(&t, &c).report;
+    let k = r.sim.resident.unwrap();
+    eprintln!(
+        "{k:?}\nplain {:?}\nrebalanced {:?}",
+        plain.sim.balance, r.sim.balance
+    );
+    assert!(k.rebalanced > 0 && k.rebalanced_tokens > 0, "{k:?}");
+    assert_eq!(
+        (r.finished, r.prompt_tokens),
+        (plain.finished, plain.prompt_tokens)
+    );
+    assert!(
+        k.rebalance_used + k.rebalance_unused <= k.rebalanced,
+        "{k:?}"
+    );
+    assert!(k.rebalance_used > 0, "{k:?}");
+    assert!(
+        r.hit_ratio > plain.hit_ratio - 0.02,
+        "{} vs {}",
+        r.hit_ratio,
+        plain.hit_ratio
+    );
+    assert!(plain.sim.balance.kv_imbalance_p95 > 0.0);
+    // Refused: a factor that relieves every rank.
+    c.rebalance = Some(tether_placement::Rebalance { kv_factor: 1.0 });
+    let oracle = oracle_hits(&t, engine_block(&t, &c));
+    let e = simulate(&t, &profile(), &c, &oracle, false, None).unwrap_err();
+    assert!(e.to_string().contains("KV factor"), "{e}");
+}
