@@ -31,3 +31,5 @@ pub use config::{CacheMode, FleetShape, Migrate, PdOptions, Policy, SimConfig, S
 pub use identity::request_key;
 pub use report::{RunReport, Simulation};
 pub use run::{RunOutput, SimError, engine_name, oracle_hits, simulate};
+/// `SimConfig::rebalance`: its settings type (the rule ranks share).
+pub use tether_placement::Rebalance;
