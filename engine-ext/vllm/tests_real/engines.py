@@ -47,6 +47,7 @@ class Server:
     max_len: int | None = None  # --max-model-len; default: the whole pool but vLLM's null block
     args: tuple[str, ...] = ()  # more vLLM flags
     proc: subprocess.Popen | None = None
+    env: dict[str, str] | None = None  # more environment (the state pull's UCX_* settings)
 
     @property
     def url(self) -> str:
@@ -80,7 +81,8 @@ class Server:
 
     def start(self, model: Path) -> None:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   VLLM_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
+                   VLLM_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1",
+                   **(self.env or {}))
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(self.argv(model), stdout=out, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)

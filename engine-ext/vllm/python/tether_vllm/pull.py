@@ -11,12 +11,17 @@ move in the agent's UCX threads, never through Python.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import os
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from tether_vllm._native import CallerError, TetherError
 
 logger = logging.getLogger("tether_vllm")
 
@@ -45,6 +50,30 @@ def load_nixl() -> Any:
     raise ImportError("no NIXL Python API importable (" + "; ".join(errors) + ")")
 
 
+@contextlib.contextmanager
+def _every_cpu() -> Iterator[None]:
+    """Runs the body with the calling thread allowed on every CPU, then restores its mask.
+
+    NIXL's progress thread and UCX's async thread inherit the CPU mask of the thread that
+    creates them. vLLM's CPU worker pins its main thread to one core (``OMP_PROC_BIND``),
+    where those threads starved behind the worker's own: a holder took 1.7 s to accept a
+    puller's connection and READs timed out (seen here on two CPU engines). Made with
+    every CPU allowed, they run wherever there is room; the kernel keeps them within the
+    process's cpuset.
+    """
+    try:
+        mask = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except (AttributeError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, mask)
+
+
 class Agent:
     """One worker's NIXL agent with its host regions registered once."""
 
@@ -61,8 +90,9 @@ class Agent:
         cfg.useListenThread = False
         cfg.pthrDelay = PROGRESS_DELAY_US
         cfg.syncMode = api.nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE.value
-        self._agent.agent = api.nixlBind.nixlAgent(self.name, cfg)
-        self._agent.create_backend("UCX", {})
+        with _every_cpu():
+            self._agent.agent = api.nixlBind.nixlAgent(self.name, cfg)
+            self._agent.create_backend("UCX", {})
         self._regs = []
         for addr, length in regions:
             if length:
@@ -199,7 +229,12 @@ class PullWorker:
             del self.reads[rid]
             good = 0
             if state == "DONE":
-                good = self.copier.load_staged(r.block_ids, r.slots, r.checksums)
+                try:
+                    good = self.copier.load_staged(r.block_ids, r.slots, r.checksums)
+                except CallerError:
+                    raise
+                except TetherError as e:  # a copy that failed: recompute, never wrong KV
+                    logger.warning("request %s: pulled blocks not restored (%s)", rid, e)
                 if good < len(r.block_ids):
                     logger.warning(
                         "request %s: pulled payload %d of %d failed verification; "
