@@ -12,9 +12,10 @@ evicts everything plain prefix caching holds):
 A host-tier restore and a device prefix hit are compared bitwise (``Answer.same_as``):
 the answer's text and every token's logprob and top-2 alternatives. The KV bytes are the
 same and the suffix is computed the same way, so a restore that is wrong by one bit in a
-block that matters fails. A cold prefill of the same prompt computes the prompt's attention
-in other chunks: the same text, but logprobs that may differ in their last bits (CI's CPU:
-5e-4), so it is compared within ``LOGPROB_TOL`` (``Answer.agrees_with``).
+block that matters fails. A cold prefill of the same prompt runs vLLM's prefill kernel where
+the hit reads paged bf16 KV: the same greedy tokens, logprobs up to 0.22 apart on one CPU,
+so it is compared within ``LOGPROB_TOL`` up to the hit's first near tie
+(``Answer.agrees_with``).
 """
 
 from __future__ import annotations
