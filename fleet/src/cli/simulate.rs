@@ -134,6 +134,10 @@ pub struct FleetArgs {
     /// P/D: a decode rank's KV-transfer link, GB/s.
     #[arg(long, default_value_t = 50.0)]
     pub kv_link_gbps: f64,
+    /// P/D under tether-resident: disaggregate by the threshold alone, even
+    /// when the prefill leg would compute more than the decode holder.
+    #[arg(long)]
+    pub pd_by_threshold: bool,
     /// prefix: route to the best match above this match rate.
     #[arg(long, default_value_t = 0.3)]
     pub prefix_threshold: f64,
@@ -187,6 +191,7 @@ impl FleetArgs {
             pd: PdOptions {
                 threshold_tokens: a.pd_threshold,
                 kv_link_gbps: a.kv_link_gbps,
+                by_cost: !a.pd_by_threshold,
             },
             balance_factor: a.balance_factor,
             balance_floor: a.balance_floor,

@@ -242,6 +242,11 @@ pub struct PdOptions {
     pub threshold_tokens: u64,
     /// Bandwidth of a decode rank's KV-transfer link, GB/s.
     pub kv_link_gbps: f64,
+    /// `tether-resident`: a request over the threshold is still prefilled on
+    /// its decode holder when the prefill leg would compute more of its prompt
+    /// than the holder (the leg's rank holds less of it), so a returning turn's
+    /// new tokens stay with the session's cache (docs/planning.md).
+    pub by_cost: bool,
 }
 
 impl Default for PdOptions {
@@ -249,6 +254,7 @@ impl Default for PdOptions {
         Self {
             threshold_tokens: 2048,
             kv_link_gbps: 50.0,
+            by_cost: true,
         }
     }
 }

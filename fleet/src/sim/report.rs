@@ -47,8 +47,13 @@ pub struct Balance {
 pub struct PdSummary {
     /// Requests prefilled on the prefill pool.
     pub remote_prefills: u64,
-    /// Requests prefilled on their decode rank (uncached part under the threshold).
+    /// Requests prefilled on their decode rank (uncached part under the threshold,
+    /// or kept there by cost).
     pub local_prefills: u64,
+    /// Of those, over the threshold but kept on their decode holder because the
+    /// prefill leg would have computed more (`tether-resident`, P/D by cost).
+    #[serde(default)]
+    pub kept_local_by_cost: u64,
     /// Prompt tokens whose KV crossed to a decode rank.
     pub transferred_tokens: u64,
     /// Mean KV-transfer time of a remote prefill, ms.

@@ -147,6 +147,8 @@ struct Totals {
     avoidable_returning: u64,
     remote: u64,
     local: u64,
+    /// P/D by cost: requests over the threshold prefilled on their decode holder.
+    pd_kept_local: u64,
     transferred: u64,
     transfer_ms: f64,
     resident: ResidentSummary,
@@ -369,6 +371,7 @@ pub fn simulate(
             avoidable_returning: 0,
             remote: 0,
             local: 0,
+            pd_kept_local: 0,
             transferred: 0,
             transfer_ms: 0.0,
             resident: ResidentSummary::default(),
@@ -869,9 +872,17 @@ impl Sim<'_> {
                 * self.blocks.engine_block();
             disaggregate(prompt as u64, peek as u64, self.cfg.pd.threshold_tokens)
         };
+        let mut remote_pr = None;
         if remote {
             let pr = if resident {
-                self.place_resident(PREFILL, id, routing, t)?.0
+                let (pr, how) = self.place_resident_in(PREFILL, id, routing, t)?;
+                if self.cfg.pd.by_cost && self.local_is_cheaper(pr, d, prompt) {
+                    self.tot.pd_kept_local += 1;
+                    None
+                } else {
+                    self.tot.resident.count(how);
+                    Some(pr)
+                }
             } else {
                 let pool = &mut self.pools[PREFILL];
                 let input = RouteInput {
@@ -883,10 +894,15 @@ impl Sim<'_> {
                     store: trace.blocks(),
                     prompt_tokens: prompt as u64,
                 };
-                pool.router
-                    .route(&input)
-                    .ok_or(SimError::NoRanks("prefill"))?
+                Some(
+                    pool.router
+                        .route(&input)
+                        .ok_or(SimError::NoRanks("prefill"))?,
+                )
             };
+            remote_pr = pr;
+        }
+        if let Some(pr) = remote_pr {
             self.remote_leg(id, PREFILL, pr, d, t, true);
         } else {
             let kv_in = if self.oracle {
@@ -910,6 +926,37 @@ impl Sim<'_> {
     /// residency what each candidate's engine retains for the request's
     /// retention key now (device or host tier). Counts the decision.
     fn place_resident(
+        &mut self,
+        p: usize,
+        id: RequestId,
+        key: u64,
+        t: SimMs,
+    ) -> Result<(usize, How), SimError> {
+        let (r, how) = self.place_resident_in(p, id, key, t)?;
+        self.tot.resident.count(how);
+        Ok((r, how))
+    }
+
+    /// P/D by cost (`PdOptions::by_cost`): a prefill leg on prefill rank `pr`
+    /// recomputes what `pr` does not hold of the prompt; prefilling on decode
+    /// rank `d` computes what `d` does not hold. Local when the leg would
+    /// compute more than the decode holder (its state is on `d`: a returning
+    /// turn's new tokens are prefilled there); a tie goes remote (a cold prompt
+    /// is disaggregated as before). Both caches read as of now.
+    fn local_is_cheaper(&self, pr: usize, d: usize, prompt: usize) -> bool {
+        let bs = self.blocks.engine_block();
+        let held = |p: usize, r: usize| {
+            (self.pools[p].engines[r]
+                .cache()
+                .peek_prefix(&self.blocks_buf)
+                * bs)
+                .min(prompt)
+        };
+        prompt - held(PREFILL, pr) > prompt - held(DECODE, d)
+    }
+
+    /// [`Self::place_resident`] without counting the decision.
+    fn place_resident_in(
         &mut self,
         p: usize,
         id: RequestId,
@@ -964,7 +1011,6 @@ impl Sim<'_> {
             } else {
                 "prefill"
             }))?;
-        self.tot.resident.count(how);
         Ok((r, how))
     }
 
@@ -1260,6 +1306,7 @@ impl Sim<'_> {
         let pd = (self.pools.len() > PREFILL).then(|| PdSummary {
             remote_prefills: t.remote,
             local_prefills: t.local,
+            kept_local_by_cost: t.pd_kept_local,
             transferred_tokens: t.transferred,
             transfer_ms_mean: if t.remote > 0 {
                 t.transfer_ms / t.remote as f64

@@ -122,6 +122,7 @@ fn disaggregated_serving_prefills_remotely_above_the_threshold_and_moves_the_kv(
     c.pd = PdOptions {
         threshold_tokens: 0,
         kv_link_gbps: 10.0,
+        by_cost: false,
     };
     let r = run(&t, &c).report;
     let pd = r.sim.pd.unwrap();
@@ -396,6 +397,7 @@ fn session_affine_prefill_finds_the_session_on_its_prefill_rank() {
     c.pd = PdOptions {
         threshold_tokens: 0,
         kv_link_gbps: 10.0,
+        by_cost: false,
     };
     let by_load = run(&t, &c);
     c.policy = Policy::TetherResident;
@@ -408,6 +410,40 @@ fn session_affine_prefill_finds_the_session_on_its_prefill_rank() {
     // Decode and prefill placements are both counted.
     assert!(
         counts.stay + counts.least + counts.migrate + counts.recompute > affine.report.requests
+    );
+}
+
+/// P/D by cost: under `tether-resident` a returning turn whose decode holder
+/// has its context is prefilled there (the prefill leg would recompute more),
+/// while a cold prompt still goes remote; fewer prompt tokens are computed
+/// than with the threshold alone.
+#[test]
+fn pd_by_cost_keeps_a_returning_turn_on_its_decode_holder() {
+    let t = agent_trace(16, 6, 400, 150, 64);
+    let mut c = cfg(Policy::TetherResident, CacheMode::Retention, 3);
+    c.fleet = FleetShape::disaggregated(2, 3);
+    c.engine.device_kv_tokens = Some(64 * 1024);
+    c.pd = PdOptions {
+        threshold_tokens: 0,
+        kv_link_gbps: 10.0,
+        by_cost: false,
+    };
+    let by_threshold = run(&t, &c).report;
+    c.pd.by_cost = true;
+    let by_cost = run(&t, &c).report;
+    let (pt, pc) = (by_threshold.sim.pd.unwrap(), by_cost.sim.pd.unwrap());
+    eprintln!("threshold {pt:?}\ncost {pc:?}");
+    assert_eq!(by_cost.finished, by_cost.requests);
+    assert_eq!(pt.kept_local_by_cost, 0);
+    assert!(pc.kept_local_by_cost > 0, "{pc:?}");
+    // Every session's first turn is cold on both pools: still disaggregated.
+    assert!(pc.remote_prefills >= 16, "{pc:?}");
+    assert!(pc.remote_prefills < pt.remote_prefills);
+    assert!(
+        by_cost.computed_tokens < by_threshold.computed_tokens,
+        "{} vs {}",
+        by_cost.computed_tokens,
+        by_threshold.computed_tokens
     );
 }
 
