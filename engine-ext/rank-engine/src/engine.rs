@@ -408,8 +408,26 @@ pub struct Engine {
     kv_link_free_at: SimMs,
     blocked: bool,
     metrics: EngineMetrics,
+    /// Ids of live requests submitted with [`Engine::submit_unmetered`].
+    unmetered: HashSet<u64>,
+    /// Where their per-request figures go (made on the first one; never read).
+    quiet: Option<Box<EngineMetrics>>,
     /// Prefetch plans (`None` when prefetch is off or there is nothing to prefetch from).
     prefetch: Option<Prefetcher>,
+}
+
+/// The metrics a request's figures go to: the engine's, or for an unmetered
+/// request the scratch copy (fields passed apart so callers keep borrowing the rest).
+fn meter<'a>(
+    metrics: &'a mut EngineMetrics,
+    quiet: &'a mut Option<Box<EngineMetrics>>,
+    unmetered: &HashSet<u64>,
+    id: u64,
+) -> &'a mut EngineMetrics {
+    match quiet {
+        Some(q) if !unmetered.is_empty() && unmetered.contains(&id) => q,
+        _ => metrics,
+    }
 }
 
 impl Engine {
@@ -453,6 +471,8 @@ impl Engine {
             kv_link_free_at: 0.0,
             blocked: false,
             metrics: EngineMetrics::new(max_len),
+            unmetered: HashSet::new(),
+            quiet: None,
             prefetch: (cfg_prefetch).then(Prefetcher::default),
         })
     }
@@ -522,6 +542,22 @@ impl Engine {
         Ok(())
     }
 
+    /// Queues internal work as a request whose figures stay out of
+    /// [`Engine::metrics`] (its tokens, hits, link time, latencies, finish):
+    /// `tether-rank`'s rebalancing copy, a one-token request that puts a state
+    /// pulled from another rank into this cache. It is scheduled, batched and
+    /// retained exactly as [`Engine::submit`]'s; the steps it runs in still
+    /// count in `steps` and `busy_ms`, its retention in `retained_blocks`.
+    pub fn submit_unmetered(&mut self, req: SimRequest, arrival: SimMs) -> Result<(), SubmitError> {
+        let id = req.id;
+        self.submit(req, arrival)?;
+        if self.quiet.is_none() {
+            self.quiet = Some(Box::new(EngineMetrics::new(0)));
+        }
+        self.unmetered.insert(id);
+        Ok(())
+    }
+
     /// The retention keys of the requests waiting or running whose prompt
     /// end this engine will retain (a prompt-end marker, retention on), each
     /// with the tokens it will retain (its prompt's full blocks): what the
@@ -561,6 +597,7 @@ impl Engine {
         if let Some(p) = self.waiting.iter().position(|w| w.req.id == id) {
             self.waiting.remove(p);
             self.live.remove(&id);
+            self.unmetered.remove(&id);
             self.metrics.aborted += 1;
             return true;
         }
@@ -727,7 +764,12 @@ impl Engine {
                     let restored = restored_raw - (raw - cached).min(restored_raw);
                     let device_cached = cached - restored;
                     let transferred = w.req.kv_in_tokens.min(cap).saturating_sub(cached);
-                    let m = &mut self.metrics;
+                    let m = meter(
+                        &mut self.metrics,
+                        &mut self.quiet,
+                        &self.unmetered,
+                        w.req.id,
+                    );
                     m.prompt_tokens += p as u64;
                     m.prefix_queries += p as u64;
                     m.prefix_hits += device_cached as u64;
@@ -805,6 +847,7 @@ impl Engine {
                 }
                 Err(e) => {
                     self.live.remove(&w.req.id);
+                    self.unmetered.remove(&w.req.id);
                     out.push(Event::Failed {
                         id: w.req.id,
                         why: e.to_string(),
@@ -966,8 +1009,14 @@ impl Engine {
             l.generated = 1;
             l.first_token = at;
             l.last_token = at;
-            self.metrics.generation_tokens += 1;
-            self.metrics.ttft.observe((at - l.arrival) / 1000.0);
+            let m = meter(
+                &mut self.metrics,
+                &mut self.quiet,
+                &self.unmetered,
+                l.req.id,
+            );
+            m.generation_tokens += 1;
+            m.ttft.observe((at - l.arrival) / 1000.0);
             if l.req.stream {
                 out.push(Event::First {
                     id: l.req.id,
@@ -1035,7 +1084,12 @@ impl Engine {
                 transfer_ms: l.transfer_ms,
                 restore_miss: l.restore_miss,
             };
-            let m = &mut self.metrics;
+            let m = meter(
+                &mut self.metrics,
+                &mut self.quiet,
+                &self.unmetered,
+                l.req.id,
+            );
             m.finished += 1;
             m.e2e.observe(o.e2e_ms() / 1000.0);
             m.prefill.observe((o.first_token - o.admitted) / 1000.0);
@@ -1084,9 +1138,11 @@ impl Engine {
         let mut released = false;
         let cache = &mut self.cache;
         let live = &mut self.live;
+        let unmetered = &mut self.unmetered;
         self.running.retain(|l| {
             if l.done || l.cancelled {
                 live.remove(&l.req.id);
+                unmetered.remove(&l.req.id);
                 // Unknown = already released (a failed finish_prefill); nothing to undo.
                 let _ = cache.release(RequestId(l.req.id));
                 released = true;

@@ -143,6 +143,35 @@ pub struct Args {
     /// prompt is computed here.
     #[arg(long, default_value_t = 10_000)]
     pub pull_timeout_ms: u64,
+    /// Rebalancing in tool gaps (docs/rank.md "Rebalancing in tool gaps"):
+    /// at a tool/handoff turn's end, copy the retained state to a cooler
+    /// candidate when this rank holds more KV than the fleet's mean; needs `--peers`.
+    #[arg(long)]
+    pub rebalance: bool,
+    /// Rebalancing: the fleet's endpoints as the gateway's `endpoints` list
+    /// them, in the same order, this rank included: `address[,weight[,name]]`
+    /// each (several values, or one value separated by spaces).
+    #[arg(long, num_args = 1.., value_delimiter = ' ')]
+    pub peers: Vec<String>,
+    /// Rebalancing: a home whose device KV in use is above this × the
+    /// fleet's mean copies its tool turn's state (> 1).
+    #[arg(long, default_value_t = 1.1)]
+    pub rebalance_kv_factor: f64,
+    /// Rebalancing: *d*, the rendezvous candidates a key may live on (the
+    /// gateway's `residency.candidates`; default 3, at most the peers).
+    #[arg(long)]
+    pub candidates: Option<usize>,
+    /// Rebalancing: a candidate has room under this bounded-load factor (the
+    /// gateway's `residency.factor`, > 1).
+    #[arg(long, default_value_t = 1.5)]
+    pub resident_factor: f64,
+    /// Rebalancing: below this many requests a candidate has room (the
+    /// gateway's `residency.floor`, ≥ 1).
+    #[arg(long, default_value_t = 1.0)]
+    pub resident_floor: f64,
+    /// Rebalancing: how often the peers' `/load` is polled, ms.
+    #[arg(long, default_value_t = 200)]
+    pub peer_poll_ms: u64,
 }
 
 /// A command line the rank cannot start with.
@@ -195,6 +224,8 @@ pub struct RankConfig {
     pub max_model_len: Option<u64>,
     /// Served model name.
     pub model_name: String,
+    /// `--peers` read (empty without `--rebalance`).
+    pub peers: Vec<tether_placement::Endpoint>,
 }
 
 impl RankConfig {
@@ -331,6 +362,7 @@ impl RankConfig {
             return Err(flag("served-model-name", "must not be empty"));
         }
         let max_model_len = args.max_model_len.or(profile.max_model_len);
+        let peers = crate::rebalance::check_flags(&args)?;
         Ok(Self {
             profile,
             profile_hash,
@@ -339,6 +371,7 @@ impl RankConfig {
             max_model_len,
             model_name,
             args,
+            peers,
         })
     }
 
@@ -405,6 +438,16 @@ impl RankConfig {
             },
             "rank_id": a.rank_id,
             "pull": {"lease_ms": a.pull_lease_ms, "timeout_ms": a.pull_timeout_ms},
+            "rebalance": a.rebalance.then(|| json!({
+                "peers": self.peers.iter().map(|e| json!({
+                    "address": e.address, "weight": e.weight, "name": e.name,
+                })).collect::<Vec<_>>(),
+                "kv_factor": a.rebalance_kv_factor,
+                "candidates": crate::rebalance::candidates(a, self.peers.len()),
+                "resident_factor": a.resident_factor,
+                "resident_floor": a.resident_floor,
+                "peer_poll_ms": a.peer_poll_ms,
+            })),
             "version": env!("CARGO_PKG_VERSION"),
         })
     }

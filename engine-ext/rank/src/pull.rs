@@ -76,12 +76,7 @@ impl Ask {
         }
         let hashes = list
             .iter()
-            .map(|h| {
-                h.as_str()
-                    .filter(|s| s.len() == 32)
-                    .and_then(|s| u128::from_str_radix(s, 16).ok())
-                    .map(BlockHash)
-            })
+            .map(block_hash)
             .collect::<Option<Vec<_>>>()
             .ok_or("`hashes` must be 32-hex-digit strings")?;
         let start = match &v["start"] {
@@ -100,6 +95,14 @@ impl Ask {
             puller: text("puller"),
         })
     }
+}
+
+/// One block hash as the calls spell it: 32 hex digits.
+pub fn block_hash(v: &Value) -> Option<BlockHash> {
+    v.as_str()
+        .filter(|s| s.len() == 32)
+        .and_then(|s| u128::from_str_radix(s, 16).ok())
+        .map(BlockHash)
 }
 
 /// How many of the puller's blocks, from `start`, the holder's retained
@@ -346,7 +349,7 @@ impl Outcome {
 pub type Client = crate::pd::LegClient;
 
 /// POSTs `body` to `to` at `path`, within `timeout`: (status, body).
-async fn post(
+pub async fn post(
     client: &Client,
     to: SocketAddr,
     path: &str,

@@ -39,6 +39,7 @@ use tether_wire::TurnMarker;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 
+mod rebalance;
 mod state_pull;
 
 struct Core {
@@ -72,6 +73,9 @@ pub struct Rank {
     /// of the pulls it makes as a new home (`crate::pull::Outcome::ALL` order).
     leases: crate::pull::Leases,
     pulls: [AtomicU64; crate::pull::Outcome::ALL.len()],
+    /// Rebalancing in tool gaps (`--rebalance`), and its counters.
+    rebalance: Option<crate::rebalance::Rebalancer>,
+    rebalanced: crate::rebalance::Counters,
 }
 
 impl std::fmt::Debug for Rank {
@@ -125,6 +129,7 @@ impl Rank {
             std::time::Duration::from_millis(cfg.args.pull_lease_ms),
             nonce,
         );
+        let rebalance = crate::rebalance::Rebalancer::new(&cfg)?;
         let id_header = cfg
             .args
             .rank_id
@@ -146,6 +151,8 @@ impl Rank {
             legs_failed: AtomicU64::new(0),
             leases,
             pulls: std::array::from_fn(|_| AtomicU64::new(0)),
+            rebalance,
+            rebalanced: crate::rebalance::Counters::default(),
         }))
     }
 
@@ -292,6 +299,7 @@ impl Rank {
             "tether_rank_prefill_legs_total{{outcome=\"failed\"}} {failed}"
         );
         self.pull_metrics(&mut out);
+        self.rebalance_metrics(&mut out);
         out
     }
 }
@@ -300,6 +308,9 @@ impl Rank {
 pub async fn serve(listener: TcpListener, rank: Arc<Rank>) -> std::io::Result<()> {
     for i in 0..rank.slots.len() {
         tokio::spawn(drive(rank.clone(), i));
+    }
+    if rank.rebalance.is_some() {
+        tokio::spawn(rank.clone().poll_peers());
     }
     loop {
         let (stream, _) = match listener.accept().await {
@@ -445,17 +456,22 @@ impl Body for RankBody {
     }
 }
 
-/// Cancels a request in its engine if its client goes away before it finishes.
+/// Cancels a request in its engine if its client goes away before it
+/// finishes; a finished tool turn's state may be copied out (`--rebalance`).
 struct LiveGuard {
     rank: Arc<Rank>,
     dp: usize,
     id: u64,
     finished: bool,
+    rebalance: Option<crate::rebalance::Watch>,
 }
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
         if self.finished {
+            if let Some(w) = self.rebalance.take() {
+                self.rank.rebalance_finished(w);
+            }
             return;
         }
         if let Some(slot) = self.rank.slots.get(self.dp) {
@@ -502,6 +518,9 @@ async fn handle(rank: Arc<Rank>, req: Request<Incoming>) -> Result<Response<Rank
             ));
         }
         return Ok(generate(rank, api, &path, req).await);
+    }
+    if path == crate::rebalance::wire::ADOPT || path == crate::rebalance::wire::FORGET {
+        return Ok(rank.serve_rebalance(&path, req).await);
     }
     if path.starts_with("/pull/") {
         return Ok(rank.serve_pull(&path, req).await);
@@ -651,6 +670,12 @@ async fn generate(
     } else {
         None
     };
+    let route = crate::rebalance::route_key(
+        req.headers()
+            .get_all(tether_wire::headers::KEY)
+            .iter()
+            .map(|v| v.as_bytes()),
+    );
     let limit = rank.cfg.args.max_body_bytes;
     let too_large = || {
         Refusal::new(
@@ -786,6 +811,7 @@ async fn generate(
         dp,
         id,
         finished: false,
+        rebalance: rank.rebalance_admitted(marker, route, dp),
     };
     let meta = Meta {
         id: id ^ rank.nonce,

@@ -878,3 +878,54 @@ fn in_flight_keys_list_admitted_requests_until_they_finish() {
         .unwrap();
     assert_eq!(off.in_flight_keys().count(), 0);
 }
+
+/// An unmetered request (the rank's rebalancing copy) is scheduled and
+/// retained as any other — its KV crosses the link, its prompt end is held —
+/// but none of its tokens, latencies or its finish reach the metrics; the
+/// engine's busy time does count its step.
+#[test]
+fn an_unmetered_request_is_served_and_retained_but_not_counted() {
+    let mut e = engine();
+    e.submit(req(1, &toks(1, 500), 3, None), 0.0).unwrap();
+    run(&mut e);
+    let before = e.metrics().clone();
+    let t = toks(7, 2000);
+    let mut copy = req(2, &t, 1, marker(7));
+    copy.kv_in_tokens = 2000 / BS * BS;
+    copy.stream = false;
+    e.submit_unmetered(copy, 100.0).unwrap();
+    let ev = run(&mut e);
+    let o = done(&ev, 2);
+    assert_eq!(o.transferred_tokens, 2000 / BS * BS - BS, "{o:?}");
+    let key = marker(7).unwrap().key;
+    assert!(e.cache().retained().any(|(k, t, _)| k == key && t == 2000));
+    let m = e.metrics();
+    assert_eq!(
+        (
+            m.prompt_tokens,
+            m.generation_tokens,
+            m.finished,
+            m.transferred_tokens
+        ),
+        (
+            before.prompt_tokens,
+            before.generation_tokens,
+            before.finished,
+            before.transferred_tokens
+        )
+    );
+    assert_eq!(
+        (m.ttft.count(), m.e2e.count(), m.queue.count()),
+        (
+            before.ttft.count(),
+            before.e2e.count(),
+            before.queue.count()
+        )
+    );
+    assert!(m.busy_ms > before.busy_ms, "its step is engine time");
+    // A request submitted after it is counted as usual.
+    e.submit(req(3, &toks(3, 100), 2, None), 5000.0).unwrap();
+    run(&mut e);
+    assert_eq!(e.metrics().finished, before.finished + 1);
+    assert!(e.unmetered.is_empty(), "its id is let go");
+}

@@ -56,7 +56,7 @@ impl Drop for LeaseGuard {
 }
 
 impl Rank {
-    fn pull_timeout(&self) -> Duration {
+    pub(super) fn pull_timeout(&self) -> Duration {
         Duration::from_millis(self.cfg.args.pull_timeout_ms)
     }
 
@@ -120,13 +120,7 @@ impl Rank {
         // Blocks this DP rank has already (its device, else its host tier:
         // an older state of the key, a shared prefix) are not asked for; the
         // holder leases what lies past them.
-        let start = {
-            let c = lock(&self.slots[dp]);
-            let cache = c.engine.cache();
-            cache
-                .peek_prefix(hashes)
-                .max(cache.host().prefix_len(hashes))
-        };
+        let start = self.held_prefix(dp, hashes);
         if start >= hashes.len() {
             return none(self.count_pull(Outcome::HeldHere), false);
         }
@@ -160,10 +154,20 @@ impl Rank {
         }
     }
 
+    /// Leading blocks of `hashes` DP rank `dp` holds already, on its device
+    /// or its host tier.
+    pub(super) fn held_prefix(&self, dp: usize, hashes: &[BlockHash]) -> usize {
+        let c = lock(&self.slots[dp]);
+        let cache = c.engine.cache();
+        cache
+            .peek_prefix(hashes)
+            .max(cache.host().prefix_len(hashes))
+    }
+
     /// Whether reading `g`'s blocks over this rank's KV link (at least their
     /// bytes ÷ the link, in wall time at `--speedup`) would end after the
     /// lease does: the holder may free them before the read completes.
-    fn outlasts(&self, g: &Grant, asked: Instant) -> bool {
+    pub(super) fn outlasts(&self, g: &Grant, asked: Instant) -> bool {
         let bytes = (g.blocks * self.cfg.args.block_size) as f64
             * self.cfg.profile.kv_bytes_per_token as f64;
         let sim_ms = bytes / (self.cfg.args.kv_link_gbps * 1e6);

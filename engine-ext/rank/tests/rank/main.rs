@@ -11,4 +11,5 @@ mod harness;
 mod observe;
 mod pd;
 mod pull;
+mod rebalance;
 mod residency;
