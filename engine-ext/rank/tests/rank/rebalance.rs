@@ -230,7 +230,7 @@ async fn a_tool_turns_state_moves_to_a_cooler_candidate_and_the_home_forgets_it(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_back_at_the_home_has_the_targets_copy_forgotten() {
-    let (ranks, addrs) = fleet(2).await;
+    let (ranks, _) = fleet(2).await;
     until(&ranks[0], "the peer polled", |m| {
         total(m, "tether_rank_rebalance_peers_known", &[]) == 1.0
     })
@@ -253,7 +253,6 @@ async fn a_turn_back_at_the_home_has_the_targets_copy_forgotten() {
     .await;
     assert_eq!(listed(&ranks[1]).await, None);
     assert_eq!(event(&ranks[0].metrics().await, "unused"), 1.0);
-    drop(addrs);
 }
 
 /// A rank process (the real binary) at `me` among `all`; killed on drop.

@@ -13,6 +13,7 @@ mod long_answers;
 mod oci;
 mod pd;
 mod pick;
+mod rebalance;
 mod removal;
 mod replay;
 mod residency;
