@@ -28,6 +28,7 @@
 //!   shared prefix is longer need an identity to be told apart.)
 //! - `max_tokens` is the trace's output tokens (at least 1).
 
+pub mod json;
 pub mod layout;
 pub mod render;
 pub mod words;
@@ -185,6 +186,8 @@ pub struct SessionSynth<'t> {
     done: Vec<RequestId>,
     layouts: HashMap<RequestId, Layout>,
     ids: HashMap<RequestId, Vec<u64>>,
+    /// Each block's words, rendered once for the session's turns.
+    words: words::WordCache,
 }
 
 /// How many earlier requests of a session a rollback searches for its base.
@@ -201,7 +204,14 @@ impl<'t> SessionSynth<'t> {
             done: Vec::new(),
             layouts: HashMap::new(),
             ids: HashMap::new(),
+            words: words::WordCache::default(),
         }
+    }
+
+    /// Words hashed so far: each block's words are hashed once for the
+    /// session, however many turns resend them (see `words::WordCache`).
+    pub fn words_hashed(&self) -> u64 {
+        self.words.hashed()
     }
 
     /// The layout a synthesized request used (for tests and inspection).
@@ -303,9 +313,10 @@ impl<'t> SessionSynth<'t> {
         let l = self.plan(r);
         let bs = u64::from(t.block_size());
         let ids = &self.ids;
+        let cache = &mut self.words;
         let content = content_seed(&self.opts.salt);
         let mut words = |src: RequestId, from: u64, to: u64| {
-            words::words(
+            cache.words(
                 words::Source {
                     ids: ids.get(&src).map_or(&[][..], Vec::as_slice),
                     block_size: bs,
@@ -432,8 +443,7 @@ impl<'t> SessionSynth<'t> {
             }
             first = false;
             body.extend_from_slice(format!("\"{k}\":").as_bytes());
-            // Writing JSON into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut body, &v);
+            json::write(&mut body, &v);
         }
         body.push(b'}');
         HttpRequest {

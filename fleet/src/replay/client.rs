@@ -126,8 +126,9 @@ impl Client {
         Self { inner, timeout }
     }
 
-    /// Sends `req` to `target` and reads the answer of `api`.
-    pub async fn exchange(&self, target: &Target, api: Api, req: &HttpRequest) -> Outcome {
+    /// Sends `req` to `target` and reads the answer of `api`. The request is
+    /// taken, so its body (up to MBs) goes out without a copy.
+    pub async fn exchange(&self, target: &Target, api: Api, req: HttpRequest) -> Outcome {
         match tokio::time::timeout(self.timeout, self.exchange_inner(target, api, req)).await {
             Ok(o) => o,
             Err(_) => failed(
@@ -141,14 +142,14 @@ impl Client {
         }
     }
 
-    async fn exchange_inner(&self, target: &Target, api: Api, req: &HttpRequest) -> Outcome {
+    async fn exchange_inner(&self, target: &Target, api: Api, req: HttpRequest) -> Outcome {
         let mut b = hyper::Request::builder()
             .method(req.method)
             .uri(target.url(req.path));
         for (k, v) in &req.headers {
             b = b.header(k.as_str(), v.as_str());
         }
-        let request = match b.body(Full::new(Bytes::from(req.body.clone()))) {
+        let request = match b.body(Full::new(Bytes::from(req.body))) {
             Ok(r) => r,
             Err(e) => {
                 return failed(

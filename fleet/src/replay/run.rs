@@ -215,7 +215,7 @@ async fn send_one(
     let sent_ms = sh.clock.now_ms();
     let wall = Instant::now();
     let outcome = tokio::select! {
-        o = sh.client.exchange(target, api, &req) => o,
+        o = sh.client.exchange(target, api, req) => o,
         _ = cancel.wait_for(|c| *c) => return None,
     };
     let wall_ms = wall.elapsed().as_secs_f64() * 1000.0;

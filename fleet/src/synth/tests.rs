@@ -38,6 +38,46 @@ fn agents() -> Trace {
     .unwrap()
 }
 
+/// The regression guard of the replay client's large bodies (issue 27 part 4,
+/// BENCHMARKS.md "The coding-agent corpus through Envoy"): a coding-agent
+/// session resends its whole conversation every turn, and synthesizing it
+/// hashes each block's words once for the session, not again every turn
+/// (which made a 0.6 MB body cost the client a millisecond and more).
+#[test]
+fn a_long_session_hashes_each_block_once() {
+    let t = generate(&GenerateOptions {
+        seed: 19,
+        sessions: 1,
+        session_requests_median: Some(150.0),
+        max_context_tokens: 60_000,
+        ..crate::generate::Preset::CodingAgent.options()
+    })
+    .unwrap();
+    let mut synth = SessionSynth::new(&t, SessionId(0), SynthOptions::default());
+    let sent: u64 = synth
+        .by_ref()
+        .map(|(r, _)| u64::from(t.request(r).input_tokens))
+        .sum();
+    let distinct: HashSet<u64> = t
+        .session_requests(SessionId(0))
+        .into_iter()
+        .flat_map(|r| t.hash_ids(r))
+        .collect();
+    let bs = u64::from(t.block_size());
+    let hashed = synth.words_hashed();
+    assert!(sent > 1_000_000, "a long session: {sent} tokens sent");
+    // Every block the prompts use is hashed, once (the blocks' words are
+    // the prompts' words: nearly every distinct block appears in one).
+    let blocks = distinct.len() as u64 * bs;
+    assert!(
+        hashed <= blocks && hashed * 10 >= blocks * 9,
+        "{hashed} words hashed for {} distinct blocks of {bs}",
+        distinct.len()
+    );
+    // Hashing every word of every turn was `hashed == sent`.
+    assert!(hashed * 5 < sent, "{hashed} words hashed for {sent} sent");
+}
+
 /// Five chats behind one 512-token system prompt (the Mooncake importer's fixture).
 fn chats() -> Trace {
     let text = mooncake::tests::CHATS;

@@ -47,6 +47,11 @@ impl SimRank {
         self.addr
     }
 
+    /// Its process id (for CPU accounting).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Its load report (`GET /load`: `server_load`, per-rank gauges and the
     /// residency summary; docs/rank.md).
     pub fn load(&self) -> Result<serde_json::Value, HarnessError> {
