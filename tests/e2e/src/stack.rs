@@ -53,6 +53,10 @@ pub struct StackSpec {
     pub hash_balance_factor: Option<u32>,
     /// Name rank `i` `<prefix><i>` with `--rank-id` (else ranks name themselves by address).
     pub rank_id_prefix: Option<String>,
+    /// Give every rank `--peers` = the stack's ranks in the gateway's
+    /// endpoint order, each on an address chosen before they start (for
+    /// `tether-rank --rebalance`, docs/rank.md "Rebalancing in tool gaps").
+    pub peers: bool,
 }
 
 impl StackSpec {
@@ -67,6 +71,7 @@ impl StackSpec {
             concurrency: 1,
             hash_balance_factor: None,
             rank_id_prefix: None,
+            peers: false,
         }
     }
 }
@@ -83,11 +88,22 @@ pub struct Stack {
 impl Stack {
     /// Starts the ranks, renders the bootstrap for them and starts Envoy.
     pub fn start(spec: &StackSpec) -> Result<Stack, HarnessError> {
+        let listen = if spec.peers {
+            free_ports(spec.ranks)?
+        } else {
+            Vec::new()
+        };
+        let peers: Vec<String> = listen.iter().map(|a| a.to_string()).collect();
         let ranks = (0..spec.ranks)
             .map(|i| {
                 let mut args = spec.rank_args.clone();
                 if let Some(p) = &spec.rank_id_prefix {
                     args.extend(["--rank-id".to_owned(), format!("{p}{i}")]);
+                }
+                if let Some(a) = listen.get(i) {
+                    args.extend(["--listen".to_owned(), a.to_string()]);
+                    args.push("--peers".to_owned());
+                    args.extend(peers.iter().cloned());
                 }
                 SimRank::start(&args)
             })
@@ -129,6 +145,18 @@ impl Stack {
         opts.gateway_admin = Some(self.admin());
         opts
     }
+}
+
+/// `n` loopback addresses free now (bound, then let go for ranks to bind).
+pub fn free_ports(n: usize) -> Result<Vec<std::net::SocketAddr>, HarnessError> {
+    let held = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(crate::error::io("reserving rank ports"))?;
+    held.iter()
+        .map(|l| l.local_addr())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(crate::error::io("reserving rank ports"))
 }
 
 /// Renders the bootstrap of `spec` for `ranks` and starts an Envoy on it.

@@ -15,16 +15,6 @@ use std::time::{Duration, Instant};
 use tether_e2e::agent::{Api, Conversation};
 use tether_e2e::{Envoy, HttpClient, Request, Response, SimRank, bootstrap};
 
-/// Free loopback ports (bound, then let go for the ranks to bind).
-fn ports(n: usize) -> Vec<SocketAddr> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().expect("bound"))
-        .collect()
-}
-
 /// A rebalancing rank at `me` among `all`: a small device (a few sessions
 /// make it KV-heavy), 20× time (a tool retention lasts 6 s of wall time),
 /// answers of 2 tokens unless asked, peers polled every 50 ms.
@@ -99,7 +89,7 @@ async fn a_rebalanced_session_is_served_from_its_new_holder_and_the_old_one_forg
     need_envoy_and_filter();
     // Three ranks; the bootstrap's fourth upstream is a closed port the
     // filter never names.
-    let addrs = ports(4);
+    let addrs = tether_e2e::stack::free_ports(4).expect("free ports");
     let fleet = &addrs[..3];
     let ranks: Vec<SimRank> = fleet.iter().map(|a| start(*a, fleet)).collect();
     let eps: Vec<Value> = fleet
