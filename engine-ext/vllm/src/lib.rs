@@ -9,6 +9,7 @@
 
 mod arena;
 mod copier;
+mod http;
 mod ledger;
 mod pull;
 mod residency;
@@ -53,6 +54,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<copier::KvCopier>()?;
     m.add_class::<pull::PullSource>()?;
     m.add_function(wrap_pyfunction!(pull::pull_chain, m)?)?;
+    m.add_function(wrap_pyfunction!(http::http_post, m)?)?;
     m.add_function(wrap_pyfunction!(ledger::parse_marker, m)?)?;
     m.add_function(wrap_pyfunction!(copier::cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(residency::load_report, m)?)?;

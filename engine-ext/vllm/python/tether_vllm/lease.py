@@ -21,12 +21,10 @@ import logging
 import secrets
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from tether_vllm._native import PullSource, pull_chain
+from tether_vllm._native import PullSource, http_post, pull_chain
 
 logger = logging.getLogger("tether_vllm")
 
@@ -270,19 +268,15 @@ class LeaseBook:
 
 
 def post(host: str, port: int, path: str, obj: dict, timeout_s: float) -> tuple[int, dict]:
-    """One JSON POST to a holder's listener: ``(status, body)``; a connection that fails
-    raises ``OSError``."""
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}{path}"
-    req = urllib.request.Request(url, json.dumps(obj).encode(),
-                                 {"content-type": "application/json"})
+    """One JSON POST to a holder's listener (``host`` an IP address): ``(status, body)``
+    (``{}`` when the body is not JSON); a connection that fails raises ``OSError``. The
+    exchange runs in Rust with the GIL released (``_native.http_post``: why there)."""
+    status, raw = http_post(host, port, path, json.dumps(obj).encode(), int(timeout_s * 1000))
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        try:
-            return e.code, json.loads(e.read() or b"{}")
-        except ValueError:
-            return e.code, {}
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        body = {}
+    return status, body if isinstance(body, dict) else {}
 
 
 @dataclass
@@ -340,7 +334,7 @@ class Puller:
         self.block_bytes = block_bytes
         self.staging_blocks = staging_blocks
         self.pulls: dict[str, _Pull] = {}
-        self.stats = {"pull_asked": 0, "pull_refused": 0}
+        self.stats = {"pull_asked": 0, "pull_refused": 0, "pull_lease_ms": 0}
 
     def want(self, rid: str, host: str, key: int, chain: list[bytes], start: int) -> None:
         """Asks ``host`` for a lease on ``key``'s blocks ``start..len(chain)`` in a
@@ -370,6 +364,8 @@ class Puller:
                 if time.monotonic() - p.asked < self.timeout_s + 1:
                     return None
                 p.result = "the lease request timed out"
+            # From the ask to the scheduler seeing the answer (the request waited that long).
+            self.stats["pull_lease_ms"] += int((time.monotonic() - p.asked) * 1000)
             if isinstance(p.result, str):
                 self.stats["pull_refused"] += 1
                 logger.info("request %s: no pull (%s); recomputing", rid, p.result)
