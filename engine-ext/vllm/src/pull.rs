@@ -20,11 +20,20 @@ const CHAIN_TAG: &[u8] = b"tether-pull-v1";
 /// chain starts from a per-process random `NONE_HASH` unless every engine shares
 /// `PYTHONHASHSEED`.
 pub fn chain(tokens: &[u32], block_size: usize, salt: &[u8]) -> Vec<u128> {
+    extend(seed(salt), tokens, block_size)
+}
+
+/// `c0` of a chain.
+fn seed(salt: &[u8]) -> u128 {
+    xxh3_128(&[CHAIN_TAG, salt].concat())
+}
+
+/// The links after `c` for `tokens`' whole blocks.
+fn extend(mut c: u128, tokens: &[u32], block_size: usize) -> Vec<u128> {
     if block_size == 0 {
         return Vec::new();
     }
     let mut buf = Vec::with_capacity(16 + 4 * block_size);
-    let mut c = xxh3_128(&[CHAIN_TAG, salt].concat());
     tokens
         .chunks_exact(block_size)
         .map(|block| {
@@ -94,22 +103,52 @@ impl PullSource {
         Self::default()
     }
 
-    /// A prompt end retained these blocks for `key`: their pull chain and host payload
-    /// ids (vLLM block hashes), in order; replaces the key's previous chain.
+    /// Leading `hosts` (vLLM block hashes) the key's recorded chain already names: a
+    /// turn's next prompt end resends them, so only the blocks after need hashing.
+    fn common(&self, key: u64, hosts: Vec<Bound<'_, PyBytes>>) -> usize {
+        self.chains.get(&key).map_or(0, |held| {
+            held.iter()
+                .zip(&hosts)
+                .take_while(|((_, id), h)| *id == hash_id(h.as_bytes()))
+                .count()
+        })
+    }
+
+    /// A prompt end retained these blocks for `key` (`hosts`: their vLLM block hashes, in
+    /// order); `tokens` are the token ids of blocks `from_block..` (the first `from_block`
+    /// links are the key's recorded ones, `common` said so). Replaces the key's chain.
     fn record(
         &mut self,
         key: u64,
-        chain: Vec<Bound<'_, PyBytes>>,
         hosts: Vec<Bound<'_, PyBytes>>,
+        tokens: Vec<i64>,
+        from_block: usize,
+        block_size: usize,
+        salt: &str,
     ) -> PyResult<()> {
-        if chain.len() != hosts.len() {
-            return Err(CallerError::new_err("chain and hosts differ in length"));
-        }
-        let entries = chain
+        let ids = tokens
             .iter()
+            .map(|&t| u32::try_from(t))
+            .collect::<Result<Vec<u32>, _>>()
+            .map_err(|_| CallerError::new_err("record: a token id is not a u32"))?;
+        let held = self.chains.get(&key).map_or(&[][..], Vec::as_slice);
+        if from_block > held.len().min(hosts.len()) {
+            return Err(CallerError::new_err(format!(
+                "record: {from_block} links to keep, {} recorded",
+                held.len()
+            )));
+        }
+        let mut links: Vec<u128> = held[..from_block].iter().map(|(c, _)| *c).collect();
+        let start = links
+            .last()
+            .copied()
+            .unwrap_or_else(|| seed(salt.as_bytes()));
+        links.extend(extend(start, &ids, block_size));
+        let entries = links
+            .into_iter()
             .zip(&hosts)
-            .map(|(c, h)| Ok((link(c)?, hash_id(h.as_bytes()))))
-            .collect::<PyResult<Vec<_>>>()?;
+            .map(|(c, h)| (c, hash_id(h.as_bytes())))
+            .collect();
         self.chains.insert(key, entries);
         Ok(())
     }

@@ -149,6 +149,23 @@ def test_a_pull_stops_where_the_prompt_departs_from_the_retained_turn(peer):
     assert e.stats.computed_tokens == len(t2) - 6 * BS
 
 
+def test_a_turn_retained_after_an_earlier_one_is_pulled_whole(peer):
+    """The holder hashes only the blocks a prompt end adds to its key's previous turn
+    (a turn resends its history): the chain of turn 2's 13 blocks must still match the
+    puller's, computed from scratch."""
+    session = "0000000000000110"
+    t1, out = turn_one(peer, session, 8000)
+    t2 = t1 + out + list(range(600, 648))  # 209 tokens: 13 whole blocks
+    out2 = peer.call(op="serve", id=f"{session}-2", tokens=t2,
+                     params={"tether": marker(session, 2)})["out"]
+    e = puller(peer.port)
+    t3 = t2 + out2 + list(range(800, 840))
+    e.serve("p-3", t3, {"tether": marker(session, 3, pull_from=f"{HOST}:8000")})
+    s = pull_stats(e)
+    assert s["pulled_blocks"] == len(t2) // BS == 13 and s["pull_failed_blocks"] == 0, s
+    assert e.mismatched_positions == 0
+
+
 def test_a_corrupt_payload_at_the_holder_is_a_counted_recompute(peer):
     session = "0000000000000103"
     t1, out = turn_one(peer, session, 3000)

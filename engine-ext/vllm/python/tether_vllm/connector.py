@@ -759,9 +759,8 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         # What the host tier evicted to take this turn is freed before it is saved.
         self._free_op()
         if self.book is not None and getattr(request, "lora_request", None) is None:
-            tokens = request.all_token_ids[: len(hashes) * self.block_size]
-            self.book.record(marker.resident_key, tokens, hashes, self.block_size,
-                             getattr(request, "cache_salt", None))
+            self.book.record(marker.resident_key, hashes, request.all_token_ids,
+                             self.block_size, getattr(request, "cache_salt", None))
         if not store:
             return False
         for g in sorted({groups[i] for i in store}):

@@ -115,12 +115,15 @@ class LeaseBook:
 
     # ---- the scheduler thread ------------------------------------------------------
 
-    def record(self, key: int, tokens: list[int], hashes: list[bytes], block_size: int,
+    def record(self, key: int, hashes: list[bytes], tokens: Any, block_size: int,
                salt: str | None) -> None:
-        """A retained prompt end: the pull chain of its blocks beside their host ids."""
-        chain = chain_of(tokens, block_size, salt)
+        """A retained prompt end: the pull chain of its blocks (``hashes``, vLLM's) beside
+        their host ids. ``tokens`` is the request's token sequence; only the blocks after
+        those the key's previous turn recorded are hashed (a turn resends its history)."""
         with self.lock:
-            self.source.record(key, chain[: len(hashes)], hashes[: len(chain)])
+            k = self.source.common(key, hashes)
+            tail = list(tokens[k * block_size : len(hashes) * block_size])
+            self.source.record(key, hashes, tail, k, block_size, salt or "")
 
     def worker_report(self, saved: list, lost: list[bytes], agents: list, notified: list[str]) -> None:
         with self.lock:
