@@ -121,9 +121,10 @@ def slice_trace(src: Path, sessions: int, max_output: int, out: Path) -> Path:
     return out
 
 
-def replay(a: argparse.Namespace, url: str, admin: int, label: str, out: Path) -> dict:
-    """``tether replay`` of the slice; its report."""
-    tether("replay", str(a.slice), "--target", url, "--gateway-admin", f"127.0.0.1:{admin}",
+def replay(a: argparse.Namespace, url: str, admin: int, label: str, out: Path,
+           trace: Path | None = None) -> dict:
+    """``tether replay`` of ``trace`` (the slice by default); its report."""
+    tether("replay", str(trace or a.slice), "--target", url, "--gateway-admin", f"127.0.0.1:{admin}",
            "--model", "tiny", "--exact-output",
            "--speedup", str(a.speedup), "--timeout-s", "900", "--max-error-rate", "0",
            "--label", label, "--out", str(out), "--quiet")
@@ -260,10 +261,15 @@ def check_sim(a: argparse.Namespace, model: Path) -> None:
         with serving(model, engines(sim_s, a, a.out / "logs")) as servers, \
                 gateway(servers, SIM_PLUGIN, "hash") as gw:
             replay(a, gw.url, gw.admin, f"vLLM, {s.cache}", engine_out)
+        arrivals = None
+        if a.arrivals == "engine":
+            arrivals = as_sent(a.slice, engine_out, a.out / "sim-check" / f"{s.cache}-arrivals.jsonl")
         with ranks(sim_s, a, a.out / "logs", timing) as servers, gateway(servers, SIM_PLUGIN, "hash") as gw:
-            replay(a, gw.url, gw.admin, f"tether-rank, {s.cache}", sim_out)
-        results[s.cache] = agreement(per_request(engine_out), per_request(sim_out))
-    report = {**results, "timing": {"profile": str(timing), "source": a.timing}}
+            replay(a, gw.url, gw.admin, f"tether-rank, {s.cache}", sim_out, arrivals)
+        results[s.cache] = agreement(by_file_position(per_request(engine_out), a.slice),
+                                     by_file_position(per_request(sim_out), arrivals or a.slice))
+    report = {**results, "timing": {"profile": str(timing), "source": a.timing},
+              "arrivals": a.arrivals}
     (a.out / "sim-vs-engine.json").write_text(json.dumps(report, indent=1))
     lines = ["| cache | requests | hit ratio, engine | hit ratio, tether-rank | difference (points) |"
              " equal within one block | equal |", "|---|---:|---:|---:|---:|---:|---:|"]
@@ -273,10 +279,77 @@ def check_sim(a: argparse.Namespace, model: Path) -> None:
                      f" {pct(r['equal'])} |")
     source = "the engine, measured by calibrate.py" if a.timing == "measured" else "an H200"
     lines.append(f"\ntether-rank timed by {timing.name} ({source}); routing: Envoy hash mode"
-                 " on the filter's key; tokenizer: word-level on both sides.")
+                 " on the filter's key; tokenizer: word-level on both sides; arrivals: "
+                 + ("each request when the engine run sent it." if a.arrivals == "engine"
+                    else "the trace's, both sides behind it as far as their own speed puts them."))
     table = "\n".join(lines)
     (a.out / "sim-vs-engine.md").write_text(table + "\n")
     print("\n" + table)
+
+
+def as_sent(slice_path: Path, engine_out: Path, out: Path) -> Path:
+    """The slice with every request's arrival moved to when the engine run sent it.
+
+    A replay sends a turn at its trace time or when its predecessor's answer is in, whichever
+    is later. CPU engines fall behind the trace's clock, and by other amounts than the ranks
+    timed by a calibrated profile do (the machine's other load moves the engines, not the
+    ranks), so under the trace's own arrivals the two sides serve concurrent sessions in
+    different orders — and an LRU queue near capacity evicts different prefixes for it. The
+    ranks, faster than the engines, replay these arrivals at the times the engines saw them:
+    what differs then is the cache, not the clock. ``sent_ms`` is in trace milliseconds
+    since the replay's start, the clock ``at_ms`` is read on."""
+    records = [json.loads(line) for line in slice_path.read_text().splitlines() if line.strip()]
+    requests = [r for r in records if r["type"] == "request"]
+    order = replay_order(records)
+    sent = {}
+    for line in (engine_out / "requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        sent[order[r["request"]]] = round(r["sent_ms"])
+    missing = [i for i in range(len(requests)) if i not in sent]
+    if missing:
+        raise SystemExit(f"{engine_out}: no send time for requests {missing[:5]}; cannot replay"
+                         " the engine's arrivals")
+    # Sessions keep their start (a replay numbers requests in session-start order, and the
+    # comparison joins the two runs by that number); the trace time a replay's clock starts
+    # at is the earliest session start.
+    origin = min(r["start_ms"] for r in records if r["type"] == "session")
+    starts = {r["id"]: r["start_ms"] for r in records if r["type"] == "session"}
+    last: dict[tuple[str, str], int] = {}
+    with out.open("w") as f:
+        index = 0
+        for r in records:
+            if r["type"] == "request":
+                agent = (r["session"], r["agent"])
+                # A request is never sent before its trace time, so this is at least the
+                # trace's `at_ms`; `at_ms` never decreases within an agent (the format's rule).
+                r["at_ms"] = max(origin + sent[index] - starts[r["session"]], last.get(agent, 0))
+                last[agent] = r["at_ms"]
+                index += 1
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    return out
+
+
+def replay_order(records: list[dict]) -> list[int]:
+    """For each request number a replay's report uses, the request's position in the trace
+    file: the trace loader numbers sessions by their first arrival (ties in file order), and
+    a session's requests by ``at_ms`` (ties in file order) — so moving arrivals renumbers
+    requests, and two runs of different arrivals are joined through this."""
+    starts = {r["id"]: r.get("start_ms", 0) for r in records if r["type"] == "session"}
+    sessions: dict[str, list[tuple[int, int]]] = {}
+    for i, r in enumerate(r for r in records if r["type"] == "request"):
+        sessions.setdefault(r["session"], []).append((r["at_ms"], i))
+    rank = {sid: n for n, sid in enumerate(starts)}
+    keyed = sorted(sessions.items(),
+                   key=lambda kv: (starts.get(kv[0], 0) + min(at for at, _ in kv[1]),
+                                   rank.get(kv[0], len(rank))))
+    return [i for _, reqs in keyed for _, i in sorted(reqs)]
+
+
+def by_file_position(rows: dict[int, tuple[int, int]], trace: Path) -> dict[int, tuple[int, int]]:
+    """``per_request``'s rows keyed by the request's position in ``trace`` (``replay_order``)."""
+    records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    order = replay_order(records)
+    return {order[n]: row for n, row in rows.items()}
 
 
 def agreement(engine: dict[int, tuple[int, int]], sim: dict[int, tuple[int, int]]) -> dict:
@@ -314,6 +387,9 @@ def main() -> None:
     p.add_argument("--timing", choices=("measured", "h200"), default="measured",
                    help="tether-rank's speed in the check: the engine's, measured (calibrate.py),"
                         " or the H200 profile's")
+    p.add_argument("--arrivals", choices=("engine", "trace"), default="engine",
+                   help="the ranks' arrivals in the check: when the engine run sent each request,"
+                        " or the trace's own (each side as far behind as its speed puts it)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "logs").mkdir(exist_ok=True)
