@@ -8,7 +8,7 @@ use super::progress::Observer;
 use super::size::{self, Binding, DecodeLoad, EngineLimits, Infeasible, PrefillLoad, Size, Slo};
 use super::{BindingShare, PlanConfig, PlanError, Settings, Variant};
 use crate::report::Observation;
-use crate::sim::{CacheMode, FleetShape, RunReport, SimConfig, Step, simulate};
+use crate::sim::{CacheMode, FleetShape, Policy, RunReport, SimConfig, Step, simulate};
 use crate::trace::Trace;
 use std::rc::Rc;
 use tether_placement::disaggregate;
@@ -48,6 +48,10 @@ pub(super) struct Planner<'a> {
     /// Report each simulation's requests as they are placed (the whole-trace
     /// runs of a sampled plan, minutes each).
     pub by_request: bool,
+    /// A correction round grows every pool that may bind in one simulation
+    /// instead of one simulation per pool (the whole-trace runs of a sampled
+    /// plan: a few replicas more cost less than minutes more).
+    pub grow_together: bool,
     /// Every token the simulated fleet serves: prompt + output of each request
     /// within the context window (those over it are refused, not served).
     pub tokens: f64,
@@ -72,6 +76,7 @@ impl<'a> Planner<'a> {
             tokens: 0.0,
             obs,
             by_request: false,
+            grow_together: false,
         };
         let window = tether_rank_engine::engine::ContextLimit(profile.max_model_len);
         p.tokens = trace
@@ -215,6 +220,7 @@ impl<'a> Planner<'a> {
         let Some(i) = all.first() else { return Ok(()) };
         size::floor(
             &PrefillLoad {
+                split: false,
                 service_ms: self.service(i),
                 after_ms: self.model.decode_ms(1, i.decode_context.max(1.0)),
                 len_ms: i.len_ms,
@@ -254,6 +260,7 @@ impl<'a> Planner<'a> {
                 .unwrap_or(0.0)
                 + first_step;
             let all = PrefillLoad {
+                split: false,
                 service_ms: service.clone(),
                 after_ms: first_step,
                 len_ms: i.len_ms,
@@ -263,6 +270,7 @@ impl<'a> Planner<'a> {
             let slo_i = self.interval_slo(&all, slo)?;
             let p = size::prefill(
                 &PrefillLoad {
+                    split: s.policy == Policy::RoundRobin,
                     service_ms: remote,
                     after_ms: after,
                     len_ms: i.len_ms,
@@ -312,6 +320,7 @@ impl<'a> Planner<'a> {
             let service = self.service(&i);
             let slo_i = self.interval_slo(
                 &PrefillLoad {
+                    split: false,
                     service_ms: service.clone(),
                     after_ms: 0.0,
                     len_ms: i.len_ms,
@@ -495,6 +504,12 @@ impl<'a> Planner<'a> {
             let mut best: Option<(Fit, f64)> = None;
             for option in self.grown(&fit, &miss, pools) {
                 rounds += 1;
+                if self.by_request {
+                    self.obs.note(&format!(
+                        "{name}: missed {}, grown (run {rounds})",
+                        worst_of(&miss)
+                    ));
+                }
                 let (report, records) = self.run(s, &option.steps, true)?;
                 let f = Fit {
                     report,
@@ -541,7 +556,6 @@ impl<'a> Planner<'a> {
     /// that binds.
     fn grown(&self, fit: &Fit, miss: &Misses, pools: usize) -> Vec<Fit> {
         let bad = self.bad_intervals(&fit.records, fit.steps.len(), miss);
-        let grow = |n: usize| n + (n / 5).max(1);
         let ttft = bad.iter().any(|b| b.0);
         let mut out = Vec::new();
         for pool in 0..pools {
@@ -556,10 +570,10 @@ impl<'a> Planner<'a> {
                     continue;
                 };
                 if prefill_pool && t {
-                    st.prefill = grow(st.prefill);
+                    st.prefill = grown_by_a_fifth(st.prefill);
                     sz.0.binding = Binding::Simulation;
                 } else if !prefill_pool && (t || i) {
-                    st.decode = grow(st.decode);
+                    st.decode = grown_by_a_fifth(st.decode);
                     sz.1.binding = Binding::Simulation;
                 }
             }
@@ -569,6 +583,9 @@ impl<'a> Planner<'a> {
                 report: fit.report.clone(),
                 records: Vec::new(),
             });
+        }
+        if self.grow_together {
+            out = together(out).into_iter().collect();
         }
         out
     }
@@ -800,4 +817,45 @@ impl<'a> Planner<'a> {
             rounds,
         }
     }
+}
+
+/// One fleet out of a round's options: each pool grown as the option that
+/// grew it has it (every option starts from the same fleet).
+fn together(options: Vec<Fit>) -> Option<Fit> {
+    options.into_iter().reduce(|mut a, b| {
+        take_larger(&mut a.steps, &mut a.sizes, &b.steps, &b.sizes);
+        a
+    })
+}
+
+/// Per interval and pool, the larger of `steps` and `other` (with what set it).
+pub(super) fn take_larger(
+    steps: &mut [Step],
+    sizes: &mut [(Size, Size)],
+    other: &[Step],
+    other_sizes: &[(Size, Size)],
+) {
+    let mine = steps.iter_mut().zip(sizes.iter_mut());
+    for ((s, z), (o, oz)) in mine.zip(other.iter().zip(other_sizes)) {
+        if o.prefill > s.prefill {
+            s.prefill = o.prefill;
+            z.0 = oz.0;
+        }
+        if o.decode > s.decode {
+            s.decode = o.decode;
+            z.1 = oz.1;
+        }
+    }
+}
+
+/// The worst miss, as `ttft-p90 1.23x`.
+fn worst_of(miss: &Misses) -> String {
+    miss.iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or_else(String::new, |(k, x)| format!("{k} {x:.2}x"))
+}
+
+/// One correction's growth of a pool that missed: a fifth, at least one.
+pub(super) fn grown_by_a_fifth(n: usize) -> usize {
+    n + (n / 5).max(1)
 }

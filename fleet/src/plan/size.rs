@@ -181,6 +181,13 @@ pub struct PrefillLoad {
     /// Share of each engine's time already taken by other work (decoding, in a
     /// coupled pool).
     pub busy_share: f64,
+    /// Each engine queues its own requests: the router hands every `c`-th
+    /// request to each without looking at load (round robin), so the pool is
+    /// `c` single-engine queues, not one queue that `c` engines serve — a
+    /// long prompt holds up the requests behind it on its engine while
+    /// others idle. At one or two engines (a sample) the two are close; at
+    /// tens (the whole trace) the shared queue waits far less.
+    pub split: bool,
 }
 
 /// Predicted TTFT quantiles (p90, p99) of `load` on `c` engines.
@@ -195,8 +202,16 @@ pub fn ttft(load: &PrefillLoad, c: usize) -> (f64, f64) {
     let var = s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
     let cs2 = if mean > 0.0 { var / (mean * mean) } else { 0.0 };
     let lambda = n as f64 / load.len_ms;
-    let at =
-        |q: f64| wait_quantile(c, lambda, mean, load.ca2, cs2, q) + quantile(&s, q) + load.after_ms;
+    let wait = |q: f64| {
+        if load.split {
+            // Every c-th arrival: the gaps are sums of c gaps, CV² ÷ c.
+            let k = c as f64;
+            wait_quantile(1, lambda / k, mean, load.ca2 / k, cs2, q)
+        } else {
+            wait_quantile(c, lambda, mean, load.ca2, cs2, q)
+        }
+    };
+    let at = |q: f64| wait(q) + quantile(&s, q) + load.after_ms;
     (at(0.9), at(0.99))
 }
 
@@ -409,6 +424,7 @@ pub fn coupled(
             continue;
         }
         let load = PrefillLoad {
+            split: false,
             service_ms: service_ms.to_vec(),
             after_ms: 0.0,
             len_ms: len,

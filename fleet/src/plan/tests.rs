@@ -279,13 +279,18 @@ fn a_prompt_larger_than_the_device_is_named_not_grown_for() {
 /// tokens. The fleet drains for seconds after the interval — 10–20 % of the
 /// bill when the prediction left it out.
 fn steady_trace() -> Trace {
+    steady_trace_of(300, 100, 168)
+}
+
+/// `n` 12 K-token prompts `gap_ms` apart, the first `shared` blocks of each shared.
+fn steady_trace_of(n: u64, gap_ms: u64, shared: u64) -> Trace {
     use crate::trace::{AgentSpec, RequestSpec, SessionSpec, TraceBuilder, TurnKind};
     let mut b = TraceBuilder::new(64).unwrap();
-    for i in 0..300u64 {
+    for i in 0..n {
         let s = b
             .session(SessionSpec {
                 id: format!("s{i}"),
-                start_ms: Some(i * 100),
+                start_ms: Some(i * gap_ms),
                 ..Default::default()
             })
             .unwrap();
@@ -295,8 +300,9 @@ fn steady_trace() -> Trace {
             ..Default::default()
         };
         let m = b.agent(s, main).unwrap();
-        let ids: Vec<u64> = (0..168)
-            .chain((0..20).map(|k| 1_000_000 + i * 20 + k))
+        let own = 188 - shared;
+        let ids: Vec<u64> = (0..shared)
+            .chain((0..own).map(|k| 1_000_000 + i * own + k))
             .collect();
         b.request(m, RequestSpec::new(0, 12_000, 800, TurnKind::First), &ids)
             .unwrap();
@@ -370,4 +376,96 @@ fn a_large_trace_is_searched_on_a_sample_and_its_choice_verified_whole() {
     assert!((0.9..=1.1).contains(&a), "simulated / predicted = {a}");
     assert!(r.verdict.starts_with("target met"), "{}", r.verdict);
     finite_everywhere(&r);
+}
+
+fn step(prefill: usize, decode: usize) -> crate::sim::Step {
+    crate::sim::Step {
+        start_ms: 0.0,
+        prefill,
+        decode,
+    }
+}
+
+#[test]
+fn a_whole_trace_fleet_is_the_model_times_the_calibration_never_below_the_floor() {
+    let model = [step(2, 3), step(0, 5), step(7, 1)];
+    let floor = [step(4, 1), step(3, 6), step(1, 1)];
+    let got = whole::scaled(&model, (1.5, 1.0), Some(&floor));
+    let counts: Vec<_> = got.iter().map(|s| (s.prefill, s.decode)).collect();
+    // 2 × 1.5 = 3 < the floor's 4; no prefill pool stays none; 7 × 1.5 → 11.
+    assert_eq!(counts, [(4, 3), (0, 6), (11, 1)]);
+    let bare: Vec<_> = whole::scaled(&model, (0.1, 1.0), None)
+        .iter()
+        .map(|s| (s.prefill, s.decode))
+        .collect();
+    assert_eq!(
+        bare,
+        [(1, 3), (0, 5), (1, 1)],
+        "at least one where the model has one"
+    );
+}
+
+#[test]
+fn one_correction_round_of_the_whole_trace_grows_both_pools_in_one_fleet() {
+    let sz = |n| {
+        (
+            size::Size::of(n, Binding::Throughput),
+            size::Size::of(n, Binding::Throughput),
+        )
+    };
+    let grown = |n| {
+        (
+            size::Size::of(n, Binding::Simulation),
+            size::Size::of(n, Binding::Throughput),
+        )
+    };
+    let mut steps = vec![step(6, 10), step(5, 8)];
+    let mut sizes = vec![grown(7), sz(5)];
+    steps[0].prefill = 7; // the prefill option grew interval 0's prefill pool
+    let decode_option = [step(6, 12), step(5, 8)];
+    let decode_sizes = [
+        (
+            size::Size::of(6, Binding::Throughput),
+            size::Size::of(12, Binding::Simulation),
+        ),
+        sz(5),
+    ];
+    fit::take_larger(&mut steps, &mut sizes, &decode_option, &decode_sizes);
+    let counts: Vec<_> = steps.iter().map(|s| (s.prefill, s.decode)).collect();
+    assert_eq!(counts, [(7, 12), (5, 8)]);
+    assert_eq!(sizes[0].0.binding, Binding::Simulation);
+    assert_eq!(sizes[0].1.binding, Binding::Simulation);
+}
+
+#[test]
+fn an_uncorrected_no_reuse_choice_is_sized_for_the_whole_trace_with_its_queueing() {
+    let t = steady_trace_of(1200, 25, 0);
+    let mut c = cfg(
+        Slo {
+            ttft_p90_ms: None,
+            ttft_p99_ms: Some(3000.0),
+            itl_p99_ms: Some(25.0),
+        },
+        None,
+    );
+    c.interval_ms = 30_000.0;
+    let prof = profile();
+    let p = planner(&t, &prof, &c, &progress::Quiet).unwrap();
+    let v = baseline::no_reuse(&p, &start(&c)).unwrap();
+    let work = p.hits(&v.settings).unwrap();
+    let steps = whole::sized_for_whole(&p, &p, &v, &work);
+    let dynamo = baseline::dynamo_steps(&p, &p.cold_work(), &c.sim);
+    let total = |s: &[crate::sim::Step]| s.iter().map(|x| x.prefill + x.decode).sum::<usize>();
+    for (a, d) in steps.iter().zip(&dynamo) {
+        assert!(
+            a.prefill >= d.prefill && a.decode >= d.decode,
+            "{steps:?} vs {dynamo:?}"
+        );
+    }
+    assert!(
+        total(&steps) > total(&dynamo),
+        "the queueing model adds to Dynamo's throughput count: {steps:?} vs {dynamo:?}"
+    );
+    let (r, _) = p.run(&v.settings, &steps, false).unwrap();
+    assert!(p.misses(&r).is_empty(), "{:?}", p.headroom(&r));
 }

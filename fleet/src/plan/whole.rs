@@ -8,7 +8,7 @@
 //! the sample's fleet).
 
 use super::demand::{Work, intervals};
-use super::fit::Planner;
+use super::fit::{Planner, grown_by_a_fifth};
 use super::size::{Binding, MAX_REPLICAS, Size};
 use super::{
     PlanConfig, PlanError, PlanReport, RunOptions, Variant, answer, exact, planner, sample,
@@ -70,9 +70,13 @@ pub(super) fn plan(
         return Ok(report);
     };
     wp.by_request = true;
+    wp.grow_together = true;
     let steps = sized_for_whole(&sp, &wp, &c, &part_work);
     obs.phase("whole trace", trace.requests().len() as u64, "requests");
-    obs.note(&format!("{}, scaled: the whole trace", c.name));
+    obs.note(&format!(
+        "{}, sized for the whole trace: simulating it",
+        c.name
+    ));
     let sizes = vec![(Size::of(0, Binding::Minimum), Size::of(0, Binding::Minimum)); steps.len()];
     let first = wp.first(&c.settings, steps, sizes)?;
     let work: Vec<Work> = first
@@ -80,8 +84,13 @@ pub(super) fn plan(
         .iter()
         .filter_map(Work::from_observation)
         .collect();
+    let how = if corrected_on_sample(&c) {
+        "sized for the whole trace by the profile's model times the sample's correction"
+    } else {
+        "sized for the whole trace by the profile's queueing model (not corrected on the sample: no calibration), at least Dynamo's count"
+    };
     let what = format!(
-        "{} (the sample's choice: {}), its fleet scaled to the whole trace and simulated on it",
+        "{} (the sample's choice: {}), {how}, and simulated on it",
         c.name,
         c.settings.describe()
     );
@@ -131,13 +140,21 @@ fn at_ratios(p: &Planner, ratios: &[f64], all: f64) -> Vec<Work> {
         .collect()
 }
 
-/// The profile's replicas for `v`'s configuration on `work`, as `v` was
-/// first sized (Dynamo's formulas on every prompt token for `no-reuse`).
+/// The profile's replicas for `v`'s configuration on `work`: the queueing
+/// model of step 2 ([`Planner::size`]) for every configuration, `no-reuse`
+/// included — its sample fleet is Dynamo's throughput formulas, which leave
+/// queueing out: at the sample's few replicas the ceiling of each interval's
+/// count hides that, on the whole trace the fleet runs at ~100 % busy and
+/// misses TTFT (issue 28: two whole-trace corrections, ~200 s each).
 fn modelled(p: &Planner, v: &Variant, work: &[Work]) -> Option<Vec<Step>> {
-    if v.name == "no-reuse" {
-        return Some(super::baseline::dynamo_steps(p, &p.cold_work(), &p.cfg.sim));
-    }
     p.size(work, &v.settings, &p.cfg.slo).ok().map(|(s, _)| s)
+}
+
+/// Whether the sample's `v` was corrected against its simulation, so that
+/// its fleet ÷ the model is a calibration (`no-reuse` is simulated once, as
+/// Dynamo sizes it: its fleet says nothing about the model's error).
+fn corrected_on_sample(v: &Variant) -> bool {
+    v.name != "no-reuse"
 }
 
 /// Replica-intervals of `fitted` over `model`, per pool (1 where the model has none).
@@ -156,20 +173,58 @@ fn calibration(fitted: &[Step], model: &[Step]) -> (f64, f64) {
 /// modelled replicas per pool, the same model on the sample's requests at the
 /// same ratios). Larger pools queue less; the model sees that, a linear
 /// scaling of the sample's fleet would not.
-fn sized_for_whole(sp: &Planner, wp: &Planner, v: &Variant, part_work: &[Work]) -> Vec<Step> {
+pub(super) fn sized_for_whole(
+    sp: &Planner,
+    wp: &Planner,
+    v: &Variant,
+    part_work: &[Work],
+) -> Vec<Step> {
     let (ratios, all) = hit_ratios(part_work, sp);
-    let part_model = modelled(sp, v, &at_ratios(sp, &ratios, all));
-    let whole_model = modelled(wp, v, &at_ratios(wp, &ratios, all));
-    let (Some(pm), Some(wm)) = (part_model, whole_model) else {
+    let whole_work = at_ratios(wp, &ratios, all);
+    let Some(wm) = modelled(wp, v, &whole_work) else {
         return v.steps.clone();
     };
-    let (cp, cd) = calibration(&v.steps, &pm);
+    if corrected_on_sample(v) {
+        let Some(pm) = modelled(sp, v, &at_ratios(sp, &ratios, all)) else {
+            return v.steps.clone();
+        };
+        return scaled(&wm, calibration(&v.steps, &pm), None);
+    }
+    // No calibration: the model gets, up front, the growth a whole-trace miss
+    // would get (a fifth, every interval), never below Dynamo's count. One
+    // whole-trace run is minutes; the margin costs up to a fifth more
+    // GPU-hours (the fleet is not trimmed). Issue 28's 1 M trace: the model's
+    // fleet missed an objective on the whole trace, the same grown by a
+    // fifth met with TTFT p90 at 0.58 of its objective.
+    let dynamo = super::baseline::dynamo_steps(wp, &wp.cold_work(), &wp.cfg.sim);
+    let mut steps = scaled(&wm, (1.0, 1.0), Some(&dynamo));
+    for s in &mut steps {
+        s.prefill = if s.prefill == 0 {
+            0
+        } else {
+            grown_by_a_fifth(s.prefill)
+        };
+        s.decode = grown_by_a_fifth(s.decode);
+    }
+    steps
+}
+/// `model` times the calibration `(prefill, decode)`, each pool at least
+/// `floor`'s in the same interval when given, within `1..=MAX_REPLICAS`
+/// (0 stays 0: no prefill pool).
+pub(super) fn scaled(model: &[Step], (cp, cd): (f64, f64), floor: Option<&[Step]>) -> Vec<Step> {
     let up = |n: usize, c: f64| ((n as f64 * c).ceil() as usize).clamp(n.min(1), MAX_REPLICAS);
-    wm.iter()
-        .map(|s| Step {
-            start_ms: s.start_ms,
-            prefill: up(s.prefill, cp),
-            decode: up(s.decode, cd),
+    model
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            let f = floor.and_then(|f| f.get(k));
+            let at_least =
+                |n: usize, g: Option<usize>| if n == 0 { 0 } else { n.max(g.unwrap_or(0)) };
+            Step {
+                start_ms: s.start_ms,
+                prefill: at_least(up(s.prefill, cp), f.map(|f| f.prefill)),
+                decode: at_least(up(s.decode, cd), f.map(|f| f.decode)),
+            }
         })
         .collect()
 }

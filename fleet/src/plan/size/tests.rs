@@ -52,6 +52,7 @@ fn erlang_c_matches_the_textbook() {
 fn prefill_replicas_meet_the_ttft_objective_and_no_more() {
     // 600 requests of 1,000 uncached tokens (100 ms each) in 60 s: 1 engine-minute of work.
     let load = PrefillLoad {
+        split: false,
         service_ms: vec![100.0; 600],
         after_ms: 0.0,
         len_ms: 60_000.0,
@@ -80,10 +81,46 @@ fn prefill_replicas_meet_the_ttft_objective_and_no_more() {
     assert!(e.why.contains("100 ms"), "{}", e.why);
     // No work, no replicas.
     let idle = PrefillLoad {
+        split: false,
         service_ms: vec![],
         ..load
     };
     assert_eq!(prefill(&idle, &slo).unwrap().replicas, 0);
+}
+
+#[test]
+fn a_round_robin_prefill_pool_queues_per_engine_and_needs_more_engines() {
+    // 60 s of prompts, one in ten 10× longer (CV² ≈ 5): ~18 engine-minutes.
+    let service_ms: Vec<f64> = (0..6_000)
+        .map(|k| if k % 10 == 0 { 1_000.0 } else { 100.0 })
+        .collect();
+    let shared = PrefillLoad {
+        split: false,
+        service_ms,
+        after_ms: 0.0,
+        len_ms: 60_000.0,
+        ca2: 1.0,
+        busy_share: 0.0,
+    };
+    let split = PrefillLoad {
+        split: true,
+        service_ms: shared.service_ms.clone(),
+        ..shared
+    };
+    let slo = Slo {
+        ttft_p90_ms: Some(1_500.0),
+        ..Slo::default()
+    };
+    // On one engine the two are the same queue.
+    assert_eq!(ttft(&shared, 1), ttft(&split, 1));
+    // At twenty, one queue per engine waits longer: a long prompt holds up
+    // its own engine's queue while the others idle.
+    assert!(ttft(&split, 20).0 > ttft(&shared, 20).0 + 100.0);
+    let (a, b) = (
+        prefill(&shared, &slo).unwrap(),
+        prefill(&split, &slo).unwrap(),
+    );
+    assert!(b.replicas > a.replicas, "{a:?} vs {b:?}");
 }
 
 /// `kv` KV tokens and vLLM's default `--max-num-seqs` 256.
