@@ -22,6 +22,7 @@ use crate::marker::{RetentionKey, TurnMarker};
 use crate::payload::{MoveError, Mover, SlotId, StateSlot, split};
 use crate::pool::{BlockPool, KvEvent};
 use crate::record::{DeviceRecord, HostRecord, RecordMeta};
+use crate::rewrite::{TailRewrites, rewritten};
 use crate::states::StatePool;
 use crate::victims::{Class, VictimIndex};
 use std::collections::HashMap;
@@ -171,6 +172,15 @@ struct Plan {
     state: Option<(BlockHash, bool)>,
 }
 
+/// What an admission fetched from the host tier for [`RetentionCache::scatter_restore`]
+/// to write: the restored blocks' bytes, the snapshot's bytes, and the state slot already
+/// reserved for that snapshot at admission (`None`: allocate it there).
+struct Fetched<'a> {
+    blocks: &'a [u8],
+    state: Option<&'a [u8]>,
+    room: Option<(BlockHash, StateSlot)>,
+}
+
 /// Block counts at which a hybrid prompt of `n` full blocks keeps state snapshots: the
 /// prompt end first, then every `checkpoint_every_tokens` (latest first), so when slots
 /// run short the boundaries most likely to be resumed from are the ones kept. All are
@@ -211,6 +221,9 @@ pub struct RetentionCache {
     evicted: Vec<BlockHash>,
     /// Dead tail blocks published so far: makes each one's hash unique.
     dead_blocks: u64,
+    /// How far returning requests rewrite their key's previous prompt (hybrid models:
+    /// where a retention's snapshot goes, `crate::rewrite`).
+    rewrites: TailRewrites,
 }
 
 impl RetentionCache {
@@ -227,6 +240,7 @@ impl RetentionCache {
             stats: Stats::default(),
             evicted: Vec::new(),
             dead_blocks: 0,
+            rewrites: TailRewrites::default(),
             cfg,
         })
     }
@@ -313,6 +327,7 @@ impl RetentionCache {
         if self.running.contains_key(&id) {
             return Err(CacheError::Duplicate(id));
         }
+        let rewrite = key.and_then(|k| self.rewrite_of(&k, hashes));
         let prefetch_hit = key.is_some_and(|k| self.refresh(&k, now));
         let mut miss = None;
         let mut plan = self.plan(hashes, true);
@@ -351,12 +366,31 @@ impl RetentionCache {
         if let Some((b, true)) = plan.state {
             run.state_pin = self.states.pin(b).map(|_| b);
         }
+        // A snapshot coming back from the host takes its room before the prompt's own
+        // blocks: without it the restored prefix is unusable, so a request that cannot
+        // have both waits (as vLLM's scheduler waits for a hybrid request's state
+        // pages) rather than recomputing everything — unless the two could never fit.
+        let fresh = match (&state_bytes, plan.state) {
+            (Some(_), Some((b, false))) => match self.alloc_state(b, now, mover) {
+                Some(s) => Some((b, s)),
+                None if n + self.cfg.state_blocks() <= self.cfg.device_blocks => {
+                    self.release_running(run);
+                    return Err(CacheError::OutOfBlocks { need: n });
+                }
+                None => None,
+            },
+            _ => None,
+        };
         // Allocate the rest: restored blocks first, then the blocks prefill computes.
         while run.slots.len() < n {
             match self.alloc(now, mover) {
                 Some(s) => run.slots.push(s),
                 None => {
                     self.release_running(run);
+                    if let Some((b, _)) = fresh {
+                        let backing = self.states.discard(b);
+                        self.release_backing(backing);
+                    }
                     return Err(CacheError::OutOfBlocks { need: n });
                 }
             }
@@ -365,14 +399,12 @@ impl RetentionCache {
         let mut state_restored = false;
         let mut state = run.state_pin.and_then(|b| self.states.get(b));
         if plan.restore > 0 || state_bytes.is_some() {
-            match self.scatter_restore(
-                &mut run,
-                &plan,
-                &restored_bytes,
-                state_bytes.as_deref(),
-                now,
-                mover,
-            ) {
+            let fetched = Fetched {
+                blocks: &restored_bytes,
+                state: state_bytes.as_deref(),
+                room: fresh,
+            };
+            match self.scatter_restore(&mut run, &plan, fetched, now, mover) {
                 Ok((r, s)) => {
                     restored = r;
                     if s.is_some() {
@@ -388,7 +420,7 @@ impl RetentionCache {
                     // A snapshot is valid only at its own boundary, which the failed
                     // restore did not reach: resume from nothing rather than a wrong state.
                     if let Some(b) = run.state_pin.take() {
-                        self.states.unpin(b);
+                        self.states.unpin_at(b, self.pool.lru_clock());
                     }
                     state = None;
                 }
@@ -409,7 +441,32 @@ impl RetentionCache {
             prefetch_hit,
         };
         self.running.insert(id, run);
+        if let Some(r) = rewrite {
+            self.rewrites.observe(r);
+        }
         Ok(adm)
+    }
+
+    /// Hybrid models: how many trailing full blocks of the key's retained prompt (on
+    /// either tier) the returning chain `hashes` rewrites ([`TailRewrites`]); `None`
+    /// when the key holds nothing.
+    fn rewrite_of(&self, key: &RetentionKey, hashes: &[BlockHash]) -> Option<usize> {
+        if !self.cfg.hybrid() {
+            return None;
+        }
+        let (held, past_end) = match self.records.get(key) {
+            Some(r) => (&r.hashes, &r.meta.past_end),
+            None => self
+                .host
+                .record(key)
+                .map(|r| (&r.hashes, &r.meta.past_end))?,
+        };
+        let lost = rewritten(held, hashes);
+        Some(if lost == 0 {
+            rewritten(past_end, &hashes[held.len()..])
+        } else {
+            lost + past_end.len()
+        })
     }
 
     /// Marks the host record a restore came from as used ([`HostTier::usage`]): for a
@@ -484,22 +541,34 @@ impl RetentionCache {
         &mut self,
         run: &mut Running,
         plan: &Plan,
-        blocks: &[u8],
-        state: Option<&[u8]>,
+        fetched: Fetched<'_>,
         now: Millis,
         mover: &mut dyn Mover,
     ) -> Result<(usize, Option<StateSlot>), RestoreMiss> {
+        let Fetched {
+            blocks,
+            state,
+            room: fresh,
+        } = fetched;
         let range = plan.device..plan.device + plan.restore;
-        if !range.is_empty() {
-            mover
-                .scatter_blocks(&run.slots[range.clone()], blocks)
-                .map_err(|e| RestoreMiss::Copy(e.0))?;
+        if !range.is_empty()
+            && let Err(e) = mover.scatter_blocks(&run.slots[range.clone()], blocks)
+        {
+            // The snapshot allocated for this restore was never written.
+            if let Some((b, _)) = fresh {
+                let backing = self.states.discard(b);
+                self.release_backing(backing);
+            }
+            return Err(RestoreMiss::Copy(e.0));
         }
         let mut slot = None;
         if let (Some(bytes), Some((b, false))) = (state, plan.state) {
-            let s = self
-                .alloc_state(b, now, mover)
-                .ok_or_else(|| RestoreMiss::Copy("no state slot".into()))?;
+            let s = match fresh {
+                Some((_, s)) => s,
+                None => self
+                    .alloc_state(b, now, mover)
+                    .ok_or_else(|| RestoreMiss::Copy("no state slot".into()))?,
+            };
             if let Err(e) = mover.scatter_states(&[s], bytes) {
                 let backing = self.states.discard(b);
                 self.release_backing(backing);
@@ -561,20 +630,20 @@ impl RetentionCache {
         mover: &mut dyn Mover,
     ) -> Retained {
         let mut chain: Vec<SlotId> = run.canonical.iter().map_while(|c| *c).collect();
+        let full = chain.len();
+        let mut out = Retained::default();
         if self.cfg.hybrid() {
-            // Blocks past the last boundary a snapshot can be taken at are never resumed
-            // from: a hybrid retention ends at the aligned prompt end.
-            let end = snapshot_boundaries(&self.cfg, chain.len())
-                .first()
-                .copied()
-                .unwrap_or(0);
+            // Blocks past the snapshot's boundary are never resumed from: a hybrid
+            // retention ends there — at the aligned boundary the key's next request is
+            // expected to keep (`crate::rewrite`; the aligned prompt end until returns
+            // show otherwise).
+            let end = self.rewrites.boundary(full, self.cfg.state_align_blocks());
             if end == 0 {
                 return self.cache_snapshots(run, now, mover);
             }
             chain.truncate(end);
         }
         let n = chain.len();
-        let mut out = Retained::default();
         for s in &chain {
             self.pool.retain(*s);
         }
@@ -603,6 +672,15 @@ impl RetentionCache {
             }
         }
         self.keep_anchor(run.state_pin, &run.hashes[..n], &mut states);
+        // The prompt end's own snapshot, when the retention stops short of it, is cached
+        // unpinned as plain prefix caching would (an unchanged resend of this prompt
+        // resumes there while it lasts).
+        let align = self.cfg.state_align_blocks();
+        if self.cfg.hybrid() && full / align * align > n {
+            let mut end = Retained::default();
+            self.cache_snapshot(run, full / align * align, now, mover, &mut end);
+            out.state_slots.splice(0..0, end.state_slots);
+        }
         if let Some(o) = old {
             self.drop_device_record(o);
             self.stats.superseded += 1;
@@ -620,6 +698,7 @@ impl RetentionCache {
             last_use_ms: now,
             expires_ms: now.saturating_add(interval),
             bytes,
+            past_end: run.hashes[n..full].to_vec(),
         };
         let hashes = run.hashes[..n].to_vec();
         self.insert_record(DeviceRecord {
@@ -641,16 +720,29 @@ impl RetentionCache {
         let n = run.canonical.iter().take_while(|c| c.is_some()).count();
         let mut out = Retained::default();
         for b in snapshot_boundaries(&self.cfg, n) {
-            let h = run.hashes[b - 1];
-            if self.states.get(h).is_some() {
-                continue;
-            }
-            if let Some(s) = self.alloc_state(h, now, mover) {
-                self.states.unpin(h);
-                out.state_slots.push((b, s));
-            }
+            self.cache_snapshot(run, b, now, mover, &mut out);
         }
         out
+    }
+
+    /// Caches the snapshot at boundary `b` (in blocks) of a running request, unpinned,
+    /// unless it is already held; a new one goes into `out` for the engine to write.
+    fn cache_snapshot(
+        &mut self,
+        run: &Running,
+        b: usize,
+        now: Millis,
+        mover: &mut dyn Mover,
+        out: &mut Retained,
+    ) {
+        let h = run.hashes[b - 1];
+        if self.states.get(h).is_some() {
+            return;
+        }
+        if let Some(s) = self.alloc_state(h, now, mover) {
+            self.states.unpin_at(h, self.pool.lru_clock());
+            out.state_slots.push((b, s));
+        }
     }
 
     /// A hit on `key`: refresh its retention on whichever tier holds it. True when
@@ -780,7 +872,7 @@ impl RetentionCache {
             }
         }
         if let Some(b) = run.state_pin {
-            self.states.unpin(b);
+            self.states.unpin_at(b, self.pool.lru_clock());
         }
     }
 
@@ -792,7 +884,7 @@ impl RetentionCache {
             self.pool.unretain_cold(*s);
         }
         for (h, _) in &rec.states {
-            self.states.unpin(*h);
+            self.states.unpin_at(*h, self.pool.lru_clock());
         }
     }
 
@@ -802,7 +894,7 @@ impl RetentionCache {
             self.pool.unretain(*s);
         }
         for (h, _) in &rec.states {
-            self.states.unpin(*h);
+            self.states.unpin_at(*h, self.pool.lru_clock());
         }
     }
 
@@ -843,11 +935,23 @@ impl RetentionCache {
             if freed > 0 {
                 continue;
             }
-            if let Some(backing) = self.states.evict_unpinned() {
+            // An unpinned snapshot whose boundary a retention holds is part of what that
+            // retention keeps (as one whose boundary is cached lives as long as its
+            // block): it goes with the retention, not before it.
+            let loose = match room {
+                Room::Any => self.loose_snapshot().map(|(b, _)| b),
+                Room::Free => self.states.unpinned_lru().next().map(|(b, _)| b),
+            };
+            if let Some(b) = loose {
+                let backing = self.states.forget_unpinned(b);
                 self.release_backing(backing);
                 continue;
             }
             if room == Room::Free || !self.evict_record(now, mover) {
+                if let Some(backing) = self.states.evict_unpinned() {
+                    self.release_backing(backing);
+                    continue;
+                }
                 return None;
             }
         }
@@ -859,12 +963,25 @@ impl RetentionCache {
         if !self.cfg.hybrid() {
             return None;
         }
-        let front = self.pool.lru_front_tick()?;
+        // The next thing evicted otherwise: the free queue's front, or once that is
+        // empty the least recently unpinned snapshot.
+        let front = self
+            .pool
+            .lru_front_tick()
+            .or_else(|| self.loose_snapshot().map(|(_, t)| t))?;
         let key = self.victims.least_recent()?;
         self.records
             .get(&key)
             .is_some_and(|r| r.lru_tick < front)
             .then_some(key)
+    }
+
+    /// The least recently unpinned snapshot whose boundary block no retention holds
+    /// (boundary, tick): the snapshot the fallback order evicts before any retention.
+    fn loose_snapshot(&self) -> Option<(BlockHash, u64)> {
+        self.states
+            .unpinned_lru()
+            .find(|(b, _)| self.pool.get(*b).is_none_or(|s| self.pool.retains(s) == 0))
     }
 
     /// Gives the block slots of a removed snapshot back to the pool.

@@ -196,6 +196,7 @@ impl Ledger {
             last_use_ms: now,
             expires_ms: now.saturating_add(interval),
             bytes: hashes.len() as u64 * self.cfg.block_bytes,
+            past_end: Vec::new(),
         };
         if let Some(old) = self.take(&key) {
             plan.release = old.blocks;

@@ -21,6 +21,7 @@ pub mod marker;
 pub mod payload;
 pub mod pool;
 pub mod record;
+pub mod rewrite;
 pub mod states;
 mod victims;
 

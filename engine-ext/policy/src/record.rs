@@ -22,6 +22,10 @@ pub struct RecordMeta {
     pub expires_ms: Millis,
     /// Logical bytes the record pins (blocks × block bytes + states × state bytes).
     pub bytes: u64,
+    /// Hashes of the prompt's full blocks past the record's end (a hybrid retention
+    /// ends at its snapshot's boundary): not held, kept to measure how much of the
+    /// prompt the key's next request rewrites (`crate::rewrite`).
+    pub past_end: Vec<BlockHash>,
 }
 
 impl RecordMeta {

@@ -20,6 +20,8 @@ struct Entry {
     pins: u32,
     /// Position in the LRU while unpinned.
     seq: u64,
+    /// The caller's clock when it was last unpinned ([`StatePool::unpin_at`]).
+    tick: u64,
     /// Block slots (pinned once each) whose device bytes hold this snapshot.
     backing: Vec<SlotId>,
 }
@@ -34,6 +36,8 @@ pub struct StatePool {
     by_boundary: HashIndex<Entry>,
     lru: BTreeMap<u64, BlockHash>,
     clock: u64,
+    /// The latest tick [`StatePool::unpin_at`] was given (ticks never go back).
+    last_tick: u64,
 }
 
 impl StatePool {
@@ -46,6 +50,7 @@ impl StatePool {
             by_boundary: HashIndex::default(),
             lru: BTreeMap::new(),
             clock: 0,
+            last_tick: 0,
         }
     }
 
@@ -101,6 +106,7 @@ impl StatePool {
                 slot,
                 pins: 1,
                 seq: 0,
+                tick: 0,
                 backing,
             },
         );
@@ -109,12 +115,23 @@ impl StatePool {
 
     /// Drops a pin; at zero pins the snapshot stays cached at the back of the LRU.
     pub fn unpin(&mut self, boundary: BlockHash) {
+        self.unpin_at(boundary, self.last_tick);
+    }
+
+    /// [`StatePool::unpin`], stamping the snapshot with the caller's clock `tick` (the
+    /// block pool's LRU clock), so an unpinned snapshot's age compares with a pinned
+    /// retention's ([`StatePool::unpinned_lru`]). A tick below an earlier one counts as
+    /// that one: the LRU order stays the order of unpinning.
+    pub fn unpin_at(&mut self, boundary: BlockHash, tick: u64) {
+        let tick = tick.max(self.last_tick);
+        self.last_tick = tick;
         if let Some(e) = self.by_boundary.get_mut(&boundary) {
             debug_assert!(e.pins > 0, "unpin of an unpinned snapshot");
             e.pins = e.pins.saturating_sub(1);
             if e.pins == 0 {
                 self.clock += 1;
                 e.seq = self.clock;
+                e.tick = tick;
                 self.lru.insert(self.clock, boundary);
             }
         }
@@ -132,6 +149,13 @@ impl StatePool {
             return Vec::new();
         }
         self.remove(boundary)
+    }
+
+    /// The unpinned snapshots, least recently unpinned first: (boundary, tick).
+    pub fn unpinned_lru(&self) -> impl Iterator<Item = (BlockHash, u64)> + '_ {
+        self.lru
+            .values()
+            .filter_map(|b| self.by_boundary.get(b).map(|e| (*b, e.tick)))
     }
 
     /// Removes the least recently unpinned snapshot; `None` when every snapshot is

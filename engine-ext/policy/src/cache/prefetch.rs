@@ -161,7 +161,7 @@ impl RetentionCache {
                     let backing = self.states.discard(b);
                     self.release_backing(backing);
                 } else {
-                    self.states.unpin(b);
+                    self.states.unpin_at(b, self.pool.lru_clock());
                 }
             }
             self.release_slots(&fresh);

@@ -1640,3 +1640,5 @@ fn a_forgotten_retention_leaves_both_tiers_and_its_blocks_become_evictable() {
     assert!(c.host().record(&key(2)).is_none());
     c.check().expect("invariants");
 }
+
+mod hybrid_room;
