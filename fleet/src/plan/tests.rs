@@ -469,3 +469,20 @@ fn an_uncorrected_no_reuse_choice_is_sized_for_the_whole_trace_with_its_queueing
     let (r, _) = p.run(&v.settings, &steps, false).unwrap();
     assert!(p.misses(&r).is_empty(), "{:?}", p.headroom(&r));
 }
+
+#[test]
+fn merged_blocks_keep_their_ids_and_equal_runs_stay_equal() {
+    let ids = [1u64, 2, 3, 4, 1, 2, 3, 4, 9];
+    let mut out = Vec::new();
+    sample::merged(&ids, 4, &mut out);
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0], out[1], "equal runs at equal places, equal ids");
+    let bytes: Vec<u8> = [1u64, 2, 3, 4]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    // The id a run had before the buffer was shared: a sample's ids (and its
+    // routing hashes) are unchanged.
+    assert_eq!(out[0], xxhash_rust::xxh3::xxh3_64(&bytes));
+    assert_eq!(out[2], xxhash_rust::xxh3::xxh3_64(&9u64.to_le_bytes()));
+}

@@ -11,9 +11,12 @@ use super::demand::{Work, intervals};
 use super::fit::{Planner, grown_by_a_fifth};
 use super::size::{Binding, MAX_REPLICAS, Size};
 use super::{
-    PlanConfig, PlanError, PlanReport, RunOptions, Variant, answer, exact, planner, sample,
+    PlanConfig, PlanError, PlanReport, RunOptions, Variant, answer, engine_block, exact, planner,
+    sample,
 };
 use crate::sim::Step;
+use crate::sim::oracle_hits;
+use crate::trace::Trace;
 use tether_rank_engine::profile::Profile;
 
 /// Correction rounds of each candidate on the sample (the whole trace's
@@ -23,7 +26,7 @@ const SAMPLE_ROUNDS: usize = 3;
 
 /// Plans `trace` on a 1-in-`k` session sample, the choice verified on the whole trace.
 pub(super) fn plan(
-    trace: &crate::trace::Trace,
+    trace: &Trace,
     profile: &Profile,
     cfg: &PlanConfig,
     run: &RunOptions,
@@ -36,13 +39,6 @@ pub(super) fn plan(
             .map_err(|e| PlanError::Setting(format!("sampling the trace's sessions: {e}")))
     };
     let (part, mut info) = resample(k)?;
-    let coarse = if run.coarse_whole {
-        Some(resample(1)?.0)
-    } else {
-        None
-    };
-    let whole_trace = coarse.as_ref().unwrap_or(trace);
-    info.whole_block_tokens = whole_trace.block_size();
     let mut scfg = PlanConfig {
         rounds: cfg.rounds.min(SAMPLE_ROUNDS),
         ..cfg.clone()
@@ -51,27 +47,62 @@ pub(super) fn plan(
     if user_block != 0 && !(part.block_size() as usize).is_multiple_of(user_block) {
         scfg.sim.engine.block_size = 0;
     }
-    let sp = planner(&part, profile, &scfg, obs)?;
-    let (mut report, part_work) = exact(&sp, obs)?;
-    report.sample = Some(info);
-    report.target_usd_per_mtok = cfg.target.map(|t| answer::blend(t, trace));
     // At the sample's blocks, the whole trace takes the sample's block setting.
     let wcfg = PlanConfig {
-        sim: if coarse.is_some() {
+        sim: if run.coarse_whole {
             scfg.sim.clone()
         } else {
             cfg.sim.clone()
         },
         ..cfg.clone()
     };
-    let mut wp = planner(whole_trace, profile, &wcfg, obs)?;
+    // The whole trace at the sample's blocks and its oracle hits (~30 s at
+    // 1 M requests) are made on a second thread while the search runs.
+    std::thread::scope(|scope| {
+        let whole_job = scope.spawn(|| -> Result<(Option<Trace>, Vec<u32>), PlanError> {
+            let coarse = if run.coarse_whole {
+                Some(resample(1)?.0)
+            } else {
+                None
+            };
+            let t = coarse.as_ref().unwrap_or(trace);
+            let hits = oracle_hits(t, engine_block(t, &wcfg));
+            Ok((coarse, hits))
+        });
+        let sp = planner(&part, profile, &scfg, obs)?;
+        let (mut report, part_work) = exact(&sp, obs)?;
+        obs.note("the whole trace's blocks and hits");
+        let (coarse, hits) = whole_job
+            .join()
+            .map_err(|_| PlanError::Setting("preparing the whole trace failed".into()))??;
+        let whole_trace = coarse.as_ref().unwrap_or(trace);
+        info.whole_block_tokens = whole_trace.block_size();
+        report.sample = Some(info);
+        report.target_usd_per_mtok = cfg.target.map(|t| answer::blend(t, trace));
+        let wp = Planner::new(whole_trace, profile, &wcfg, hits, obs)?;
+        verify(trace, &sp, &scfg, wp, report, &part_work)
+    })
+}
+
+/// The sample's choice in `report`, sized for the whole trace and simulated
+/// on it by `wp` (corrected there if it misses); chosen only if it meets.
+fn verify(
+    trace: &Trace,
+    sp: &Planner,
+    scfg: &PlanConfig,
+    mut wp: Planner,
+    mut report: PlanReport,
+    part_work: &[Work],
+) -> Result<PlanReport, PlanError> {
+    let obs = wp.obs;
+    let wcfg = wp.cfg;
     let Some(c) = report.chosen().cloned() else {
-        answer::complete(&mut report, &sp, &scfg, &part_work);
+        answer::complete(&mut report, sp, scfg, part_work);
         return Ok(report);
     };
     wp.by_request = true;
     wp.grow_together = true;
-    let steps = sized_for_whole(&sp, &wp, &c, &part_work);
+    let steps = sized_for_whole(sp, &wp, &c, part_work);
     obs.phase("whole trace", trace.requests().len() as u64, "requests");
     obs.note(&format!(
         "{}, sized for the whole trace: simulating it",
@@ -101,7 +132,7 @@ pub(super) fn plan(
     let met = v.meets();
     report.variants.push(v);
     report.chosen = met.then(|| report.variants.len() - 1);
-    answer::complete(&mut report, &wp, &wcfg, &work);
+    answer::complete(&mut report, &wp, wcfg, &work);
     Ok(report)
 }
 
