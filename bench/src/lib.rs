@@ -35,3 +35,14 @@ pub fn recorded_traces(real: Option<&Path>) -> Result<Vec<(String, Trace)>> {
     }
     Ok(traces)
 }
+
+/// The median of `v` (the mean of the two middle values when even; NaN when
+/// empty): benchmarks report medians over runs.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}

@@ -20,12 +20,12 @@
 //! Run: `cargo run --release -p tether-bench --bin resident-bench -- --real conversation_trace.jsonl`
 
 use anyhow::{Context, Result};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
-use tether_bench::root;
+use std::time::{Duration, Instant};
+use tether_bench::{median, root};
 use tether_e2e::stack::{rank_args, replay_blocking};
 use tether_e2e::{Stack, StackSpec};
 use tether_envoy::Mode;
@@ -64,16 +64,112 @@ struct Args {
     /// Through Envoy: ranks behind the gateway, comma-separated.
     #[arg(long, default_value = "8", value_delimiter = ',')]
     envoy_ranks: Vec<usize>,
+    /// Through Envoy: the bundled traces replayed (`examples/traces/<name>.jsonl`;
+    /// `none`: only the corpus).
+    #[arg(
+        long,
+        default_value = "agent-subagents,agent-tenants",
+        value_delimiter = ','
+    )]
+    envoy_traces: Vec<String>,
     /// Through Envoy: speedup of the replays (trace time per wall time).
     #[arg(long, default_value_t = 20.0)]
     envoy_speedup: f64,
-    /// Through Envoy: sessions of the coding-agent corpus per 8 ranks (over
-    /// 10 minutes; 0: none — its 100 K-token prompts are ~0.6 MB bodies each).
-    #[arg(long, default_value_t = 24)]
+    /// Through Envoy: sessions of the coding-agent corpus per 8 ranks (starting
+    /// over 10 minutes; 0: none — its 100 K-token prompts are ~0.6 MB bodies
+    /// each). The replay lasts the trace's span over the speedup: 12 sessions
+    /// span 59 min (178 s at 20×), 24 span 2.3 h (415 s at 20×: one session
+    /// runs 2.2 h), per setting and run.
+    #[arg(long, default_value_t = 12)]
     envoy_corpus_sessions: u32,
+    /// Through Envoy: speedup of the corpus' replays (default: `--envoy-speedup`).
+    /// Its sessions run for up to 2 h of trace time, so at 20× one replay
+    /// lasts up to 400 s of wall time.
+    #[arg(long)]
+    envoy_corpus_speedup: Option<f64>,
+    /// Through Envoy: the settings compared, in this order (`load`: pick +
+    /// load; `leg`, `pull`: pick + load + residency with that migration path).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "load,leg,pull",
+        value_delimiter = ','
+    )]
+    envoy_settings: Vec<Setting>,
+    /// Through Envoy: what the ranks' residency summaries list
+    /// (`tether-rank --residency-from`); every residency setting runs with each.
+    #[arg(long, value_enum, default_value = "admission", value_delimiter = ',')]
+    envoy_residency_from: Vec<ResidencyFrom>,
+    /// Through Envoy: the filter's `residency.unseen` (rule 2, a key no fresh
+    /// summary shows); every residency setting runs with each.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "least-loaded",
+        value_delimiter = ','
+    )]
+    envoy_unseen: Vec<Unseen>,
+    /// Through Envoy: the filter's load poll period in ms of wall time
+    /// (default: 200 ms of trace time, as the simulator's, at least 10 ms).
+    /// A longer period than the trace's tool gaps shows what a stale view does.
+    #[arg(long)]
+    envoy_poll_ms: Option<u64>,
+    /// Through Envoy: name sessions in the body (`metadata.session_id`, the
+    /// body path: Envoy buffers the body and the filter reads the turn
+    /// markers, so `tether_residency_unseen` can count) instead of Claude
+    /// Code's headers (the header path: no turn markers, the counter stays 0).
+    #[arg(long)]
+    envoy_body_path: bool,
+    /// Through Envoy: runs of every setting (each setting in turn per run);
+    /// the verdicts are on the medians.
+    #[arg(long, default_value_t = 1)]
+    envoy_runs: usize,
     /// Reports of the Envoy replays go here.
     #[arg(long, default_value = "target/resident-bench")]
     out: PathBuf,
+}
+
+/// A gateway setting compared through Envoy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Setting {
+    /// Pick + load, no residency.
+    Load,
+    /// Residency, migrations by a prefill leg on the old home.
+    Leg,
+    /// Residency, migrations pulled by the new rank (the default).
+    Pull,
+}
+
+/// `tether-rank --residency-from` (docs/rank.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ResidencyFrom {
+    Admission,
+    Retention,
+}
+
+/// The filter's `residency.unseen` (docs/gateway.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Unseen {
+    LeastLoaded,
+    Rendezvous,
+}
+
+impl ResidencyFrom {
+    fn name(self) -> &'static str {
+        match self {
+            ResidencyFrom::Admission => "admission",
+            ResidencyFrom::Retention => "retention",
+        }
+    }
+}
+
+impl Unseen {
+    fn name(self) -> &'static str {
+        match self {
+            Unseen::LeastLoaded => "least-loaded",
+            Unseen::Rendezvous => "rendezvous",
+        }
+    }
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -286,12 +382,82 @@ fn pd(trace: &Trace, profile: &Profile, gpus: usize, speedup: f64) -> Result<()>
     Ok(())
 }
 
+/// One setting through Envoy: its label, the filter's configuration beside
+/// `mode` / `endpoints`, and the flags added to every rank's.
+struct Run {
+    label: String,
+    residency: bool,
+    plugin: Value,
+    rank_extra: Vec<String>,
+}
+
+/// The settings compared, in order: every residency setting once per
+/// `--envoy-residency-from` × `--envoy-unseen`. Both settings send the turn
+/// markers the ranks retain by; the view is polled every `poll_ms`.
+fn runs(a: &Args, poll_ms: u64) -> Vec<Run> {
+    let mut v = Vec::new();
+    for &s in &a.envoy_settings {
+        let migrate = match s {
+            Setting::Load => {
+                v.push(Run {
+                    label: "pick + load".into(),
+                    residency: false,
+                    plugin: json!({"load": {"poll_ms": poll_ms}, "outputs": ["pick", "retain"]}),
+                    rank_extra: Vec::new(),
+                });
+                continue;
+            }
+            Setting::Leg => "leg",
+            Setting::Pull => "pull",
+        };
+        for &from in &a.envoy_residency_from {
+            for &unseen in &a.envoy_unseen {
+                let mut label = format!("pick + load + residency, {migrate}");
+                if a.envoy_residency_from.len() > 1 || from != ResidencyFrom::Admission {
+                    label += &format!(", from {}", from.name());
+                }
+                if a.envoy_unseen.len() > 1 || unseen != Unseen::LeastLoaded {
+                    label += &format!(", unseen {}", unseen.name());
+                }
+                v.push(Run {
+                    label,
+                    residency: true,
+                    plugin: json!({"load": {"poll_ms": poll_ms},
+                                   "residency": {"migrate": migrate, "unseen": unseen.name()},
+                                   "outputs": ["pick", "retain"]}),
+                    rank_extra: vec!["--residency-from".into(), from.name().into()],
+                });
+            }
+        }
+    }
+    v
+}
+
+/// One run's figures of one setting.
+#[derive(Clone, Copy, Debug, Default)]
+struct Fig {
+    /// Usage's cached tokens, share of the shared cache's hits.
+    cached: f64,
+    /// Saved prefill (cached, restored or transferred), share of the shared cache's.
+    saved: f64,
+    /// Busiest / mean busy time.
+    bal: f64,
+    p50: f64,
+    p90: f64,
+    /// TTFT p90 over the simulated oracle's.
+    p90x: f64,
+    /// The filter's `tether_residency_unseen`: returning turns placed on a stale view.
+    unseen: f64,
+    errors: f64,
+    /// Wall time of the replay.
+    wall_s: f64,
+}
+
 /// One trace through real Envoy + the tether filter (pick mode, header
 /// path, polled `/load`) in front of `ranks` `tether-rank --role decode`
-/// processes, without the filter's `residency` block and with it under both
-/// migration paths (`migrate: "leg"`, a prefill leg on the old home;
-/// `"pull"`, the default, the new rank leases the state), beside the
-/// simulator's oracle on the same ranks and speedup.
+/// processes, in every setting of [`runs`] (`--envoy-runs` times, each
+/// setting in turn), beside the simulator's oracle on the same ranks and
+/// speedup; verdicts on the medians.
 #[allow(clippy::too_many_arguments)]
 fn envoy(
     a: &Args,
@@ -330,105 +496,175 @@ fn envoy(
         trace.requests().len(),
         oracle.ttft_ms.p90
     );
-    // Both settings send the turn markers the ranks retain by. The view is
-    // polled every 200 ms of trace time (as the simulator's): at a replay
-    // speedup of S that is 200 / S ms of wall time (at least the filter's 10).
-    let poll_ms = ((200.0 / speedup).round() as u64).max(10);
-    for (label, extra) in [
-        (
-            "pick + load",
-            json!({"load": {"poll_ms": poll_ms}, "outputs": ["pick", "retain"]}),
-        ),
-        (
-            "pick + load + residency, leg",
-            json!({"load": {"poll_ms": poll_ms}, "residency": {"migrate": "leg"},
-                   "outputs": ["pick", "retain"]}),
-        ),
-        (
-            "pick + load + residency, pull",
-            json!({"load": {"poll_ms": poll_ms}, "residency": {"migrate": "pull"},
-                   "outputs": ["pick", "retain"]}),
-        ),
-    ] {
-        let mut spec = StackSpec::new(ranks, Mode::Pick, &[]);
-        spec.rank_args = rank_args.clone();
-        spec.concurrency = 2;
-        if let Value::Object(m) = extra {
-            spec.plugin_config = m;
+    // The view is polled every 200 ms of trace time (as the simulator's): at
+    // a replay speedup of S that is 200 / S ms of wall time (at least the
+    // filter's 10).
+    let poll_ms = a
+        .envoy_poll_ms
+        .unwrap_or(((200.0 / speedup).round() as u64).max(10));
+    println!("  the filter's view polled every {poll_ms} ms of wall time");
+    let settings = runs(a, poll_ms);
+    let mut figs: Vec<Vec<Fig>> = vec![Vec::new(); settings.len()];
+    for n in 0..a.envoy_runs.max(1) {
+        for (k, s) in settings.iter().enumerate() {
+            let mut ra = rank_args.clone();
+            ra.extend(s.rank_extra.iter().cloned());
+            let f = envoy_once(a, name, trace, source, &oracle, ranks, speedup, s, ra, n)?;
+            figs[k].push(f);
         }
-        let stack =
-            Stack::start(&spec).with_context(|| format!("{name} / {label}: starting the stack"))?;
-        let opts = stack.options(Options {
-            targets: Vec::new(),
-            route: Route::Session,
-            schedule: Schedule::Fixed,
-            max_inflight: 512,
-            speedup: Some(speedup),
-            max_gap_ms: 10_000,
-            synth: SynthOptions {
-                identity: Identity::ClaudeCode,
-                ..Default::default()
-            },
-            timeout: Duration::from_secs(600),
-            sessions: None,
-            ranks: Vec::new(),
-            gateway_admin: None,
-            progress: false,
-        });
-        let (r, out) = replay_blocking(trace, source, &opts, label)?;
-        // Saved prefill, as the simulator counts it: every prompt token not
-        // computed — cached, restored, or transferred from an old home (a
-        // pull or a leg), which usage's cached tokens leave out.
-        let computed: f64 = stack
-            .ranks
-            .iter()
-            .filter_map(|k| k.metrics().ok())
-            .flat_map(|m| m.samples)
-            .filter(|s| {
-                s.name == "vllm:prompt_tokens_by_source_total"
-                    && s.labels.get("source").map(String::as_str) == Some("local_compute")
-            })
-            .map(|s| s.value)
-            .sum();
-        let prompt: u64 = out
-            .observations
-            .iter()
-            .filter_map(|o| o.served())
-            .map(|s| s.prompt_tokens)
-            .sum();
-        let saved = 1.0 - computed / (prompt as f64).max(1.0);
-        let saved_share = saved / r.hit_ratio.ideal_global.max(f64::MIN_POSITIVE);
-        if label.contains("residency") {
-            println!("    {}", moves(&stack));
-        }
-        drop(stack);
-        let dir = a
-            .out
-            .join(format!("{name}-{ranks}"))
-            .join(label.replace([' ', '+', ','], ""));
-        write_report(&r, &out.observations, &dir)?;
-        let busy: Vec<f64> = r.load.engines.iter().filter_map(|e| e.busy_s).collect();
-        let mean = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
-        let max = busy.iter().copied().fold(0.0, f64::max);
-        let bal = if mean > 0.0 { max / mean } else { f64::NAN };
-        let p90 = r.latency.ttft_ms.p90 / oracle.ttft_ms.p90.max(f64::MIN_POSITIVE);
+    }
+    if a.envoy_runs > 1 {
+        println!("  medians of {} runs:", a.envoy_runs);
+    }
+    for (s, f) in settings.iter().zip(&figs) {
+        let m = |g: fn(&Fig) -> f64| median(f.iter().map(g).collect());
+        let (saved, bal, p90x) = (m(|f| f.saved), m(|f| f.bal), m(|f| f.p90x));
         println!(
-            "  {label:<30} {:>5.1} % of the shared cache's hits (saved prefill, cached or transferred: {:>5.1} %), busiest/mean busy {bal:.2}, TTFT p50 {:.0} p90 {:.0} ms ({p90:.2}x the oracle's), errors {}",
-            r.hit_ratio.of_shared_cache * 100.0,
-            saved_share * 100.0,
-            r.latency.ttft_ms.p50,
-            r.latency.ttft_ms.p90,
-            r.requests.errors
+            "  {:<58} cached {:>5.1} %, saved prefill {:>5.1} %, busiest/mean {bal:.2}, TTFT p50 {:.0} p90 {:.0} ms ({p90x:.2}x the oracle's), unseen {}, errors {}, wall {:.0} s",
+            s.label,
+            m(|f| f.cached) * 100.0,
+            saved * 100.0,
+            m(|f| f.p50),
+            m(|f| f.p90),
+            m(|f| f.unseen),
+            m(|f| f.errors),
+            m(|f| f.wall_s),
         );
-        if label.contains("residency") {
-            let ok = saved_share >= 0.95 && bal <= 1.25 && p90 <= 2.0;
+        if s.residency {
+            let ok = saved >= 0.95 && bal <= 1.25 && p90x <= 2.0;
             println!(
-                "verdict [{name} through Envoy, {ranks} ranks, {label}]: saved prefill >= 95 % of the shared cache's, busiest/mean <= 1.25, TTFT p90 <= 2x the oracle's: {}",
+                "verdict [{name} through Envoy, {ranks} ranks, {}]: saved prefill >= 95 % of the shared cache's ({:.1} %), busiest/mean <= 1.25 ({bal:.2}), TTFT p90 <= 2x the oracle's ({p90x:.2}x): {}",
+                s.label,
+                saved * 100.0,
                 verdict(ok)
             );
         }
     }
     Ok(())
+}
+
+/// One replay of one setting on a fresh stack; prints its line.
+#[allow(clippy::too_many_arguments)]
+fn envoy_once(
+    a: &Args,
+    name: &str,
+    trace: &Arc<Trace>,
+    source: &Source,
+    oracle: &RunReport,
+    ranks: usize,
+    speedup: f64,
+    s: &Run,
+    rank_args: Vec<String>,
+    n: usize,
+) -> Result<Fig> {
+    let label = &s.label;
+    let mut spec = StackSpec::new(ranks, Mode::Pick, &[]);
+    spec.rank_args = rank_args;
+    spec.concurrency = 2;
+    if let Value::Object(m) = s.plugin.clone() {
+        spec.plugin_config = m;
+    }
+    let stack =
+        Stack::start(&spec).with_context(|| format!("{name} / {label}: starting the stack"))?;
+    let opts = stack.options(Options {
+        targets: Vec::new(),
+        route: Route::Session,
+        schedule: Schedule::Fixed,
+        max_inflight: 512,
+        speedup: Some(speedup),
+        max_gap_ms: 10_000,
+        synth: SynthOptions {
+            identity: if a.envoy_body_path {
+                Identity::Metadata
+            } else {
+                Identity::ClaudeCode
+            },
+            ..Default::default()
+        },
+        timeout: Duration::from_secs(600),
+        sessions: None,
+        ranks: Vec::new(),
+        gateway_admin: None,
+        progress: false,
+    });
+    let started = Instant::now();
+    let (r, out) = replay_blocking(trace, source, &opts, label)?;
+    let wall_s = started.elapsed().as_secs_f64();
+    // Saved prefill, as the simulator counts it: every prompt token not
+    // computed — cached, restored, or transferred from an old home (a pull
+    // or a leg), which usage's cached tokens leave out.
+    let computed: f64 = stack
+        .ranks
+        .iter()
+        .filter_map(|k| k.metrics().ok())
+        .flat_map(|m| m.samples)
+        .filter(|s| {
+            s.name == "vllm:prompt_tokens_by_source_total"
+                && s.labels.get("source").map(String::as_str) == Some("local_compute")
+        })
+        .map(|s| s.value)
+        .sum();
+    let prompt: u64 = out
+        .observations
+        .iter()
+        .filter_map(|o| o.served())
+        .map(|s| s.prompt_tokens)
+        .sum();
+    let saved = 1.0 - computed / (prompt as f64).max(1.0);
+    let unseen = if s.residency {
+        println!("    {}", moves(&stack));
+        stats_sum(&stack, "tether_residency_unseen")
+    } else {
+        0.0
+    };
+    drop(stack);
+    let dir = a
+        .out
+        .join(format!("{name}-{ranks}"))
+        .join(format!("{}-{n}", label.replace([' ', '+', ','], "")));
+    write_report(&r, &out.observations, &dir)?;
+    let busy: Vec<f64> = r.load.engines.iter().filter_map(|e| e.busy_s).collect();
+    let mean = busy.iter().sum::<f64>() / busy.len().max(1) as f64;
+    let max = busy.iter().copied().fold(0.0, f64::max);
+    let f = Fig {
+        cached: r.hit_ratio.of_shared_cache,
+        saved: saved / r.hit_ratio.ideal_global.max(f64::MIN_POSITIVE),
+        bal: if mean > 0.0 { max / mean } else { f64::NAN },
+        p50: r.latency.ttft_ms.p50,
+        p90: r.latency.ttft_ms.p90,
+        p90x: r.latency.ttft_ms.p90 / oracle.ttft_ms.p90.max(f64::MIN_POSITIVE),
+        unseen,
+        errors: r.requests.errors as f64,
+        wall_s,
+    };
+    println!(
+        "  [run {}] {label:<58} {:>5.1} % of the shared cache's hits (saved prefill, cached or transferred: {:>5.1} %), busiest/mean busy {:.2}, TTFT p50 {:.0} p90 {:.0} ms ({:.2}x the oracle's), unseen {}, errors {}, wall {wall_s:.0} s",
+        n + 1,
+        f.cached * 100.0,
+        f.saved * 100.0,
+        f.bal,
+        f.p50,
+        f.p90,
+        f.p90x,
+        f.unseen,
+        f.errors
+    );
+    Ok(f)
+}
+
+/// The sum of Envoy's stats whose name contains `needle`, read from the admin
+/// interface's `/stats?filter=` (the filter's counters, `wasmcustom.<name>`);
+/// NaN where Envoy does not answer.
+fn stats_sum(stack: &Stack, needle: &str) -> f64 {
+    let Ok((200, body)) = stack.envoy.admin(&format!("/stats?filter={needle}")) else {
+        return f64::NAN;
+    };
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter_map(|l| l.rsplit_once(": "))
+        .filter(|(k, _)| k.contains(needle))
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum()
 }
 
 /// What the gateway decided and what the ranks did with the moves: the
@@ -522,7 +758,7 @@ fn main() -> Result<()> {
     }
     if !skip.contains(&"envoy") {
         for &ranks in &a.envoy_ranks {
-            for t in ["agent-subagents", "agent-tenants"] {
+            for t in a.envoy_traces.iter().filter(|t| *t != "none") {
                 let p = root().join(format!("examples/traces/{t}.jsonl"));
                 let trace = Arc::new(import(Format::Tether, &p, &ImportOptions::default())?);
                 let source = Source {
@@ -568,7 +804,7 @@ fn main() -> Result<()> {
                 "qwen3-coder-next-fp8-h200-tp1.json",
                 &coder,
                 ranks,
-                a.envoy_speedup,
+                a.envoy_corpus_speedup.unwrap_or(a.envoy_speedup),
             )?;
         }
     }

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tether_bench::root;
+use tether_bench::{median, root};
 use tether_e2e::stack::rank_args;
 use tether_e2e::{Connection, Envoy, HttpClient, Request, Stack, StackSpec};
 use tether_envoy::{GatewaySpec, Mode, Timeouts, render};
@@ -19,16 +19,6 @@ use tether_wire::Api;
 #[allow(dead_code)]
 #[path = "../gateway-bench/cpu.rs"]
 mod cpu;
-
-/// The median of `v` (NaN when empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
 
 /// CPU seconds of this process' waited-for children so far (`/proc/self/stat`
 /// cutime + cstime, 10 ms ticks).

@@ -17,6 +17,7 @@ mod rebalance;
 mod removal;
 mod replay;
 mod residency;
+mod residency_admission;
 mod responses_chains;
 mod support;
 mod topology;
