@@ -35,6 +35,20 @@ impl Hasher for PassThrough {
 
 pub(crate) type HashIndex<V> = HashMap<BlockHash, V, BuildHasherDefault<PassThrough>>;
 
+/// The pool's hash index: cached slot ids, bucketed by their hash's low 64 bits
+/// (as [`PassThrough`]); the hash itself lives in the slot. Four bytes a bucket
+/// instead of a `HashIndex<u32>`'s 32 keep the table several times smaller, and
+/// removing an evicted slot matches its id without reading any hash. With
+/// hundreds of simulated ranks the indexes fit no cache, and evicting through a
+/// `HashIndex` was a third of a simulation's time (two cache misses per block;
+/// BENCHMARKS.md "Planning a million requests").
+type SlotIndex = hashbrown::HashTable<u32>;
+
+/// The bucket hash of a block hash: its low 64 bits (they are uniform).
+fn bucket(hash: BlockHash) -> u64 {
+    hash.0 as u64
+}
+
 #[derive(Clone, Debug)]
 struct Slot {
     hash: [u64; 2],
@@ -69,8 +83,18 @@ impl Slot {
     };
 
     fn block_hash(&self) -> BlockHash {
-        BlockHash(u128::from(self.hash[0]) | (u128::from(self.hash[1]) << 64))
+        join(self.hash)
     }
+}
+
+/// A block hash as a slot stores it.
+fn split(hash: BlockHash) -> [u64; 2] {
+    [hash.0 as u64, (hash.0 >> 64) as u64]
+}
+
+/// The block hash a slot stores.
+fn join(hash: [u64; 2]) -> BlockHash {
+    BlockHash(u128::from(hash[0]) | (u128::from(hash[1]) << 64))
 }
 
 /// A change to the set of cached device blocks, in the shape of vLLM's KV events
@@ -102,7 +126,7 @@ pub struct BlockPool {
     events: Option<Vec<KvEvent>>,
     capacity: usize,
     slots: Vec<Slot>,
-    index: HashIndex<u32>,
+    index: SlotIndex,
     empty: Vec<u32>,
     lru_head: u32,
     lru_tail: u32,
@@ -110,6 +134,8 @@ pub struct BlockPool {
     evicted: u64,
     /// LRU clock: advanced by every entry into the free queue.
     clock: u64,
+    /// [`BlockPool::evict_lru_into`]'s walk of a victim's subtree (kept to reuse).
+    stack: Vec<u32>,
 }
 
 impl BlockPool {
@@ -120,13 +146,14 @@ impl BlockPool {
             events: None,
             capacity,
             slots: Vec::new(),
-            index: HashIndex::default(),
+            index: SlotIndex::new(),
             empty: Vec::new(),
             lru_head: NIL,
             lru_tail: NIL,
             lru_len: 0,
             evicted: 0,
             clock: 0,
+            stack: Vec::new(),
         }
     }
 
@@ -167,7 +194,15 @@ impl BlockPool {
 
     /// The cached slot holding `hash`.
     pub fn get(&self, hash: BlockHash) -> Option<SlotId> {
-        self.index.get(&hash).map(|&s| SlotId(s))
+        self.find(hash).map(SlotId)
+    }
+
+    /// The slot the index holds `hash` in.
+    fn find(&self, hash: BlockHash) -> Option<u32> {
+        let slots = &self.slots;
+        self.index
+            .find(bucket(hash), |&s| slots[s as usize].hash == split(hash))
+            .copied()
     }
 
     /// Hash of a cached slot.
@@ -180,7 +215,7 @@ impl BlockPool {
     pub fn prefix_len(&self, chain: &[BlockHash]) -> usize {
         chain
             .iter()
-            .take_while(|h| self.index.contains_key(h))
+            .take_while(|h| self.find(**h).is_some())
             .count()
     }
 
@@ -211,7 +246,11 @@ impl BlockPool {
             return 0;
         }
         let victim = self.lru_head;
-        let mut stack = vec![victim];
+        // One buffer for every eviction (an allocation per evicted block was ~3 %
+        // of a simulation).
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
+        stack.push(victim);
         let mut freed = 0;
         while let Some(s) = stack.pop() {
             let mut c = self.slots[s as usize].first_child;
@@ -230,7 +269,9 @@ impl BlockPool {
             self.lru_remove(s);
             self.unlink_child(s);
             let h = self.slots[s as usize].block_hash();
-            self.index.remove(&h);
+            if let Ok(entry) = self.index.find_entry(bucket(h), |&v| v == s) {
+                entry.remove();
+            }
             if let Some(ev) = &mut self.events {
                 ev.push(KvEvent::Removed { hash: h });
             }
@@ -239,6 +280,7 @@ impl BlockPool {
             self.empty.push(s);
             freed += 1;
         }
+        self.stack = stack;
         self.evicted += freed as u64;
         freed
     }
@@ -342,17 +384,19 @@ impl BlockPool {
     /// Publishes a computed block under `hash` as a child of `parent`. Returns false
     /// (leaving the slot uncached) when another slot already holds the hash.
     pub fn insert(&mut self, slot: SlotId, hash: BlockHash, parent: Option<SlotId>) -> bool {
-        if self.index.contains_key(&hash) {
+        if self.find(hash).is_some() {
             return false;
         }
         let s = slot.0;
-        self.index.insert(hash, s);
+        self.slots[s as usize].hash = split(hash);
+        let slots = &self.slots;
+        self.index
+            .insert_unique(bucket(hash), s, |&v| bucket(slots[v as usize].block_hash()));
         if let Some(ev) = &mut self.events {
             let parent = parent.map(|p| self.slots[p.0 as usize].block_hash());
             ev.push(KvEvent::Stored { hash, parent });
         }
         let e = &mut self.slots[s as usize];
-        e.hash = [hash.0 as u64, (hash.0 >> 64) as u64];
         e.cached = true;
         if let Some(p) = parent {
             let p = p.0;
@@ -452,7 +496,7 @@ impl BlockPool {
     /// Heap bytes of the pool's metadata (slots, index, empty list), by capacity.
     pub fn metadata_bytes(&self) -> usize {
         self.slots.capacity() * std::mem::size_of::<Slot>()
-            + self.index.capacity() * (std::mem::size_of::<(BlockHash, u32)>() + 1)
+            + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
             + self.empty.capacity() * 4
     }
 
@@ -462,7 +506,7 @@ impl BlockPool {
         for (i, e) in self.slots.iter().enumerate() {
             let i = i as u32;
             if e.cached {
-                if self.index.get(&e.block_hash()) != Some(&i) {
+                if self.find(e.block_hash()) != Some(i) {
                     return Err(format!("slot {i} cached but not indexed"));
                 }
                 if e.parent != NIL && !self.slots[e.parent as usize].cached {

@@ -190,7 +190,7 @@ fn cached_and_evicted_count_blocks_exactly() {
 }
 
 /// `metadata_bytes` is the memory figure BENCHMARKS.md quotes per block: slots,
-/// the hash index (entry plus hashbrown's one control byte per bucket) and the
+/// the hash index (a slot id plus hashbrown's one control byte per bucket) and the
 /// free list, all by capacity.
 #[test]
 fn metadata_bytes_counts_slots_index_and_free_list() {
@@ -206,13 +206,47 @@ fn metadata_bytes_counts_slots_index_and_free_list() {
     assert!(slots >= 40 && buckets >= 39 && free >= 1);
     assert_eq!(
         p.metadata_bytes(),
-        slots * std::mem::size_of::<Slot>()
-            + buckets * (std::mem::size_of::<(BlockHash, u32)>() + 1)
-            + free * 4
+        slots * std::mem::size_of::<Slot>() + buckets * (std::mem::size_of::<u32>() + 1) + free * 4
     );
     assert!(
         (48..=200).contains(&(p.metadata_bytes() / 40)),
         "{} B for 40 blocks",
         p.metadata_bytes()
     );
+}
+
+/// The index buckets by a hash's low 64 bits but matches whole hashes: blocks that
+/// share their low half are distinct, each found, published and evicted on its own,
+/// also after the index has grown (its rehash reads the hashes from the slots).
+#[test]
+fn hashes_sharing_their_low_half_stay_distinct_through_growth_and_eviction() {
+    let mut p = BlockPool::new(512);
+    let twin = |i: u128| BlockHash((i + 1) << 64 | 5);
+    let slots: Vec<SlotId> = (0..300)
+        .map(|i| {
+            let s = p.take_empty().expect("room");
+            assert!(p.insert(s, twin(i), None), "twin {i} refused");
+            s
+        })
+        .collect();
+    for (i, s) in slots.iter().enumerate() {
+        assert_eq!(p.get(twin(i as u128)), Some(*s), "twin {i}");
+    }
+    assert_eq!(p.get(BlockHash(5)), None);
+    // A duplicate of a cached hash is refused; the original keeps its slot.
+    let dup = p.take_empty().expect("room");
+    assert!(!p.insert(dup, twin(7), None));
+    assert_eq!(p.get(twin(7)), Some(slots[7]));
+    p.release(dup);
+    // Release in order: the free queue evicts twin 0 first, then twin 1.
+    for s in &slots {
+        p.release(*s);
+    }
+    assert_eq!(p.evict_lru(), 1);
+    assert_eq!(p.evict_lru(), 1);
+    assert_eq!((p.get(twin(0)), p.get(twin(1))), (None, None));
+    assert_eq!(p.get(twin(2)), Some(slots[2]));
+    assert_eq!(p.prefix_len(&[twin(299), twin(0)]), 1);
+    assert_eq!(p.cached(), 298);
+    p.check().expect("invariants");
 }
