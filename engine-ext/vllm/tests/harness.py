@@ -23,6 +23,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -453,13 +454,15 @@ class Engine:
         )
         return 0 if ok else 1
 
-    def run(self, max_steps: int = 10_000) -> None:
-        """Steps until nothing is waiting, running or being saved."""
-        for _ in range(max_steps):
-            if not self.scheduler.has_requests():
-                return
+    def run(self, timeout_s: float = 60.0) -> None:
+        """Steps until nothing is waiting, running or being saved. Bounded by wall time,
+        not steps: a pull waits on another process (a lease over HTTP, a NIXL READ), and
+        on a loaded machine 10,000 idle steps passed before it answered (CI)."""
+        deadline = time.monotonic() + timeout_s
+        while self.scheduler.has_requests():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"engine did not drain in {timeout_s:.0f} s")
             self.step()
-        raise RuntimeError("engine did not drain")
 
     def serve(self, req_id, tokens, params=None, session_id=None, max_tokens=1) -> list[int]:
         """Adds one request, runs to completion, returns its output tokens."""
