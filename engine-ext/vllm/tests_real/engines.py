@@ -131,10 +131,23 @@ class Server:
             out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
         return out
 
-    def load(self) -> dict:
-        """The connector's residency endpoint (``/load``)."""
-        with urllib.request.urlopen(f"http://{self.host}:{RESIDENCY_PORT}/load", timeout=10) as r:
-            return json.load(r)
+    def load(self, tries: int = 3) -> dict:
+        """The connector's residency endpoint (``/load``).
+
+        Tried up to ``tries`` times: the listener serves one connection at a time and closes
+        one that sends nothing within a second, and on a saturated 2-core CI box this test
+        process was once descheduled that long between connect and send (RemoteDisconnected).
+        """
+        for attempt in range(tries):
+            try:
+                url = f"http://{self.host}:{RESIDENCY_PORT}/load"
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    return json.load(r)
+            except (ConnectionError, urllib.error.URLError, TimeoutError):
+                if attempt + 1 == tries:
+                    raise
+                time.sleep(0.2)
+        raise AssertionError("unreachable: the last try raises")
 
 
 def post(base: str, path: str, body: dict, headers: dict | None = None, timeout: float = 300) -> dict:
