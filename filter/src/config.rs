@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde::de::{self, IgnoredAny};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use tether_placement::Unseen;
+use tether_placement::{OverBound, Unseen};
 use tether_wire::{RetentionMs, TurnKind};
 
 /// An invalid plugin configuration: `field` is the JSON path of the culprit.
@@ -347,6 +347,7 @@ pub struct RawResidency {
     floor: Option<f64>,
     unseen: Option<String>,
     migrate: Option<String>,
+    over_bound: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -802,6 +803,11 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
             None => d.migrate,
             Some(s) => Migrate::from_name(s)
                 .ok_or_else(|| err("migrate", "must be \"pull\" or \"leg\""))?,
+        },
+        over_bound: match raw.over_bound.as_deref() {
+            None => d.over_bound,
+            Some(s) => OverBound::from_name(s)
+                .ok_or_else(|| err("over_bound", "must be \"move\" or \"keep-up\""))?,
         },
     };
     let n = cfg.endpoints.len();

@@ -44,4 +44,4 @@ pub use load::{LoadBound, disaggregate, first_under_bound, load_bound};
 pub use rebalance::{Loads, Rebalance};
 pub use rendezvous::{Endpoint, Pick, Placement};
 pub use residency::{Held, Resident, resident_key};
-pub use resident::{Choice, How, Knows, MoveCost, Rule, Unseen, WAIT_MARGIN_MS};
+pub use resident::{Choice, How, Knows, MoveCost, OverBound, Rule, Unseen, WAIT_MARGIN_MS};

@@ -19,7 +19,11 @@
 //! 3. the holder is over the bound → the least loaded other candidate with
 //!    room, and the state goes with the key when pulling it over the KV link
 //!    costs less than recomputing it ([`MoveCost::migrate`]: [`How::Migrate`],
-//!    else [`How::Recompute`]); when no other candidate has room the key stays;
+//!    else [`How::Recompute`]); when no other candidate has room the key stays.
+//!    With [`OverBound::KeepUp`] and the ranks' prefill backlogs in view, a
+//!    holder over the bound keeps the key unless the move passes rule 1's
+//!    backlog test: a rank busy decoding whose prefills keep up keeps its
+//!    sessions;
 //! 4. some candidate's residency is unknown (no fresh summary) → the
 //!    bounded-load pick down the rendezvous order ([`How::Bounded`]), so a
 //!    fleet that publishes nothing keeps tether's plain affinity instead of
@@ -133,6 +137,40 @@ impl Unseen {
     }
 }
 
+/// What rule 3 does with a holder over the in-flight bound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OverBound {
+    /// Move the key to the least loaded other candidate with room: the bound
+    /// on requests in flight balances busy time (`docs/gateway.md`).
+    #[default]
+    Move,
+    /// With prefill backlogs in view, move only when the move would start the
+    /// turn's prefill [`WAIT_MARGIN_MS`] sooner (rule 1's test); without them,
+    /// as [`OverBound::Move`]. A rank with many requests decoding but no
+    /// prefill queue keeps its sessions' cached prefixes; heavy sessions stay
+    /// on their homes longer, so busy time is less balanced.
+    KeepUp,
+}
+
+impl OverBound {
+    /// Every setting with its name, as configurations and flags spell it.
+    pub const NAMES: [(&'static str, OverBound); 2] =
+        [("move", OverBound::Move), ("keep-up", OverBound::KeepUp)];
+
+    /// The setting named `s`.
+    pub fn from_name(s: &str) -> Option<OverBound> {
+        Self::NAMES.iter().find(|(n, _)| *n == s).map(|(_, o)| *o)
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, o)| *o == self)
+            .map_or("", |(n, _)| n)
+    }
+}
+
 /// The residency-aware rule's settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rule {
@@ -144,6 +182,8 @@ pub struct Rule {
     pub cost: MoveCost,
     /// Rule 2: where a key no summary shows goes.
     pub unseen: Unseen,
+    /// Rule 3: what a holder over the bound does.
+    pub over_bound: OverBound,
 }
 
 /// Why the key went where it went.
@@ -258,34 +298,40 @@ impl Placement {
         let wait = |i: usize| {
             backlog.get(i).copied().unwrap_or(0.0).max(0.0) * rule.cost.recompute_ms_per_token
         };
+        // Moving the state off holder `h`: what it costs the turn, ms, and how.
+        let moving = |h: usize, held: Held| {
+            let tokens = u64::from(held.tokens);
+            if rule.cost.migrate(tokens) {
+                (rule.cost.transfer_ms(tokens), How::Migrate { from: h })
+            } else {
+                (rule.cost.recompute_ms(tokens), How::Recompute { from: h })
+            }
+        };
+        // Rule 1's backlog test: `t`, if moving there starts the prefill sooner by the margin.
+        let sooner = |h: usize, cost: f64| {
+            let quickest = cands.iter().copied().filter(|&i| i != h && room(i)).fold(
+                None,
+                |best: Option<usize>, i| match best {
+                    Some(b) if wait(b) <= wait(i) => Some(b),
+                    _ => Some(i),
+                },
+            );
+            quickest.filter(|&t| wait(t) + cost + WAIT_MARGIN_MS < wait(h))
+        };
+        let keep_up = rule.over_bound == OverBound::KeepUp && !backlog.is_empty();
         let (chosen, how) = match holder {
-            Some((h, held)) if room(h) && !backlog.is_empty() => {
-                let tokens = u64::from(held.tokens);
-                let (cost, how) = if rule.cost.migrate(tokens) {
-                    (rule.cost.transfer_ms(tokens), How::Migrate { from: h })
-                } else {
-                    (rule.cost.recompute_ms(tokens), How::Recompute { from: h })
-                };
-                let quickest = cands.iter().copied().filter(|&i| i != h && room(i)).fold(
-                    None,
-                    |best: Option<usize>, i| match best {
-                        Some(b) if wait(b) <= wait(i) => Some(b),
-                        _ => Some(i),
-                    },
-                );
-                match quickest {
-                    Some(t) if wait(t) + cost + WAIT_MARGIN_MS < wait(h) => (t, how),
-                    _ => (h, How::Stay),
+            Some((h, held)) if (room(h) || keep_up) && !backlog.is_empty() => {
+                let (cost, how) = moving(h, held);
+                match sooner(h, cost) {
+                    Some(t) => (t, how),
+                    None => (h, How::Stay),
                 }
             }
             Some((h, _)) if room(h) => (h, How::Stay),
             Some((h, held)) => {
                 match least(&mut cands.iter().copied().filter(|&i| i != h && room(i))) {
                     None => (h, How::Stay),
-                    Some(t) if rule.cost.migrate(u64::from(held.tokens)) => {
-                        (t, How::Migrate { from: h })
-                    }
-                    Some(t) => (t, How::Recompute { from: h }),
+                    Some(t) => (t, moving(h, held).1),
                 }
             }
             None if unknown => {

@@ -209,6 +209,7 @@ impl Rebalancer {
                 20_000.0,
             ),
             unseen: tether_placement::Unseen::LeastLoaded,
+            over_bound: tether_placement::OverBound::Move,
         };
         let poll = std::time::Duration::from_millis(a.peer_poll_ms);
         Ok(Some(Self {

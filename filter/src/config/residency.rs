@@ -1,7 +1,7 @@
 //! The `residency` configuration: residency-aware placement (`docs/gateway.md`,
 //! "Residency-aware placement").
 
-use tether_placement::{LoadBound, MoveCost, Rule, Unseen};
+use tether_placement::{LoadBound, MoveCost, OverBound, Rule, Unseen};
 
 /// The `residency` configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +26,8 @@ pub struct ResidencyConfig {
     pub unseen: Unseen,
     /// How a migrated key's state reaches its new endpoint (rule 3).
     pub migrate: Migrate,
+    /// What a holder over the bound does (rule 3).
+    pub over_bound: OverBound,
 }
 
 /// How a migrated key's state reaches its new endpoint (`residency.migrate`).
@@ -68,6 +70,7 @@ impl Default for ResidencyConfig {
             floor: 1.0,
             unseen: Unseen::default(),
             migrate: Migrate::default(),
+            over_bound: OverBound::default(),
         }
     }
 }
@@ -88,6 +91,7 @@ impl ResidencyConfig {
                 self.prefill_tokens_per_s,
             ),
             unseen: self.unseen,
+            over_bound: self.over_bound,
         }
     }
 }

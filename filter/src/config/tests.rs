@@ -367,6 +367,11 @@ fn residency_config_defaults_and_refusals_name_the_field() {
         (serde_json::json!({"migrate": "push"}), "residency.migrate"),
         (serde_json::json!({"migrate": "Pull"}), "residency.migrate"),
         (serde_json::json!({"migrate": true}), "residency.migrate"),
+        (
+            serde_json::json!({"over_bound": "stay"}),
+            "residency.over_bound",
+        ),
+        (serde_json::json!({"over_bound": 2}), "residency.over_bound"),
         (serde_json::json!([2]), "residency"),
     ] {
         assert_eq!(residency(v.clone(), true).unwrap_err().field, field, "{v}");
@@ -381,6 +386,18 @@ fn residency_config_defaults_and_refusals_name_the_field() {
     ] {
         let c = residency(serde_json::json!({ "unseen": v }), true).unwrap();
         assert_eq!(c.residency.unwrap().rule().unseen, want, "{v}");
+    }
+    for (v, want) in [
+        (None, tether_placement::OverBound::Move),
+        (Some("move"), tether_placement::OverBound::Move),
+        (Some("keep-up"), tether_placement::OverBound::KeepUp),
+    ] {
+        let j = v.map_or(
+            serde_json::json!({}),
+            |v| serde_json::json!({ "over_bound": v }),
+        );
+        let c = residency(j, true).unwrap();
+        assert_eq!(c.residency.unwrap().rule().over_bound, want, "{v:?}");
     }
     let hash = Config::parse(br#"{"mode":"hash","residency":{},"load":{}}"#).unwrap_err();
     assert_eq!(hash.field, "residency");

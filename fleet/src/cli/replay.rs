@@ -59,6 +59,11 @@ pub struct ResidentArgs {
     /// home, named in `x-prefiller-host-port`; the ranks run `--role decode`).
     #[arg(long, default_value = "pull", value_parser = parse_migrate)]
     pub migrate: crate::sim::Migrate,
+    /// A holder over the bound: `move` (to the least loaded other candidate) or
+    /// `keep-up` (keeps the key unless moving starts the turn's prefill 50 ms
+    /// sooner, by the targets' reported prefill backlogs).
+    #[arg(long, default_value = "move", value_parser = crate::cli::simulate::parse_over_bound)]
+    pub over_bound: tether_placement::OverBound,
 }
 
 fn parse_migrate(s: &str) -> Result<crate::sim::Migrate, String> {
@@ -100,6 +105,7 @@ impl ResidentArgs {
                 self.prefill_tokens_per_s,
             ),
             unseen: tether_placement::Unseen::default(),
+            over_bound: self.over_bound,
         })
     }
 }

@@ -111,6 +111,11 @@ pub struct FleetArgs {
     /// tether-resident: below this load a holder always keeps its keys.
     #[arg(long, default_value_t = 1.0)]
     pub resident_floor: f64,
+    /// tether-resident: a holder over the bound: `move` (to the least loaded
+    /// other candidate) or `keep-up` (keeps the key unless moving starts the
+    /// turn's prefill 50 ms sooner; the filter's `residency.over_bound`).
+    #[arg(long, default_value = "move", value_parser = parse_over_bound)]
+    pub resident_over_bound: tether_placement::OverBound,
     /// tether-resident: fixed cost of one KV transfer in the migrate rule, ms.
     #[arg(long, default_value_t = 5.0)]
     pub transfer_setup_ms: f64,
@@ -203,6 +208,7 @@ impl FleetArgs {
                 floor: a.resident_floor,
             },
             resident_unseen: tether_placement::Unseen::default(),
+            resident_over_bound: a.resident_over_bound,
             rebalance: a.rebalance.then_some(tether_placement::Rebalance {
                 kv_factor: a.rebalance_kv_factor,
             }),
@@ -501,4 +507,15 @@ fn trace_name(trace: &Trace, path: &Path) -> String {
 
 fn parse_migrate(s: &str) -> Result<Migrate, String> {
     Migrate::parse(s).map_err(|e| e.to_string())
+}
+
+/// `--resident-over-bound` / `tether replay --over-bound`: an [`OverBound`](tether_placement::OverBound) by name.
+pub(crate) fn parse_over_bound(s: &str) -> Result<tether_placement::OverBound, String> {
+    tether_placement::OverBound::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = tether_placement::OverBound::NAMES
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        format!("unknown setting {s:?}: one of {}", names.join(", "))
+    })
 }

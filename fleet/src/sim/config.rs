@@ -305,6 +305,9 @@ pub struct SimConfig {
     /// `tether-resident`: where a key no rank holds goes (the filter's
     /// `residency.unseen`).
     pub resident_unseen: tether_placement::Unseen,
+    /// `tether-resident`: what a holder over the bound does (the filter's
+    /// `residency.over_bound`).
+    pub resident_over_bound: tether_placement::OverBound,
     /// `tether-resident`: copy a `tool`/`handoff` turn's retained state to a
     /// cooler candidate during the tool gap when its home holds more device KV
     /// than the mean by the factor (`tether_placement::rebalance`), releasing
@@ -350,6 +353,7 @@ impl Default for SimConfig {
                 floor: 1.0,
             },
             resident_unseen: tether_placement::Unseen::default(),
+            resident_over_bound: tether_placement::OverBound::default(),
             rebalance: None,
             transfer_setup_ms: 5.0,
             migrate: Migrate::Pull,

@@ -1030,6 +1030,7 @@ impl Sim<'_> {
             bound: self.cfg.resident_bound,
             cost: MoveCost::from_link(kv_bytes, link, self.cfg.transfer_setup_ms, tps),
             unseen: self.cfg.resident_unseen,
+            over_bound: self.cfg.resident_over_bound,
         }
     }
 

@@ -23,6 +23,7 @@ fn rule(d: usize) -> Rule {
         },
         cost: MoveCost::from_link(131_072.0, 50.0, 5.0, 20_000.0),
         unseen: Unseen::LeastLoaded,
+        over_bound: crate::OverBound::Move,
     }
 }
 

@@ -14,6 +14,7 @@ fn rule(d: usize) -> Rule {
         // 20 k tokens/s prefill (0.05 ms/token): migrate above ~127 tokens.
         cost: MoveCost::from_link(131_072.0, 12.5, 5.0, 20_000.0),
         unseen: Unseen::LeastLoaded,
+        over_bound: OverBound::Move,
     }
 }
 
@@ -282,4 +283,64 @@ fn of_two_holders_of_the_same_state_the_cooler_one_takes_the_key() {
     };
     let c = p.place_resident(k, 2, &rule(3), &loads, longer).unwrap();
     assert_eq!((c.endpoint(), c.how), (Some(a), How::Stay));
+}
+
+#[test]
+fn keep_up_keeps_a_holder_over_the_bound_while_its_prefills_keep_up() {
+    let p = placement(4);
+    let k = key(9);
+    let order = p.pick(k, 3).unwrap().order;
+    // The holder decodes 12 requests, the others none: over the bound (capacity 5).
+    let mut loads = vec![0.0; 4];
+    loads[order[0]] = 12.0;
+    let knows = |i: usize| {
+        if i == order[0] {
+            holds(400)
+        } else {
+            Knows::Nothing
+        }
+    };
+    let keep = Rule {
+        over_bound: OverBound::KeepUp,
+        ..rule(3)
+    };
+    // One 2 K-token prefill queued on the holder (100 ms at 20 K tokens/s): a
+    // 400-token pull (9 ms) starts the turn more than 50 ms sooner elsewhere.
+    let mut backlog = vec![0.0; 4];
+    backlog[order[0]] = 2_000.0;
+    let moved = p
+        .place_resident_in(k, 2, &keep, &loads, &backlog, knows)
+        .unwrap();
+    assert_eq!(moved.how, How::Migrate { from: order[0] });
+    // 500 tokens queued (25 ms): the holder keeps up and keeps the key.
+    backlog[order[0]] = 500.0;
+    let c = p
+        .place_resident_in(k, 2, &keep, &loads, &backlog, knows)
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[0]), How::Stay));
+    // `move` moves it on the same view, to the least loaded other candidate.
+    let c = p
+        .place_resident_in(k, 2, &rule(3), &loads, &backlog, knows)
+        .unwrap();
+    assert_eq!(
+        (c.endpoint(), c.how),
+        (Some(order[1]), How::Migrate { from: order[0] })
+    );
+    // Without backlogs in view `keep-up` is `move`.
+    let c = p
+        .place_resident_in(k, 2, &keep, &loads, &[], knows)
+        .unwrap();
+    assert_eq!(
+        (c.endpoint(), c.how),
+        (Some(order[1]), How::Migrate { from: order[0] })
+    );
+}
+
+#[test]
+fn over_bound_names_round_trip() {
+    for (n, o) in OverBound::NAMES {
+        assert_eq!(OverBound::from_name(n), Some(o));
+        assert_eq!(o.name(), n);
+    }
+    assert_eq!(OverBound::from_name("stay"), None);
 }

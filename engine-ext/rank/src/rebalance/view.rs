@@ -170,6 +170,7 @@ mod tests {
             },
             cost: MoveCost::from_link(1.0, 50.0, 5.0, 20_000.0),
             unseen: Unseen::LeastLoaded,
+            over_bound: tether_placement::OverBound::Move,
         };
         let t0 = Instant::now();
         let mut v = View::new(3, Duration::from_millis(600));

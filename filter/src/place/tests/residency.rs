@@ -163,6 +163,33 @@ fn an_overloaded_holder_migrates_the_key_with_its_state_or_recomputes_it() {
     }
 }
 
+/// `over_bound: "keep-up"`: the hot holder has no prefill queued, so it keeps
+/// the key (and names no holder to pull from); with a long queue it passes the
+/// key on as `move` does.
+#[test]
+fn keep_up_keeps_the_key_on_a_hot_holder_whose_prefills_keep_up() {
+    let b = body("hot", true, 10);
+    let c = rcfg(json!({"over_bound": "keep-up"}));
+    let (order, key) = key_of(&c, &b);
+    let (v, r) = hot_holder(&order, key);
+    let d = decide_r(&c, &b, &v, &r, 1000);
+    assert_eq!((primary(&d), d.placed.how), (order[0], Some(How::Stay)));
+    assert_eq!(header(&d, &c, "x-tether-pull-from"), None);
+    // 100 K tokens queued on the holder (5 s at the default 20 K tokens/s).
+    let mut queued = v.clone();
+    queued.record(
+        order[0],
+        Sample {
+            requests: 40.0,
+            prefill_tokens: 100_000.0,
+            at_ms: 1000,
+        },
+    );
+    let d = decide_r(&c, &b, &queued, &r, 1000);
+    assert_eq!(d.placed.how, Some(How::Migrate { from: order[0] }));
+    assert_eq!(d.placed.prefill, Prefill::Pull(order[0]));
+}
+
 /// A key that stays, or a new one, never carries `x-tether-pull-from`.
 #[test]
 fn only_a_migrated_turn_names_a_holder_to_pull_from() {

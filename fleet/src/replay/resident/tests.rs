@@ -12,6 +12,7 @@ fn rule() -> Rule {
         },
         cost: MoveCost::from_link(131_072.0, 50.0, 5.0, 20_000.0),
         unseen: tether_placement::Unseen::default(),
+        over_bound: tether_placement::OverBound::default(),
     }
 }
 

@@ -439,6 +439,7 @@ fn replay_route_resident_places_by_what_the_ranks_hold() {
         },
         cost: tether_placement::MoveCost::from_link(131_072.0, 50.0, 5.0, 20_000.0),
         unseen: tether_placement::Unseen::default(),
+        over_bound: tether_placement::OverBound::default(),
     };
     let (resident, resident_saved) = run_over(
         Route::Resident {

@@ -127,6 +127,39 @@ fn a_leg_migration_names_the_holder_as_the_prefiller() {
     assert_eq!(metric(&mut vm, "tether_residency_migrate"), 1);
 }
 
+/// `over_bound: "keep-up"`: a holder over the bound with no prefill queued
+/// keeps the key (no pull); once its `/load` reports a long prefill queue the
+/// key moves and pulls its state, as with the default.
+#[test]
+fn keep_up_keeps_a_hot_holder_until_its_prefill_queue_grows() {
+    let mut vm = vm_with(json!({"residency": {"candidates": 2, "over_bound": "keep-up"}}));
+    let (home, _) = place(&mut vm);
+    let other = if home == A { B } else { A }.to_owned();
+    hold_hot(&mut vm, &other, 40);
+    assert_eq!(place(&mut vm), (other.clone(), None));
+    assert_eq!(metric(&mut vm, "tether_residency_stay"), 1);
+    assert_eq!(metric(&mut vm, "tether_residency_migrate"), 0);
+    // 100 K prompt tokens queued on the holder: 5 s at the default 20 K tokens/s.
+    vm.advance_clock_ms(100);
+    let holder = other.clone();
+    poll(&mut vm, move |to| {
+        if to == holder {
+            let ranks = json!([{"dp_rank": 0, "running": 40, "waiting": 0, "restoring": 0,
+                "queued_prefill_tokens": 100_000, "kv_usage": 0.0, "kv_blocks": 10,
+                "retentions": 0}]);
+            report_with(
+                40,
+                json!({"ranks": ranks, "residency": holding(&[hot_key()])}),
+            )
+        } else {
+            report(0, holding(&[]))
+        }
+    });
+    assert_eq!(place(&mut vm), (home.clone(), Some(other.clone())));
+    assert_eq!(metric(&mut vm, "tether_residency_migrate"), 1);
+    assert!(!vm.failed(), "{:?}", vm.state().logs);
+}
+
 /// One body-path request of the `hot` session: (primary from filter state,
 /// `x-tether-pull-from` from filter state, the upstream body's
 /// `kv_transfer_params.tether.pull_from`).
