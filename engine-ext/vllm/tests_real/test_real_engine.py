@@ -124,8 +124,12 @@ def test_a_corrupt_host_payload_is_a_counted_recompute_with_the_same_answer(flee
 # poll timeout its summary went stale while it was busy, and a key then fell to the bounded
 # rendezvous pick (residency rule 4), under which two requests in flight are within the
 # bound. These tests check the residency rules, so their gateway waits longer for a reply
-# and keeps a sample fresh for longer (each endpoint still polled every 100 ms).
-PATIENT = dict(PLUGIN, load=dict(PLUGIN["load"], timeout_ms=1000, max_age_ms=3000))
+# and keeps a sample fresh for longer (each endpoint still polled every 100 ms). A CI run
+# with a 1 s timeout counted 15 failed polls of the busy engine and kept the holder's key.
+PATIENT = dict(PLUGIN, load=dict(PLUGIN["load"], timeout_ms=3000, max_age_ms=6000))
+# After the busy engine reports its load, how long the gateway is given to read it: a
+# poll period, and a reply as slow as CI's starved engines gave (over a second).
+VIEW_CATCHES_UP_S = 1.5
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +191,7 @@ def busy(server: Server, count: int):
         while server.load()["server_load"] < count:
             assert time.monotonic() < deadline, server.load()
             time.sleep(0.05)
-        time.sleep(0.4)  # the filter polls every 100 ms
+        time.sleep(VIEW_CATCHES_UP_S)
         yield
     finally:
         stop.set()
@@ -207,18 +211,22 @@ def test_a_returning_session_is_placed_on_its_holder(fleet, gw):
     with busy(a, 3):
         ones = {s: via(gw, s, h) for s, h in firsts.items()}
     on_b = [s for s, o in ones.items() if o.endpoint == b.address]
-    assert len(on_b) >= 3, ({s: o.debug for s, o in ones.items()}, placements(gw))
+    assert len(on_b) >= 3, f"{ {s: o.debug for s, o in ones.items()} }\n{placements(gw)}"
     stays = envoy_stat(gw.admin, "tether_residency_stay")
     time.sleep(0.4)
     twos = {s: via(gw, s, turn_two(firsts[s], ones[s].text)) for s in firsts}
     assert all(twos[s].endpoint == ones[s].endpoint for s in firsts), (
-        {s: (ones[s].debug, o.debug) for s, o in twos.items()}, placements(gw))
+        f"{ {s: (ones[s].debug, o.debug) for s, o in twos.items()} }\n{placements(gw)}")
     # Each session's system prompt starts with its own tag: only its holder has its blocks.
     assert all(o.cached >= full_blocks(ones[s].prompt + 12) for s, o in twos.items()), twos
     assert envoy_stat(gw.admin, "tether_residency_stay") - stays >= 4
 
 
 def test_a_holder_over_its_bound_hands_the_key_on(fleet, gw):
+    """The holder kept busy by four clients is over the bound (factor 1.5, floor 1: with
+    the other engine idle, four in flight against a capacity of ⌈1.5 · 5 / 2⌉ = 4), and
+    still is when one client is between answers (three against ⌈1.5 · 4 / 2⌉ = 3). With
+    three clients a CI run read the holder in such a dip (two against 3) and kept the key."""
     a, b = fleet["a"], fleet["b"]
     session = "real-handoff"
     first = [("system", "handoff " + SYSTEM), ("user", FIRST)]
@@ -227,9 +235,9 @@ def test_a_holder_over_its_bound_hands_the_key_on(fleet, gw):
     other = a if holder is b else b
     wait_listed(holder, 1)
     recomputes = envoy_stat(gw.admin, "tether_residency_recompute")
-    with busy(holder, 3):
+    with busy(holder, 4):
         two = via(gw, session, turn_two(first, one.text))
-    assert two.endpoint == other.address, (two.debug, placements(gw))
+    assert two.endpoint == other.address, f"{two.debug}\n{placements(gw)}"
     assert envoy_stat(gw.admin, "tether_residency_recompute") - recomputes == 1
     assert two.cached == 0  # no KV link between CPU engines: the new home recomputes
 
