@@ -275,7 +275,8 @@ fn resident(
     if !snap.view.any_fresh(0..n, snap.now_ms, lc.max_age_ms) {
         return None;
     }
-    let loads = snap.view.requests(0..n, snap.now_ms, lc.max_age_ms);
+    // Requests in flight, ties broken by how busy each rank has lately been.
+    let loads = snap.view.resident_loads(0..n, snap.now_ms, lc.max_age_ms);
     let knows = |i| {
         snap.residency
             .knows(i, req.resident, snap.now_ms, lc.max_age_ms)

@@ -6,6 +6,9 @@
 //!   agrees without shared state);
 //! - [`rendezvous`]: weighted rendezvous hashing of a key onto endpoints, with
 //!   an ordered fallback list (removing an endpoint moves only its own keys);
+//! - [`busy`]: how busy a rank has been lately (an average its `/load`
+//!   report carries) and how residency placement weighs it beside requests
+//!   in flight;
 //! - [`dp`]: the data-parallel rank on the chosen endpoint, from a hash
 //!   independent of the endpoint choice;
 //! - [`load`]: load-aware choices given a load view — bounded-load spill down a
@@ -30,6 +33,7 @@
     )
 )]
 
+pub mod busy;
 pub mod dp;
 pub mod keys;
 pub mod load;
@@ -38,10 +42,13 @@ pub mod rendezvous;
 pub mod residency;
 pub mod resident;
 
+pub use busy::{BUSY_TAU_MS, BUSY_WEIGHT, BusyAverage, resident_load};
 pub use dp::dp_rank;
 pub use keys::{SEED, hash_parts};
 pub use load::{LoadBound, disaggregate, first_under_bound, load_bound};
 pub use rebalance::{Loads, Rebalance};
 pub use rendezvous::{Endpoint, Pick, Placement};
 pub use residency::{Held, Resident, resident_key};
-pub use resident::{Choice, How, Knows, MoveCost, OverBound, Rule, Unseen, WAIT_MARGIN_MS};
+pub use resident::{
+    Choice, DEFAULT_CANDIDATES, How, Knows, MoveCost, OverBound, Rule, Unseen, WAIT_MARGIN_MS,
+};

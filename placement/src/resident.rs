@@ -36,6 +36,13 @@ use crate::load::{LoadBound, first_under_bound};
 use crate::rendezvous::{Pick, Placement};
 use crate::residency::Held;
 
+/// *d*, the rendezvous candidates a key may live on, when nothing sets it
+/// (the filter's `residency.candidates`, `tether simulate --candidates`,
+/// `tether replay`, `tether-rank --rebalance`), at most the endpoints: four of
+/// eight ranks gives a key on a busy home as many cooler places to go as its
+/// busy share can tell apart (docs/gateway.md, "Residency-aware placement").
+pub const DEFAULT_CANDIDATES: usize = 4;
+
 /// How much sooner a move must start a returning turn's prefill than
 /// staying, ms: small gains are not worth a transfer and a stale view.
 pub const WAIT_MARGIN_MS: f64 = 50.0;

@@ -408,6 +408,8 @@ pub struct Engine {
     kv_link_free_at: SimMs,
     blocked: bool,
     metrics: EngineMetrics,
+    /// Share of recent time spent stepping (the `/load` report's `busy`).
+    busy: tether_placement::BusyAverage,
     /// Ids of live requests submitted with [`Engine::submit_unmetered`].
     unmetered: HashSet<u64>,
     /// Where their per-request figures go (made on the first one; never read).
@@ -471,6 +473,7 @@ impl Engine {
             kv_link_free_at: 0.0,
             blocked: false,
             metrics: EngineMetrics::new(max_len),
+            busy: tether_placement::BusyAverage::default(),
             unmetered: HashSet::new(),
             quiet: None,
             prefetch: (cfg_prefetch).then(Prefetcher::default),
@@ -972,6 +975,7 @@ impl Engine {
         self.clock = self.clock.max(at);
         self.metrics.steps += 1 + step.more as u64;
         self.metrics.busy_ms += step.end - step.start;
+        self.busy.add(step.end, step.end - step.start);
         debug_assert!(step.start <= step.end);
         let first_end = step.first_end;
         for &(i, c) in &step.chunks {
@@ -1157,7 +1161,29 @@ impl Engine {
         released
     }
 
-    /// Point-in-time gauges (running, waiting, queued prefill, KV usage).
+    /// Share of recent time spent stepping at `now` (0–1,
+    /// [`tether_placement::busy`]): finished steps, and the part of a step in
+    /// flight before `now`; an engine idle since its last step decays.
+    pub fn busy_share(&self, now: SimMs) -> f64 {
+        let since = self.busy.at_ms();
+        let running = self
+            .in_flight
+            .as_ref()
+            .map_or(0.0, |s| (now.min(s.end) - s.start.max(since)).max(0.0));
+        self.busy.peek(now, running)
+    }
+
+    /// [`Self::gauges`] read at `now` (an idle engine's clock stays at its
+    /// last event: the busy share decays to `now`).
+    pub fn gauges_at(&self, now: SimMs) -> EngineGauges {
+        EngineGauges {
+            busy: self.busy_share(now.max(self.clock)),
+            ..self.gauges()
+        }
+    }
+
+    /// Point-in-time gauges (running, waiting, queued prefill, KV usage), at
+    /// the engine's clock.
     pub fn gauges(&self) -> EngineGauges {
         let pool = self.cache.pool();
         let cap = pool.capacity().max(1);
@@ -1190,6 +1216,7 @@ impl Engine {
             host_bytes_used: self.cache.host().used(),
             host_bytes: self.cache.host().capacity(),
             sim_ms: self.clock,
+            busy: self.busy_share(self.clock),
         }
     }
 }

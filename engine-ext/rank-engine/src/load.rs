@@ -16,5 +16,6 @@ pub fn rank_load(dp_rank: usize, g: &EngineGauges) -> RankLoad {
         kv_usage: (g.kv_usage * 1e4).round() / 1e4,
         kv_blocks: g.kv_blocks,
         retentions: g.device_retentions,
+        busy: (g.busy * 1e4).round() / 1e4,
     }
 }

@@ -208,6 +208,8 @@ pub struct EngineGauges {
     pub host_bytes: u64,
     /// Simulated time the engine has reached, ms.
     pub sim_ms: f64,
+    /// Share of recent time spent stepping (0–1, `tether_placement::busy`).
+    pub busy: f64,
 }
 
 /// Everything rendered for one DP rank.

@@ -158,7 +158,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1.1)]
     pub rebalance_kv_factor: f64,
     /// Rebalancing: *d*, the rendezvous candidates a key may live on (the
-    /// gateway's `residency.candidates`; default 3, at most the peers).
+    /// gateway's `residency.candidates`; default 4, at most the peers).
     #[arg(long)]
     pub candidates: Option<usize>,
     /// Rebalancing: a candidate has room under this bounded-load factor (the

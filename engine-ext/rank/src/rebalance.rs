@@ -30,10 +30,11 @@ pub use peers::Peers;
 pub use twins::{Side, Twin, Twins};
 pub use view::View;
 
-/// `--candidates` as used: the flag, else the gateway's default (3), never
-/// more than the endpoints.
+/// `--candidates` as used: the flag, else the gateway's default
+/// ([`tether_placement::DEFAULT_CANDIDATES`]), never more than the endpoints.
 pub fn candidates(args: &Args, endpoints: usize) -> usize {
-    args.candidates.unwrap_or(3.min(endpoints.max(1)))
+    args.candidates
+        .unwrap_or(tether_placement::DEFAULT_CANDIDATES.min(endpoints.max(1)))
 }
 
 fn flag(flag: &'static str, why: impl Into<String>) -> ConfigError {

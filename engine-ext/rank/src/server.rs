@@ -183,6 +183,7 @@ impl Rank {
         let max = self.cfg.args.residency_entries;
         let admitted = self.cfg.args.residency_from == "admission";
         let mut held: HashMap<u64, Held> = HashMap::new();
+        let now = self.clock.now_ms();
         let ranks: Vec<RankLoad> = self
             .slots
             .iter()
@@ -203,7 +204,7 @@ impl Rank {
                         e.device |= device;
                     }
                 }
-                rank_load(i, &c.engine.gauges())
+                rank_load(i, &c.engine.gauges_at(now))
             })
             .collect();
         let residency = (max > 0).then(|| {

@@ -9,7 +9,51 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tether_placement::load::report::{LoadReport, RankLoad};
 use tether_placement::residency::{MAX_ENTRIES, Resident};
-use tether_placement::{Held, resident_key};
+use tether_placement::{BusyAverage, Held, resident_key};
+
+/// How busy the engine core has lately been (the `/load` report's `busy`,
+/// `tether_placement::busy`): the connector marks when the core starts having
+/// requests in flight and when it has none left; busy is the time between.
+#[pyclass(module = "tether_vllm._native")]
+pub struct BusyShare {
+    avg: BusyAverage,
+    busy: bool,
+}
+
+#[pymethods]
+impl BusyShare {
+    #[new]
+    fn new() -> Self {
+        Self {
+            avg: BusyAverage::default(),
+            busy: false,
+        }
+    }
+
+    /// From `now_ms` on (the core's clock, ms) the core has requests in flight
+    /// (`busy`) or none. Times that go back are ignored.
+    fn set(&mut self, now_ms: f64, busy: bool) {
+        let since = if self.busy {
+            now_ms - self.avg.at_ms()
+        } else {
+            0.0
+        };
+        self.avg.add(now_ms, since);
+        if now_ms >= self.avg.at_ms() {
+            self.busy = busy;
+        }
+    }
+
+    /// The share (0–1) at `now_ms`.
+    fn share(&self, now_ms: f64) -> f64 {
+        let since = if self.busy {
+            now_ms - self.avg.at_ms()
+        } else {
+            0.0
+        };
+        self.avg.peek(now_ms, since)
+    }
+}
 
 impl Ledger {
     /// What the ledger retains, one entry per retention key: its resident key, its
@@ -48,10 +92,11 @@ fn merged(entries: impl IntoIterator<Item = (u64, Held)>) -> Vec<(u64, Held)> {
 /// `RESIDENCY_MAX_ENTRIES`, else `CallerError`): what the ledger retains and the
 /// `admitted` requests — `(marker, prompt tokens)` of requests waiting or running
 /// whose prompt end will be retained, listed on the device with their full blocks,
-/// so a next turn that arrives before its predecessor's retention finds its holder.
+/// so a next turn that arrives before its predecessor's retention finds its holder;
+/// `busy`, the core's busy share (`BusyShare.share`).
 #[pyfunction]
 #[pyo3(signature = (ledger, *, dp_rank, running, waiting, restoring, queued_prefill_tokens,
-    kv_usage, kv_blocks, uptime_ms, max_entries=MAX_ENTRIES, admitted=Vec::new()))]
+    kv_usage, kv_blocks, uptime_ms, max_entries=MAX_ENTRIES, admitted=Vec::new(), busy=0.0))]
 #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 pub fn load_report<'py>(
     py: Python<'py>,
@@ -66,6 +111,7 @@ pub fn load_report<'py>(
     uptime_ms: f64,
     max_entries: usize,
     admitted: Vec<(Bound<'py, Marker>, u64)>,
+    busy: f64,
 ) -> PyResult<Bound<'py, PyBytes>> {
     if max_entries > MAX_ENTRIES {
         return Err(CallerError::new_err(format!(
@@ -112,6 +158,7 @@ pub fn load_report<'py>(
                     kv_usage: finite(kv_usage).clamp(0.0, 1.0),
                     kv_blocks,
                     retentions,
+                    busy: finite(busy).clamp(0.0, 1.0),
                 }],
                 residency: Some(resident.encode(omitted)),
             })

@@ -118,6 +118,21 @@ def test_load_counts_waiting_running_and_queued_prefill(engines):
     assert set(_entries(e)) == {rkey("w1"), rkey("w2")}
 
 
+def test_the_busy_share_grows_while_requests_are_in_flight_and_decays_after(engines):
+    e = engines({"host_bytes": 0}, num_blocks=64)
+    assert _poll(e)["ranks"][0]["busy"] == 0.0
+    e.add("b1", tokens(8, 2 * BS), tether("b1"), max_tokens=4)
+    time.sleep(0.3)
+    during = _poll(e)["ranks"][0]["busy"]
+    # 0.3 s busy at a 300 s time constant: about 1e-3.
+    assert 5e-4 < during < 2e-3, during
+    e.run()
+    after = _poll(e)["ranks"][0]["busy"]
+    time.sleep(0.3)
+    later = _poll(e)["ranks"][0]["busy"]
+    assert after >= during and 0 < later < after, (during, after, later)
+
+
 def test_an_admitted_turn_is_listed_before_its_retention(engines):
     """A turn is listed from admission (waiting, then running) with its prompt's full
     blocks, so a next turn arriving before its retention finds its holder; a request

@@ -61,7 +61,7 @@ impl Default for ResidencyConfig {
     /// bound of `tether simulate --policy tether-resident`.
     fn default() -> Self {
         Self {
-            candidates: 3,
+            candidates: tether_placement::DEFAULT_CANDIDATES,
             kv_bytes_per_token: 131_072.0,
             link_gbps: 50.0,
             transfer_setup_ms: 5.0,

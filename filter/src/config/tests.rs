@@ -306,9 +306,9 @@ fn residency(v: serde_json::Value, load: bool) -> Result<Config, ConfigError> {
 #[test]
 fn residency_config_defaults_and_refusals_name_the_field() {
     let c = residency(serde_json::json!({}), true).unwrap();
-    // The default d of 3, capped at the endpoints configured.
+    // The default d of 4, capped at the endpoints configured.
     let want = residency::ResidencyConfig {
-        candidates: c.endpoints.len().min(3),
+        candidates: c.endpoints.len().min(4),
         ..residency::ResidencyConfig::default()
     };
     assert_eq!(c.residency, Some(want));

@@ -19,6 +19,9 @@ pub struct Sample {
     pub requests: f64,
     /// Queued prefill tokens over all DP ranks.
     pub prefill_tokens: f64,
+    /// Busy share, the mean over its DP ranks (0–1; 0 when the report has
+    /// none: `tether_placement::busy`).
+    pub busy: f64,
     /// When the reply arrived (host clock, ms since the epoch).
     pub at_ms: u64,
 }
@@ -63,6 +66,7 @@ impl Sample {
         let s = Self {
             requests: r.server_load as f64,
             prefill_tokens: r.queued_prefill_tokens() as f64,
+            busy: r.busy(),
             at_ms,
         };
         Ok((s, r.residency))
@@ -87,8 +91,9 @@ pub struct LoadView {
     samples: Vec<Option<Sample>>,
 }
 
-/// Bytes per endpoint in the encoding: flag, requests, prefill tokens, time.
-const REC: usize = 1 + 8 + 8 + 8;
+/// Bytes per endpoint in the encoding: flag, requests, prefill tokens, busy
+/// share, time.
+const REC: usize = 1 + 8 + 8 + 8 + 8;
 
 impl LoadView {
     /// A view of no endpoints.
@@ -182,6 +187,21 @@ impl LoadView {
         self.values(range, now_ms, max_age_ms, |s| s.prefill_tokens)
     }
 
+    /// Residency placement's load of the endpoints in `range`: requests in
+    /// flight plus the weighted busy share
+    /// ([`tether_placement::resident_load`]), read as [`Self::requests`]
+    /// reads requests.
+    pub fn resident_loads(
+        &self,
+        range: std::ops::Range<usize>,
+        now_ms: u64,
+        max_age_ms: u64,
+    ) -> Vec<f64> {
+        self.values(range, now_ms, max_age_ms, |s| {
+            tether_placement::resident_load(s.requests, s.busy, tether_placement::BUSY_WEIGHT)
+        })
+    }
+
     fn values(
         &self,
         range: std::ops::Range<usize>,
@@ -201,19 +221,21 @@ impl LoadView {
             .collect()
     }
 
-    /// Little-endian bytes: per endpoint a presence flag, requests and prefill
-    /// tokens (f64 bits), arrival ms (u64).
+    /// Little-endian bytes: per endpoint a presence flag, requests, prefill
+    /// tokens and busy share (f64 bits), arrival ms (u64).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.samples.len() * REC);
         for s in &self.samples {
             let s_ = s.unwrap_or(Sample {
                 requests: 0.0,
                 prefill_tokens: 0.0,
+                busy: 0.0,
                 at_ms: 0,
             });
             out.push(u8::from(s.is_some()));
             out.extend_from_slice(&s_.requests.to_le_bytes());
             out.extend_from_slice(&s_.prefill_tokens.to_le_bytes());
+            out.extend_from_slice(&s_.busy.to_le_bytes());
             out.extend_from_slice(&s_.at_ms.to_le_bytes());
         }
         out
@@ -234,9 +256,11 @@ impl LoadView {
                 let s = Sample {
                     requests: f64::from_le_bytes(word(0)?),
                     prefill_tokens: f64::from_le_bytes(word(1)?),
-                    at_ms: u64::from_le_bytes(word(2)?),
+                    busy: f64::from_le_bytes(word(2)?),
+                    at_ms: u64::from_le_bytes(word(3)?),
                 };
-                let ok = s.requests.is_finite() && s.prefill_tokens.is_finite();
+                let ok =
+                    s.requests.is_finite() && s.prefill_tokens.is_finite() && s.busy.is_finite();
                 Some((*flag == 1 && ok).then_some(s))
             })
             .collect::<Option<Vec<_>>>()?;

@@ -57,6 +57,7 @@ fn view(decode: [f64; 4], prefill: [f64; 2], at: u64) -> LoadView {
             Sample {
                 requests: *r,
                 prefill_tokens: 0.0,
+                busy: 0.0,
                 at_ms: at,
             },
         );
@@ -67,6 +68,7 @@ fn view(decode: [f64; 4], prefill: [f64; 2], at: u64) -> LoadView {
             Sample {
                 requests: 0.0,
                 prefill_tokens: *t,
+                busy: 0.0,
                 at_ms: at,
             },
         );
@@ -154,6 +156,7 @@ fn a_primary_with_a_stale_report_beside_fresh_ones_keeps_its_last_load() {
             Sample {
                 requests: 0.0,
                 prefill_tokens: 0.0,
+                busy: 0.0,
                 at_ms: 2500,
             },
         );

@@ -31,7 +31,7 @@ pub enum RouteArg {
 #[command(next_help_heading = "Resident route")]
 pub struct ResidentArgs {
     /// Rendezvous candidates a key may live on (d).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = tether_placement::DEFAULT_CANDIDATES)]
     pub candidates: usize,
     /// Bounded-load factor c (> 1).
     #[arg(long, default_value_t = 2.0)]

@@ -103,7 +103,7 @@ pub struct FleetArgs {
     #[arg(long, default_value_t = 200.0)]
     pub load_poll_ms: f64,
     /// tether-resident: rendezvous candidates a key may live on (d).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = tether_placement::DEFAULT_CANDIDATES)]
     pub candidates: usize,
     /// tether-resident: bounded-load factor c over running + waiting (> 1).
     #[arg(long, default_value_t = 1.5)]
@@ -116,6 +116,11 @@ pub struct FleetArgs {
     /// turn's prefill 50 ms sooner; the filter's `residency.over_bound`).
     #[arg(long, default_value = "move", value_parser = parse_over_bound)]
     pub resident_over_bound: tether_placement::OverBound,
+    /// tether-resident: weight of a rank's recent busy share (0–1, from its
+    /// `/load` report) beside its requests in flight, 0 to 1 (the filter's
+    /// 0.9 breaks ties toward the less busy rank; 0: ties by rendezvous order).
+    #[arg(long, default_value_t = tether_placement::BUSY_WEIGHT)]
+    pub resident_busy_weight: f64,
     /// tether-resident: fixed cost of one KV transfer in the migrate rule, ms.
     #[arg(long, default_value_t = 5.0)]
     pub transfer_setup_ms: f64,
@@ -209,6 +214,7 @@ impl FleetArgs {
             },
             resident_unseen: tether_placement::Unseen::default(),
             resident_over_bound: a.resident_over_bound,
+            resident_busy_weight: a.resident_busy_weight,
             rebalance: a.rebalance.then_some(tether_placement::Rebalance {
                 kv_factor: a.rebalance_kv_factor,
             }),

@@ -119,7 +119,12 @@ impl ResidentRoute {
                         };
                         Polled {
                             at,
-                            load: r.server_load as f64,
+                            // As the filter weighs it: requests in flight, ties by busy share.
+                            load: tether_placement::resident_load(
+                                r.server_load as f64,
+                                r.busy(),
+                                tether_placement::BUSY_WEIGHT,
+                            ),
                             backlog: r.queued_prefill_tokens() as f64,
                             resident,
                         }

@@ -308,6 +308,10 @@ pub struct SimConfig {
     /// `tether-resident`: what a holder over the bound does (the filter's
     /// `residency.over_bound`).
     pub resident_over_bound: tether_placement::OverBound,
+    /// `tether-resident`: weight of a rank's busy share beside its requests
+    /// in flight (`tether_placement::resident_load`; the filter's
+    /// `tether_placement::BUSY_WEIGHT`; 0: ties by rendezvous order).
+    pub resident_busy_weight: f64,
     /// `tether-resident`: copy a `tool`/`handoff` turn's retained state to a
     /// cooler candidate during the tool gap when its home holds more device KV
     /// than the mean by the factor (`tether_placement::rebalance`), releasing
@@ -347,13 +351,14 @@ impl Default for SimConfig {
             balance_floor: 8.0,
             fallbacks: 8,
             load_poll_ms: 200.0,
-            candidates: 3,
+            candidates: tether_placement::DEFAULT_CANDIDATES,
             resident_bound: tether_placement::LoadBound {
                 factor: 1.5,
                 floor: 1.0,
             },
             resident_unseen: tether_placement::Unseen::default(),
             resident_over_bound: tether_placement::OverBound::default(),
+            resident_busy_weight: tether_placement::BUSY_WEIGHT,
             rebalance: None,
             transfer_setup_ms: 5.0,
             migrate: Migrate::Pull,

@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use tether_engine::cache::snapshot_boundaries;
 use tether_engine::{BlockHash, TurnMarker};
-use tether_placement::{Held, How, Knows, MoveCost, Rule, disaggregate};
+use tether_placement::{Held, How, Knows, MoveCost, Rule, disaggregate, resident_load};
 use tether_rank_engine::engine::{
     ContextLimit, Engine, EngineConfig, Event, Outcome, SimMs, SimRequest,
 };
@@ -92,6 +92,8 @@ struct Pool {
     polled_prefill: Vec<f64>,
     /// Device KV in use per rank at the last poll (`kv_usage`, 0–1).
     polled_kv: Vec<f64>,
+    /// Each rank's busy share at the last poll (`tether_placement::busy`).
+    polled_busy: Vec<f64>,
     requests: Vec<u64>,
     router: Router,
     /// Keep a wake per engine (a load view needs in-flight counts exact, or
@@ -227,6 +229,12 @@ pub fn simulate(
             rb.factor, rb.floor
         )));
     }
+    let w = cfg.resident_busy_weight;
+    if !(0.0..=1.0).contains(&w) {
+        return Err(SimError::Setting(format!(
+            "tether-resident's busy weight {w} must be from 0 to 1"
+        )));
+    }
     if let Some(r) = cfg.rebalance
         && (r.kv_factor.is_nan() || r.kv_factor <= 1.0)
     {
@@ -315,6 +323,7 @@ pub fn simulate(
             polled: vec![0.0; count],
             polled_prefill: vec![0.0; count],
             polled_kv: vec![0.0; count],
+            polled_busy: vec![0.0; count],
             requests: vec![0; count],
             router,
             wakes: p == PREFILL || policy.reads_inflight() || policy == Policy::TetherResident,
@@ -632,6 +641,7 @@ impl Sim<'_> {
             let g = self.pools[DECODE].engines[r].gauges();
             self.pools[DECODE].polled[r] = (g.running + g.waiting) as f64;
             self.pools[DECODE].polled_prefill[r] = g.queued_prefill_tokens as f64;
+            self.pools[DECODE].polled_busy[r] = self.pools[DECODE].engines[r].busy_share(t);
         }
         self.sample_kv_imbalance();
     }
@@ -987,12 +997,24 @@ impl Sim<'_> {
                 }),
             }
         };
-        let loads = if p == DECODE {
-            &pool.polled
+        let weight = self.cfg.resident_busy_weight;
+        // Requests in flight and the busy share, as the filter weighs them
+        // (`tether_placement::resident_load`): polled for the decode pool, exact
+        // for the prefill pool (its engines were advanced to `t`).
+        let loads: Vec<f64> = if p == DECODE {
+            pool.polled
+                .iter()
+                .zip(&pool.polled_busy)
+                .map(|(&n, &b)| resident_load(n, b, weight))
+                .collect()
         } else {
-            &pool.inflight
+            pool.inflight
+                .iter()
+                .zip(engines)
+                .map(|(&n, e)| resident_load(n, e.busy_share(t), weight))
+                .collect()
         };
-        // The prefill pool's backlog is exact (its engines were advanced to `t`).
+        // The prefill pool's backlog is exact too.
         let exact: Vec<f64>;
         let backlog = if p == DECODE {
             &pool.polled_prefill
@@ -1005,7 +1027,7 @@ impl Sim<'_> {
         };
         let (r, how) = pool
             .router
-            .route_resident(key, loads, backlog, &rule, knows)
+            .route_resident(key, &loads, backlog, &rule, knows)
             .ok_or(SimError::NoRanks(if p == DECODE {
                 "active"
             } else {

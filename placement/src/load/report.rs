@@ -40,6 +40,11 @@ pub struct RankLoad {
     pub kv_blocks: usize,
     /// Retention records on the device.
     pub retentions: usize,
+    /// Share of recent time the rank was busy (0–1; [`crate::busy`]: an
+    /// average over about the last five minutes). Absent from older
+    /// reports: 0.
+    #[serde(default)]
+    pub busy: f64,
 }
 
 impl LoadReport {
@@ -50,5 +55,26 @@ impl LoadReport {
             .iter()
             .map(|r| r.queued_prefill_tokens)
             .fold(0, u64::saturating_add)
+    }
+
+    /// The process's busy share: the mean over its DP ranks (0–1; a
+    /// non-finite or out-of-range figure reads as 0 or 1).
+    pub fn busy(&self) -> f64 {
+        let n = self.ranks.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let sum: f64 = self
+            .ranks
+            .iter()
+            .map(|r| {
+                if r.busy.is_nan() {
+                    0.0
+                } else {
+                    r.busy.clamp(0.0, 1.0)
+                }
+            })
+            .sum();
+        sum / n as f64
     }
 }

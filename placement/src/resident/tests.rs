@@ -344,3 +344,38 @@ fn over_bound_names_round_trip() {
     }
     assert_eq!(OverBound::from_name("stay"), None);
 }
+
+/// With as many requests in flight everywhere, a new key goes to the
+/// candidate that has lately been least busy (`crate::busy`), not to its first
+/// rendezvous candidate; and the busy share never outweighs a request.
+#[test]
+fn ties_in_flight_go_to_the_least_busy_candidate() {
+    use crate::busy::{BUSY_WEIGHT, resident_load};
+    let p = placement(8);
+    let k = key(7);
+    let order = p.pick(k, 7).unwrap().order;
+    let busy = |quiet: usize| -> Vec<f64> {
+        (0..8)
+            .map(|i| if i == quiet { 0.1 } else { 0.8 })
+            .collect::<Vec<f64>>()
+    };
+    let place = |requests: &[f64], busy: &[f64], w: f64| {
+        let loads: Vec<f64> = requests
+            .iter()
+            .zip(busy)
+            .map(|(&r, &b)| resident_load(r, b, w))
+            .collect();
+        p.place_resident(k, 3, &rule(4), &loads, |_| Knows::Nothing)
+            .unwrap()
+            .endpoint()
+    };
+    let idle = vec![0.0; 8];
+    // Without the busy share the tie goes to the first candidate.
+    assert_eq!(place(&idle, &busy(order[2]), 0.0), Some(order[0]));
+    // With it, to the quiet third candidate.
+    assert_eq!(place(&idle, &busy(order[2]), BUSY_WEIGHT), Some(order[2]));
+    // One more request in flight outweighs any busy share.
+    let mut one = idle.clone();
+    one[order[2]] = 1.0;
+    assert_eq!(place(&one, &busy(order[2]), BUSY_WEIGHT), Some(order[0]));
+}

@@ -929,3 +929,32 @@ fn an_unmetered_request_is_served_and_retained_but_not_counted() {
     assert_eq!(e.metrics().finished, before.finished + 1);
     assert!(e.unmetered.is_empty(), "its id is let go");
 }
+
+/// The busy share (`/load`'s `busy`) counts the time spent stepping: a lone
+/// request's busy time over the time constant, decaying once idle, and the
+/// part of a step in flight when read mid-step.
+#[test]
+fn the_busy_share_follows_the_steps() {
+    let mut e = engine();
+    assert_eq!(e.busy_share(0.0), 0.0);
+    let t = toks(1, 2000);
+    e.submit(req(1, &t, 3, None), 5.0).unwrap();
+    // Mid-prefill: the step in flight counts up to now.
+    let mut out = Vec::new();
+    e.advance(50.0, &mut out);
+    let mid = e.busy_share(50.0);
+    assert!(mid > 0.0, "{mid}");
+    let ev = run(&mut e);
+    let o = done(&ev, 1);
+    let end = 5.0 + o.e2e_ms();
+    let busy = e.metrics().busy_ms;
+    let share = e.busy_share(end);
+    // All of the steps, at τ = 300 s: about busy / τ.
+    let want = busy / tether_placement::BUSY_TAU_MS;
+    assert!((share - want).abs() < want * 0.01, "{share} vs {want}");
+    assert!(share > mid);
+    // Idle for one τ keeps e⁻¹ of it; the gauges read at `now` say so too.
+    let later = end + tether_placement::BUSY_TAU_MS;
+    assert!((e.busy_share(later) - share * (-1.0f64).exp()).abs() < 1e-12);
+    assert_eq!(e.gauges_at(later).busy, e.busy_share(later));
+}

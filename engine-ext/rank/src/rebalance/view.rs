@@ -140,6 +140,7 @@ mod tests {
             kv_usage: kv,
             kv_blocks: 10,
             retentions: 0,
+            busy: 0.0,
         };
         let r = LoadReport {
             server_load: 3,

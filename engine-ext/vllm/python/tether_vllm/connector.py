@@ -59,6 +59,7 @@ from vllm.v1.request import RequestStatus
 from tether_vllm._native import (
     MARKER_KEY,
     RESIDENCY_MAX_ENTRIES,
+    BusyShare,
     CallerError,
     KvCopier,
     Ledger,
@@ -414,6 +415,8 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         # Requests added and not finished (vLLM's own objects: their status and
         # computed tokens are current whenever the listener reads them).
         self._inflight: dict[str, Request] = {}
+        # Busy while any request is in flight: the /load report's busy share.
+        self._busy = BusyShare()
         self._started_ms = time.monotonic() * 1000
         self.book: LeaseBook | None = None
         self.puller: Puller | None = None
@@ -493,10 +496,14 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             queued_prefill_tokens=queued,
             kv_usage=pool.get_usage() if pool is not None else 0.0,
             kv_blocks=self.num_blocks,
-            uptime_ms=time.monotonic() * 1000 - self._started_ms,
+            uptime_ms=self._uptime_ms(),
             max_entries=self.config.residency_max_entries,
             admitted=admitted,
+            busy=self._busy.share(self._uptime_ms()),
         )
+
+    def _uptime_ms(self) -> float:
+        return time.monotonic() * 1000 - self._started_ms
 
     def stats_report(self) -> bytes:
         """``GET /stats``: ``connector_stats()`` as JSON — the ledger's counters and both
@@ -538,6 +545,8 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
 
     def on_new_request(self, request: Request) -> None:
         t0 = time.thread_time_ns()
+        if not self._inflight:
+            self._busy.set(self._uptime_ms(), True)
         self._inflight[request.request_id] = request
         marker = self._marker(request)
         if marker is not None:
@@ -735,6 +744,8 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._markers.pop(request.request_id, None)
         self._pending.pop(request.request_id, None)
         self._inflight.pop(request.request_id, None)
+        if not self._inflight:
+            self._busy.set(self._uptime_ms(), False)
         if self.puller is not None:
             if self.puller.loading(request.request_id):
                 # Its READ is in flight: the blocks hold no verified KV yet (nothing to

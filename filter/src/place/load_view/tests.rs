@@ -13,6 +13,27 @@ fn a_report_gives_requests_and_prefill_backlog() {
 }
 
 #[test]
+fn the_busy_share_is_the_dp_ranks_mean_and_weighs_below_a_request() {
+    // A report without `busy` (an older rank) reads 0.
+    let s = Sample::from_reply(Some("200"), REPLY, 7).unwrap();
+    assert_eq!(s.busy, 0.0);
+    let with = br#"{"server_load": 1, "sim_ms": 1.0, "speedup": 1.0,
+ "ranks": [{"dp_rank": 0, "running": 1, "waiting": 0, "restoring": 0, "queued_prefill_tokens": 0,
+            "kv_usage": 0.1, "kv_blocks": 8, "retentions": 0, "busy": 0.8},
+           {"dp_rank": 1, "running": 0, "waiting": 0, "restoring": 0, "queued_prefill_tokens": 0,
+            "kv_usage": 0.1, "kv_blocks": 8, "retentions": 0, "busy": 7.0}]}"#;
+    let s = Sample::from_reply(Some("200"), with, 7).unwrap();
+    // An out-of-range share reads as 1: the mean of 0.8 and 1.
+    assert!((s.busy - 0.9).abs() < 1e-12, "{}", s.busy);
+    let mut v = LoadView::new(2);
+    v.record(0, s);
+    v.record(1, sample(1.0, 7));
+    let l = v.resident_loads(0..2, 7, 100);
+    // Both have one request in flight; the busier reads higher, by less than a request.
+    assert!(l[0] > l[1] && l[0] < 2.0, "{l:?}");
+}
+
+#[test]
 fn bad_replies_are_values_not_panics() {
     assert!(matches!(
         Sample::from_reply(Some("503"), REPLY, 0),
@@ -49,6 +70,7 @@ fn sample(requests: f64, at_ms: u64) -> Sample {
     Sample {
         requests,
         prefill_tokens: requests * 10.0,
+        busy: (requests / 10.0).min(1.0),
         at_ms,
     }
 }

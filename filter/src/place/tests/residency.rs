@@ -182,6 +182,7 @@ fn keep_up_keeps_the_key_on_a_hot_holder_whose_prefills_keep_up() {
         Sample {
             requests: 40.0,
             prefill_tokens: 100_000.0,
+            busy: 0.0,
             at_ms: 1000,
         },
     );

@@ -160,6 +160,33 @@ fn keep_up_keeps_a_hot_holder_until_its_prefill_queue_grows() {
     assert!(!vm.failed(), "{:?}", vm.state().logs);
 }
 
+/// Busy share: with no request in flight anywhere and no holder, a key goes
+/// to the candidate whose `/load` reports it least busy lately (`busy`, per DP
+/// rank), not to its first rendezvous candidate; with as busy candidates it
+/// stays on the first.
+#[test]
+fn a_tie_in_flight_goes_to_the_less_busy_candidate() {
+    let mut vm = vm();
+    let (home, _) = place(&mut vm);
+    let other = if home == A { B } else { A }.to_owned();
+    let busy_report = |busy: f64| {
+        let ranks = json!([{"dp_rank": 0, "running": 0, "waiting": 0, "restoring": 0,
+            "queued_prefill_tokens": 0, "kv_usage": 0.0, "kv_blocks": 10,
+            "retentions": 0, "busy": busy}]);
+        report_with(0, json!({"ranks": ranks, "residency": holding(&[])}))
+    };
+    for (home_busy, want) in [(0.2, home.clone()), (0.9, other.clone())] {
+        vm.advance_clock_ms(100);
+        let h = home.clone();
+        poll(&mut vm, move |to| {
+            busy_report(if to == h { home_busy } else { 0.2 })
+        });
+        assert_eq!(place(&mut vm), (want, None), "home busy {home_busy}");
+    }
+    assert_eq!(metric(&mut vm, "tether_residency_least"), 2);
+    assert!(!vm.failed(), "{:?}", vm.state().logs);
+}
+
 /// One body-path request of the `hot` session: (primary from filter state,
 /// `x-tether-pull-from` from filter state, the upstream body's
 /// `kv_transfer_params.tether.pull_from`).
