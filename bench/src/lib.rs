@@ -1,6 +1,8 @@
 //! What several benchmark drivers share: the workspace root and the recorded
 //! traces the routing benchmarks (`fleet-bench`, `resident-bench`) run on.
 
+pub mod fleets;
+
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 use tether_fleet::import::{Format, ImportOptions, import};

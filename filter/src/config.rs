@@ -348,6 +348,7 @@ pub struct RawResidency {
     unseen: Option<String>,
     migrate: Option<String>,
     over_bound: Option<String>,
+    busy_weight: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -809,6 +810,7 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
             Some(s) => OverBound::from_name(s)
                 .ok_or_else(|| err("over_bound", "must be \"move\" or \"keep-up\""))?,
         },
+        busy_weight: raw.busy_weight.unwrap_or(d.busy_weight),
     };
     let n = cfg.endpoints.len();
     if r.candidates == 0 || r.candidates > n {
@@ -839,6 +841,12 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
     }
     if !(r.floor.is_finite() && r.floor >= 1.0) {
         return Err(err("floor", "must be a number of at least 1"));
+    }
+    if !(0.0..=1.0).contains(&r.busy_weight) {
+        return Err(err(
+            "busy_weight",
+            "must be a number from 0 to 1 (0: ties by rendezvous order)",
+        ));
     }
     // A migration names the old home: the engine pulls from it, or sends
     // it the prefill leg.

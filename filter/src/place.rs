@@ -276,7 +276,9 @@ fn resident(
         return None;
     }
     // Requests in flight, ties broken by how busy each rank has lately been.
-    let loads = snap.view.resident_loads(0..n, snap.now_ms, lc.max_age_ms);
+    let loads = snap
+        .view
+        .resident_loads(0..n, snap.now_ms, lc.max_age_ms, rc.busy_weight);
     let knows = |i| {
         snap.residency
             .knows(i, req.resident, snap.now_ms, lc.max_age_ms)

@@ -59,7 +59,14 @@ struct Args {
     /// Generated corpus: sessions per 8 ranks (over one hour).
     #[arg(long, default_value_t = 200)]
     corpus_sessions: u32,
-    /// Skip parts: `bundled`, `corpus`, `pd`, `envoy` (comma-separated).
+    /// Seeded fleets: how many (59-session coding-agent fleets on 8 ranks,
+    /// seeds 1 to this).
+    #[arg(long, default_value_t = 24)]
+    fleet_seeds: u64,
+    /// Seeded fleets: speedups of their arrivals, comma-separated.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    fleet_speedups: Vec<f64>,
+    /// Skip parts: `bundled`, `corpus`, `fleets`, `pd`, `envoy` (comma-separated).
     #[arg(long, default_value = "")]
     skip: String,
     /// Through Envoy: ranks behind the gateway, comma-separated.
@@ -142,6 +149,9 @@ enum Setting {
     /// `pull` with `over_bound: "keep-up"`: a holder over the bound keeps the
     /// key unless moving starts the turn's prefill sooner.
     PullKeepUp,
+    /// `pull` with the rule before 2026-12-07: three candidates, ties in
+    /// requests by rendezvous order (`candidates: 3, busy_weight: 0`).
+    PullBefore,
 }
 
 /// `tether-rank --residency-from` (docs/rank.md).
@@ -200,6 +210,40 @@ fn corpus(per_8: u32, ranks: usize) -> (String, GenerateOptions) {
 
 struct Row {
     report: RunReport,
+}
+
+/// The seeded fleets (`tether_bench::fleets`): every setting on every fleet
+/// and speedup, one summary line per setting and speedup, then over all.
+fn fleets(a: &Args, coder: &Profile) -> Result<()> {
+    use tether_bench::fleets::{Judged, fleet, judge, settings, summary};
+    let settings = settings();
+    println!(
+        "seeded fleets: tether trace generate --preset coding-agent --seed 1..={} --sessions 59 --span-s 3600, 8 ranks, speedups {:?}",
+        a.fleet_seeds, a.fleet_speedups
+    );
+    let mut all: Vec<Vec<Judged>> = vec![Vec::new(); settings.len()];
+    for &speedup in &a.fleet_speedups {
+        let mut at: Vec<Vec<Judged>> = vec![Vec::new(); settings.len()];
+        for seed in 1..=a.fleet_seeds {
+            let trace = fleet(seed)?;
+            let b = base(coder, FleetShape::aggregated(8), speedup);
+            for (k, j) in judge(&trace, coder, &b, &settings)?.into_iter().enumerate() {
+                at[k].push(j);
+            }
+        }
+        println!("{} fleets at {speedup}x:", a.fleet_seeds);
+        for (s, runs) in settings.iter().zip(&at) {
+            println!("{}", summary(s.name, runs));
+        }
+        for (k, runs) in at.into_iter().enumerate() {
+            all[k].extend(runs);
+        }
+    }
+    println!("all seeded fleets:");
+    for (s, runs) in settings.iter().zip(&all) {
+        println!("{}", summary(s.name, runs));
+    }
+    Ok(())
 }
 
 fn base(profile: &Profile, fleet: FleetShape, speedup: f64) -> SimConfig {
@@ -429,25 +473,33 @@ fn runs(a: &Args, poll_ms: u64) -> Vec<Run> {
                 continue;
             }
             Setting::Leg => ("leg", OverBound::Move),
-            Setting::Pull => ("pull", OverBound::Move),
+            Setting::Pull | Setting::PullBefore => ("pull", OverBound::Move),
             Setting::PullKeepUp => ("pull", OverBound::KeepUp),
         };
         let (migrate, over) = migrate;
+        let before = s == Setting::PullBefore;
         for &from in &a.envoy_residency_from {
             for &unseen in &a.envoy_unseen {
                 let mut label = format!("pick + load + residency, {}", setting_name(migrate, over));
+                if before {
+                    label += ", d = 3, ties by rendezvous";
+                }
                 if a.envoy_residency_from.len() > 1 || from != ResidencyFrom::Admission {
                     label += &format!(", from {}", from.name());
                 }
                 if a.envoy_unseen.len() > 1 || unseen != Unseen::LeastLoaded {
                     label += &format!(", unseen {}", unseen.name());
                 }
+                let mut residency = json!({"migrate": migrate, "unseen": unseen.name(),
+                                           "over_bound": over.name()});
+                if before {
+                    residency["candidates"] = json!(3);
+                    residency["busy_weight"] = json!(0.0);
+                }
                 v.push(Run {
                     label,
                     residency: true,
-                    plugin: json!({"load": {"poll_ms": poll_ms},
-                                   "residency": {"migrate": migrate, "unseen": unseen.name(),
-                                                 "over_bound": over.name()},
+                    plugin: json!({"load": {"poll_ms": poll_ms}, "residency": residency,
                                    "outputs": ["pick", "retain"]}),
                     rank_extra: vec!["--residency-from".into(), from.name().into()],
                 });
@@ -745,8 +797,11 @@ fn main() -> Result<()> {
     let coder =
         Profile::from_file(&root().join("examples/profiles/qwen3-coder-next-fp8-h200-tp1.json"))?;
     println!(
-        "profiles {} (recorded traces) and {} (coding-agent corpus), retention + host tier, load polled every 200 ms, d = 3, tether-resident's bound c = 1.5 over running + waiting, floor 1",
-        llama.name, coder.name
+        "profiles {} (recorded traces) and {} (coding-agent corpus), retention + host tier, load polled every 200 ms, d = {}, tether-resident's bound c = 1.5 over running + waiting plus {} x the busy share, floor 1",
+        llama.name,
+        coder.name,
+        tether_placement::DEFAULT_CANDIDATES,
+        tether_placement::BUSY_WEIGHT
     );
     // Cases meeting every target, with `leg` and with `pull` migrations.
     let mut met = [0usize; 3];
@@ -775,6 +830,9 @@ fn main() -> Result<()> {
                 *n += usize::from(m);
             }
         }
+    }
+    if !skip.contains(&"fleets") {
+        fleets(&a, &coder)?;
     }
     if !skip.contains(&"pd") {
         let (cmd, o) = corpus(a.corpus_sessions, 8);

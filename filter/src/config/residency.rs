@@ -28,6 +28,9 @@ pub struct ResidencyConfig {
     pub migrate: Migrate,
     /// What a holder over the bound does (rule 3).
     pub over_bound: OverBound,
+    /// Weight of an endpoint's busy share beside its requests in flight
+    /// (`tether_placement::resident_load`; 0–1, 0: ties by rendezvous order).
+    pub busy_weight: f64,
 }
 
 /// How a migrated key's state reaches its new endpoint (`residency.migrate`).
@@ -68,6 +71,7 @@ impl Default for ResidencyConfig {
             prefill_tokens_per_s: 20_000.0,
             factor: 1.5,
             floor: 1.0,
+            busy_weight: tether_placement::BUSY_WEIGHT,
             unseen: Unseen::default(),
             migrate: Migrate::default(),
             over_bound: OverBound::default(),

@@ -343,6 +343,14 @@ fn residency_config_defaults_and_refusals_name_the_field() {
         (serde_json::json!({"candidates": 0}), "residency.candidates"),
         (serde_json::json!({"candidates": 3}), "residency.candidates"),
         (
+            serde_json::json!({"busy_weight": 1.5}),
+            "residency.busy_weight",
+        ),
+        (
+            serde_json::json!({"busy_weight": -0.1}),
+            "residency.busy_weight",
+        ),
+        (
             serde_json::json!({"kv_bytes_per_token": 0}),
             "residency.kv_bytes_per_token",
         ),

@@ -188,7 +188,7 @@ impl LoadView {
     }
 
     /// Residency placement's load of the endpoints in `range`: requests in
-    /// flight plus the weighted busy share
+    /// flight plus `busy_weight` × the busy share
     /// ([`tether_placement::resident_load`]), read as [`Self::requests`]
     /// reads requests.
     pub fn resident_loads(
@@ -196,9 +196,10 @@ impl LoadView {
         range: std::ops::Range<usize>,
         now_ms: u64,
         max_age_ms: u64,
+        busy_weight: f64,
     ) -> Vec<f64> {
         self.values(range, now_ms, max_age_ms, |s| {
-            tether_placement::resident_load(s.requests, s.busy, tether_placement::BUSY_WEIGHT)
+            tether_placement::resident_load(s.requests, s.busy, busy_weight)
         })
     }
 

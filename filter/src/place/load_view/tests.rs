@@ -28,7 +28,7 @@ fn the_busy_share_is_the_dp_ranks_mean_and_weighs_below_a_request() {
     let mut v = LoadView::new(2);
     v.record(0, s);
     v.record(1, sample(1.0, 7));
-    let l = v.resident_loads(0..2, 7, 100);
+    let l = v.resident_loads(0..2, 7, 100, tether_placement::BUSY_WEIGHT);
     // Both have one request in flight; the busier reads higher, by less than a request.
     assert!(l[0] > l[1] && l[0] < 2.0, "{l:?}");
 }
