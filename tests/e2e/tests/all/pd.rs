@@ -270,6 +270,10 @@ async fn a_hot_sessions_burst_spreads_once_its_primary_reports_load_over_the_bou
         }
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
+    // That probe's worker has seen the burst; Envoy's other worker reads the
+    // shared view on its own tick and may still hold the idle one. Give it a
+    // few poll periods (the burst decodes for seconds).
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // Only requests sent while the burst still held the primary over the
     // bound say anything: on a loaded machine the burst may drain during
     // this loop, and then going home is right. Home's load only falls from
