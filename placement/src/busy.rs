@@ -29,13 +29,19 @@ pub const BUSY_WEIGHT: f64 = 0.9;
 /// or 1). The gateway weighs by [`BUSY_WEIGHT`]; 0 leaves ties to the
 /// rendezvous order (`tether simulate --resident-busy-weight 0`).
 pub fn resident_load(requests: f64, busy: f64, weight: f64) -> f64 {
-    let busy = if busy.is_nan() {
+    let busy = share(busy);
+    let weight = if weight.is_nan() { 0.0 } else { weight };
+    requests + weight * busy
+}
+
+/// A reported busy share as a share: NaN reads as 0, anything outside 0–1 as
+/// the nearer end.
+pub fn share(busy: f64) -> f64 {
+    if busy.is_nan() {
         0.0
     } else {
         busy.clamp(0.0, 1.0)
-    };
-    let weight = if weight.is_nan() { 0.0 } else { weight };
-    requests + weight * busy
+    }
 }
 
 /// An exponentially weighted share of busy time (0–1): fed the busy ms of

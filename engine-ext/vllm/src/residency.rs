@@ -33,12 +33,7 @@ impl BusyShare {
     /// From `now_ms` on (the core's clock, ms) the core has requests in flight
     /// (`busy`) or none. Times that go back are ignored.
     fn set(&mut self, now_ms: f64, busy: bool) {
-        let since = if self.busy {
-            now_ms - self.avg.at_ms()
-        } else {
-            0.0
-        };
-        self.avg.add(now_ms, since);
+        self.avg.add(now_ms, self.busy_since(now_ms));
         if now_ms >= self.avg.at_ms() {
             self.busy = busy;
         }
@@ -46,12 +41,18 @@ impl BusyShare {
 
     /// The share (0–1) at `now_ms`.
     fn share(&self, now_ms: f64) -> f64 {
-        let since = if self.busy {
+        self.avg.peek(now_ms, self.busy_since(now_ms))
+    }
+}
+
+impl BusyShare {
+    /// Busy ms since the average's last interval ended, up to `now_ms`.
+    fn busy_since(&self, now_ms: f64) -> f64 {
+        if self.busy {
             now_ms - self.avg.at_ms()
         } else {
             0.0
-        };
-        self.avg.peek(now_ms, since)
+        }
     }
 }
 

@@ -64,17 +64,7 @@ impl LoadReport {
         if n == 0 {
             return 0.0;
         }
-        let sum: f64 = self
-            .ranks
-            .iter()
-            .map(|r| {
-                if r.busy.is_nan() {
-                    0.0
-                } else {
-                    r.busy.clamp(0.0, 1.0)
-                }
-            })
-            .sum();
+        let sum: f64 = self.ranks.iter().map(|r| crate::busy::share(r.busy)).sum();
         sum / n as f64
     }
 }
