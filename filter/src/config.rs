@@ -792,7 +792,7 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
         kv_bytes_per_token: raw.kv_bytes_per_token.unwrap_or(d.kv_bytes_per_token),
         link_gbps: raw.link_gbps.unwrap_or(d.link_gbps),
         transfer_setup_ms: raw.transfer_setup_ms.unwrap_or(d.transfer_setup_ms),
-        prefill_tokens_per_s: raw.prefill_tokens_per_s.unwrap_or(d.prefill_tokens_per_s),
+        prefill_tokens_per_s: raw.prefill_tokens_per_s.or(d.prefill_tokens_per_s),
         factor: raw.factor.unwrap_or(d.factor),
         floor: raw.floor.unwrap_or(d.floor),
         unseen: match raw.unseen.as_deref() {
@@ -833,7 +833,7 @@ fn residency_config(mut cfg: Config, raw: RawResidency) -> Result<Config, Config
     if !non_negative(r.transfer_setup_ms) {
         return Err(err("transfer_setup_ms", "must be a number of at least 0"));
     }
-    if !positive(r.prefill_tokens_per_s) {
+    if r.prefill_tokens_per_s.is_some_and(|v| !positive(v)) {
         return Err(err("prefill_tokens_per_s", "must be a positive number"));
     }
     if !(r.factor.is_finite() && r.factor > 1.0) {

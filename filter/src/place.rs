@@ -283,17 +283,18 @@ fn resident(
         snap.residency
             .knows(i, req.resident, snap.now_ms, lc.max_age_ms)
     };
-    // The ranks' prefill backlogs: a holder busy with another session's long
-    // prefill passes a returning turn on when moving it is quicker.
-    let backlog = snap.view.prefill_tokens(0..n, snap.now_ms, lc.max_age_ms);
-    let c = pools.decode.place_resident_in(
-        req.key,
-        cfg.fallbacks,
-        &rc.rule(),
-        &loads,
-        &backlog,
-        knows,
-    )?;
+    // The ranks' prefill backlogs as waits, each at the rank's own rate: a
+    // holder busy with another session's long prefill passes a returning
+    // turn on when moving it is quicker.
+    let rule = rc.rule();
+    let waits = snap
+        .view
+        .prefill_waits_ms(0..n, snap.now_ms, lc.max_age_ms, |tokens, rate| {
+            rc.wait_ms(&rule, tokens, rate)
+        });
+    let c = pools
+        .decode
+        .place_resident_in(req.key, cfg.fallbacks, &rule, &loads, &waits, knows)?;
     if req.keep_rank && c.pick.rank != home.rank {
         return None;
     }

@@ -50,5 +50,6 @@ pub use rebalance::{Loads, Rebalance};
 pub use rendezvous::{Endpoint, Pick, Placement};
 pub use residency::{Held, Resident, resident_key};
 pub use resident::{
-    Choice, DEFAULT_CANDIDATES, How, Knows, MoveCost, OverBound, Rule, Unseen, WAIT_MARGIN_MS,
+    Choice, DEFAULT_CANDIDATES, FALLBACK_PREFILL_TOKENS_PER_S, How, Knows, MoveCost, OverBound,
+    Rule, Unseen, WAIT_MARGIN_MS,
 };

@@ -29,6 +29,7 @@
 
 use crate::rendezvous::Placement;
 
+pub mod rate;
 pub mod report;
 
 /// A bounded-load rule: the allowed excess over a fair share, and a floor.

@@ -43,6 +43,12 @@ use crate::residency::Held;
 /// busy share can tell apart (docs/gateway.md, "Residency-aware placement").
 pub const DEFAULT_CANDIDATES: usize = 4;
 
+/// The prefill rate, tokens/s, a router assumes for a rank that reports none
+/// in `/load` when nothing configures one: a conservative figure (an 8 B model
+/// on one H200 prefills about 100 K tokens/s, a 70 B model at TP 4 about
+/// 20 K), so an unknown rank's backlog reads long rather than short.
+pub const FALLBACK_PREFILL_TOKENS_PER_S: f64 = 20_000.0;
+
 /// How much sooner a move must start a returning turn's prefill than
 /// staying, ms: small gains are not worth a transfer and a stale view.
 pub const WAIT_MARGIN_MS: f64 = 50.0;
@@ -104,6 +110,19 @@ impl MoveCost {
     /// Time to recompute `tokens` of state.
     pub fn recompute_ms(&self, tokens: u64) -> f64 {
         tokens as f64 * self.recompute_ms_per_token
+    }
+
+    /// How long a rank's prefill backlog of `tokens` holds a new prefill
+    /// back, ms: at `tokens_per_s` (the rank's own rate, from its `/load`)
+    /// when that is known and positive, else at this rule's recompute rate.
+    pub fn wait_ms(&self, tokens: f64, tokens_per_s: Option<f64>) -> f64 {
+        if !(tokens.is_finite() && tokens > 0.0) {
+            return 0.0;
+        }
+        match tokens_per_s.filter(|r| r.is_finite() && *r > 0.0) {
+            Some(rate) => tokens / rate * 1e3,
+            None => tokens * self.recompute_ms_per_token,
+        }
     }
 
     /// The rule: migrate when the transfer is faster than the recompute.
@@ -245,23 +264,24 @@ impl Placement {
         self.place_resident_in(key, fallbacks, rule, loads, &[], knows)
     }
 
-    /// [`Placement::place_resident`] with each endpoint's prefill backlog
-    /// (`backlog[i]`: prompt tokens still to compute, the `/load` report's
-    /// `queued_prefill_tokens`; empty: unknown, rule 1 as above). A holder
-    /// under the bound whose backlog would hold the key's next prefill back
-    /// longer than moving it — the quickest other candidate with room: its
-    /// own backlog plus moving the state (transfer, or recompute when that is
-    /// cheaper) plus [`WAIT_MARGIN_MS`] — passes the key on: a returning turn
-    /// does not queue behind another session's 100 K-token prefill when its
-    /// state can cross the link in tens of ms. A backlog's wait is its tokens
-    /// at the rule's prefill rate.
+    /// [`Placement::place_resident`] with each endpoint's prefill backlog as
+    /// a wait (`wait_ms[i]`: the `/load` report's `queued_prefill_tokens` at
+    /// that endpoint's prefill rate, [`MoveCost::wait_ms`]; empty: unknown,
+    /// rule 1 as above). A holder under the bound whose backlog would hold
+    /// the key's next prefill back longer than moving it — the quickest other
+    /// candidate with room: its own wait plus moving the state (transfer, or
+    /// recompute when that is cheaper) plus [`WAIT_MARGIN_MS`] — passes the
+    /// key on: a returning turn does not queue behind another session's
+    /// 100 K-token prefill when its state can cross the link in tens of ms.
+    /// Waits, not tokens, because ranks prefill at their own rates: the
+    /// caller converts with each rank's reported rate where it has one.
     pub fn place_resident_in(
         &self,
         key: u64,
         fallbacks: usize,
         rule: &Rule,
         loads: &[f64],
-        backlog: &[f64],
+        wait_ms: &[f64],
         knows: impl Fn(usize) -> Knows,
     ) -> Option<Choice> {
         let d = rule.candidates.max(1);
@@ -302,9 +322,7 @@ impl Placement {
                 _ => Some(i),
             })
         };
-        let wait = |i: usize| {
-            backlog.get(i).copied().unwrap_or(0.0).max(0.0) * rule.cost.recompute_ms_per_token
-        };
+        let wait = |i: usize| wait_ms.get(i).copied().unwrap_or(0.0).max(0.0);
         // Moving the state off holder `h`: what it costs the turn, ms, and how.
         let moving = |h: usize, held: Held| {
             let tokens = u64::from(held.tokens);
@@ -325,9 +343,9 @@ impl Placement {
             );
             quickest.filter(|&t| wait(t) + cost + WAIT_MARGIN_MS < wait(h))
         };
-        let keep_up = rule.over_bound == OverBound::KeepUp && !backlog.is_empty();
+        let keep_up = rule.over_bound == OverBound::KeepUp && !wait_ms.is_empty();
         let (chosen, how) = match holder {
-            Some((h, held)) if (room(h) || keep_up) && !backlog.is_empty() => {
+            Some((h, held)) if (room(h) || keep_up) && !wait_ms.is_empty() => {
                 let (cost, how) = moving(h, held);
                 match sooner(h, cost) {
                     Some(t) => (t, how),

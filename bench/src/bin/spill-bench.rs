@@ -47,9 +47,9 @@ struct Args {
     /// Ranks' simulated-time rate.
     #[arg(long, default_value_t = 1.0)]
     speedup: f64,
-    /// The keep-up setting's `residency.prefill_tokens_per_s` (default: the
-    /// ranks' profile at one request's prompt size; the filter's own default
-    /// is 20000).
+    /// The keep-up setting's `residency.prefill_tokens_per_s`, every rank's
+    /// rate (default: unset, the filter's default, which reads the rate each
+    /// rank reports in `/load`).
     #[arg(long)]
     keep_up_prefill_tps: Option<f64>,
 }
@@ -80,11 +80,14 @@ enum Setting {
     /// Pick + `load` + `residency` (the state follows the key), with the
     /// turn markers the ranks retain by.
     Resident,
-    /// `Resident` with `over_bound: "keep-up"` and the ranks' own prefill rate
-    /// (`prefill_tokens_per_s`, from their profile at this burst's prompt
-    /// size): a holder over the in-flight bound keeps its key unless moving
-    /// starts the turn's prefill 50 ms sooner.
-    KeepUp { prefill_tps: f64 },
+    /// `Resident` with `over_bound: "keep-up"`: a holder over the in-flight
+    /// bound keeps its key unless moving starts the turn's prefill 50 ms
+    /// sooner, its backlog read at the rate the rank reports (or at
+    /// `prefill_tokens_per_s` when set).
+    KeepUp { prefill_tps: Option<f64> },
+    /// `Resident` with every rank's backlog read at 20,000 tokens/s (the
+    /// filter's rate before ranks reported their own, 2026-12-07).
+    ResidentFixedRate,
 }
 
 impl Setting {
@@ -94,6 +97,7 @@ impl Setting {
             Setting::Load => "load-aware",
             Setting::Resident => "residency",
             Setting::KeepUp { .. } => "residency, keep-up",
+            Setting::ResidentFixedRate => "residency, 20 K tokens/s",
         }
     }
 }
@@ -117,9 +121,12 @@ async fn run(args: &Args, gap_ms: u64, ranks: &[SimRank], setting: Setting) -> R
         // Its documented defaults (d = 3, bound 1.5 / 1); the ranks retain by
         // the markers and take migrations (`--role decode`).
         Setting::Resident => cfg["residency"] = json!({}),
+        Setting::ResidentFixedRate => cfg["residency"] = json!({"prefill_tokens_per_s": 20_000}),
         Setting::KeepUp { prefill_tps } => {
-            cfg["residency"] =
-                json!({"over_bound": "keep-up", "prefill_tokens_per_s": prefill_tps.round()});
+            cfg["residency"] = json!({"over_bound": "keep-up"});
+            if let Some(tps) = prefill_tps {
+                cfg["residency"]["prefill_tokens_per_s"] = json!(tps.round());
+            }
         }
         Setting::Plain | Setting::Load => {}
     }
@@ -234,25 +241,24 @@ async fn main() -> Result<()> {
         args.speedup,
         args.repeats.max(1)
     );
-    // The ranks' prefill rate at one request's prompt (system + new words, a
-    // token a word), what the keep-up setting's backlog test counts.
+    // The keep-up setting's backlog test reads each rank's reported rate
+    // unless `--keep-up-prefill-tps` sets one; the profile's rate at one
+    // request's prompt (system + new words, a token a word) for reference.
     let prompt = (400 + args.unique_words) as f64;
-    let prefill_tps = match args.keep_up_prefill_tps {
+    let at_prompt = prompt / Profile::from_file(&profile)?.prefill_ttft_ms.at(prompt) * 1e3;
+    match args.keep_up_prefill_tps {
         Some(tps) => {
-            println!("residency, keep-up: prefill_tokens_per_s {tps:.0} (--keep-up-prefill-tps)");
-            tps
+            println!("residency, keep-up: prefill_tokens_per_s {tps:.0} (--keep-up-prefill-tps)")
         }
-        None => {
-            let tps = prompt / Profile::from_file(&profile)?.prefill_ttft_ms.at(prompt) * 1e3;
-            println!(
-                "residency, keep-up: prefill_tokens_per_s {tps:.0} (the profile at {prompt} tokens)"
-            );
-            tps
-        }
+        None => println!(
+            "residency, keep-up: each rank's reported prefill rate (the profile prefills {at_prompt:.0} tokens/s at {prompt} tokens)"
+        ),
+    }
+    let keep_up = Setting::KeepUp {
+        prefill_tps: args.keep_up_prefill_tps,
     };
-    let keep_up = Setting::KeepUp { prefill_tps };
     println!(
-        "{:<36} {:>10} {:>10} {:>9} {:>9} {:>10} {:>6}",
+        "{:<44} {:>10} {:>10} {:>9} {:>9} {:>10} {:>6}",
         "scenario / setting", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "max share", "ranks"
     );
     let mut results = Vec::new();
@@ -261,10 +267,16 @@ async fn main() -> Result<()> {
         ("overload", args.overload_gap_ms),
     ] {
         let mut pair = Vec::new();
-        for setting in [Setting::Plain, Setting::Load, Setting::Resident, keep_up] {
+        for setting in [
+            Setting::Plain,
+            Setting::Load,
+            Setting::Resident,
+            keep_up,
+            Setting::ResidentFixedRate,
+        ] {
             let mut runs = Vec::new();
             let mut args_here = rank_args.clone();
-            if matches!(setting, Setting::Resident | Setting::KeepUp { .. }) {
+            if !matches!(setting, Setting::Plain | Setting::Load) {
                 args_here.extend(["--role".to_owned(), "decode".to_owned()]);
             }
             for _ in 0..args.repeats.max(1) {
@@ -277,7 +289,7 @@ async fn main() -> Result<()> {
             let s = median(&runs);
             let name = format!("{scenario} ({gap} ms) / {}", setting.name());
             println!(
-                "{name:<36} {:>8.1}ms {:>8.1}ms {:>7.2}ms {:>7.2}ms {:>9.0}% {:>6}",
+                "{name:<44} {:>8.1}ms {:>8.1}ms {:>7.2}ms {:>7.2}ms {:>9.0}% {:>6}",
                 s.ttft_p50,
                 s.ttft_p99,
                 s.itl_p50,
@@ -315,7 +327,11 @@ async fn main() -> Result<()> {
     );
     // Residency (issue: the session's state follows it): the same targets,
     // for each residency setting (columns 2 and 3).
-    for (col, label) in [(2, "residency"), (3, "keep-up")] {
+    for (col, label) in [
+        (2, "residency"),
+        (3, "keep-up"),
+        (4, "residency at 20 K tokens/s"),
+    ] {
         let ratio = |p: &[Summary], f: fn(&Summary) -> f64| f(&p[0]) / f(&p[col]);
         let over_p50 = ratio(over, |s| s.ttft_p50);
         let light_p99 = ratio(light, |s| s.ttft_p99);

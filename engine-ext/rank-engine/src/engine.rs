@@ -1217,6 +1217,9 @@ impl Engine {
             host_bytes: self.cache.host().capacity(),
             sim_ms: self.clock,
             busy: self.busy_share(self.clock),
+            prefill_tokens_per_s: self
+                .model
+                .prefill_tokens_per_s(self.cfg.max_num_batched_tokens),
         }
     }
 }

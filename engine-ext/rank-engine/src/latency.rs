@@ -56,6 +56,16 @@ impl LatencyModel {
         &self.profile
     }
 
+    /// Prefill rate in tokens/s of a step prefilling `tokens` uncached tokens
+    /// (0 for none, or a profile that charges nothing for them).
+    pub fn prefill_tokens_per_s(&self, tokens: usize) -> f64 {
+        let ms = self.prefill_ms(tokens);
+        if tokens == 0 || !(ms.is_finite() && ms > 0.0) {
+            return 0.0;
+        }
+        tokens as f64 / ms * 1e3
+    }
+
     /// Prefill time in ms of a lone request with `uncached` tokens to compute
     /// and nothing cached.
     pub fn prefill_ms(&self, uncached: usize) -> f64 {

@@ -17,5 +17,6 @@ pub fn rank_load(dp_rank: usize, g: &EngineGauges) -> RankLoad {
         kv_blocks: g.kv_blocks,
         retentions: g.device_retentions,
         busy: (g.busy * 1e4).round() / 1e4,
+        prefill_tokens_per_s: g.prefill_tokens_per_s.round(),
     }
 }

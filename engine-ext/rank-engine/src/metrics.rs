@@ -210,6 +210,10 @@ pub struct EngineGauges {
     pub sim_ms: f64,
     /// Share of recent time spent stepping (0–1, `tether_placement::busy`).
     pub busy: f64,
+    /// Prefill tokens per simulated second of a full step
+    /// (`max_num_batched_tokens` of new prompt tokens, the profile's rate):
+    /// what turns `queued_prefill_tokens` into a wait.
+    pub prefill_tokens_per_s: f64,
 }
 
 /// Everything rendered for one DP rank.

@@ -54,6 +54,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<copier::KvCopier>()?;
     m.add_class::<pull::PullSource>()?;
     m.add_class::<residency::BusyShare>()?;
+    m.add_class::<residency::PrefillRate>()?;
     m.add_function(wrap_pyfunction!(pull::pull_chain, m)?)?;
     m.add_function(wrap_pyfunction!(http::http_post, m)?)?;
     m.add_function(wrap_pyfunction!(ledger::parse_marker, m)?)?;

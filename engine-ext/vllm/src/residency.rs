@@ -56,6 +56,37 @@ impl BusyShare {
     }
 }
 
+/// The engine core's prefill rate (the `/load` report's `prefill_tokens_per_s`,
+/// `tether_placement::load::rate`): the connector feeds it every scheduled
+/// step's new prompt tokens, and the rate is those over the time to the next
+/// step.
+#[pyclass(module = "tether_vllm._native")]
+pub struct PrefillRate {
+    rate: tether_placement::load::rate::PrefillRate,
+}
+
+#[pymethods]
+impl PrefillRate {
+    #[new]
+    fn new() -> Self {
+        Self {
+            rate: Default::default(),
+        }
+    }
+
+    /// A step was scheduled at `now_ms` (the core's clock) with `prompt_tokens`
+    /// new prompt tokens.
+    fn step(&mut self, now_ms: f64, prompt_tokens: u64) {
+        self.rate.step(now_ms, prompt_tokens);
+    }
+
+    /// Tokens/s; 0 until a step has been measured.
+    #[getter]
+    fn tokens_per_s(&self) -> f64 {
+        self.rate.tokens_per_s()
+    }
+}
+
 impl Ledger {
     /// What the ledger retains, one entry per retention key: its resident key, its
     /// prompt tokens, and whether the device holds it (tier 1: it usually has a host
@@ -94,10 +125,12 @@ fn merged(entries: impl IntoIterator<Item = (u64, Held)>) -> Vec<(u64, Held)> {
 /// `admitted` requests — `(marker, prompt tokens)` of requests waiting or running
 /// whose prompt end will be retained, listed on the device with their full blocks,
 /// so a next turn that arrives before its predecessor's retention finds its holder;
-/// `busy`, the core's busy share (`BusyShare.share`).
+/// `busy`, the core's busy share (`BusyShare.share`); `prefill_tokens_per_s`, its
+/// measured prefill rate (`PrefillRate.tokens_per_s`; 0: not measured yet).
 #[pyfunction]
 #[pyo3(signature = (ledger, *, dp_rank, running, waiting, restoring, queued_prefill_tokens,
-    kv_usage, kv_blocks, uptime_ms, max_entries=MAX_ENTRIES, admitted=Vec::new(), busy=0.0))]
+    kv_usage, kv_blocks, uptime_ms, max_entries=MAX_ENTRIES, admitted=Vec::new(), busy=0.0,
+    prefill_tokens_per_s=0.0))]
 #[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 pub fn load_report<'py>(
     py: Python<'py>,
@@ -113,6 +146,7 @@ pub fn load_report<'py>(
     max_entries: usize,
     admitted: Vec<(Bound<'py, Marker>, u64)>,
     busy: f64,
+    prefill_tokens_per_s: f64,
 ) -> PyResult<Bound<'py, PyBytes>> {
     if max_entries > MAX_ENTRIES {
         return Err(CallerError::new_err(format!(
@@ -160,6 +194,7 @@ pub fn load_report<'py>(
                     kv_blocks,
                     retentions,
                     busy: finite(busy).clamp(0.0, 1.0),
+                    prefill_tokens_per_s: finite(prefill_tokens_per_s).max(0.0).round(),
                 }],
                 residency: Some(resident.encode(omitted)),
             })

@@ -133,6 +133,25 @@ def test_the_busy_share_grows_while_requests_are_in_flight_and_decays_after(engi
     assert after >= during and 0 < later < after, (during, after, later)
 
 
+def test_the_prefill_rate_is_measured_on_the_cores_own_steps(engines):
+    """``prefill_tokens_per_s``: a step's new prompt tokens over the time until the
+    next step; 0 until measured, and decode steps are no sample."""
+    e = engines({"host_bytes": 0}, num_blocks=256)
+    assert _poll(e)["ranks"][0]["prefill_tokens_per_s"] == 0.0
+    prompt = 20 * BS
+    e.add("r1", tokens(12, prompt), tether("rate"), max_tokens=8)
+    e.step()  # schedules the whole prompt
+    assert _poll(e)["ranks"][0]["prefill_tokens_per_s"] == 0.0, "no next step yet"
+    time.sleep(0.2)  # as if the step ran for 0.2 s
+    e.step()  # a decode step: the prefill step's sample is taken now
+    rate = _poll(e)["ranks"][0]["prefill_tokens_per_s"]
+    # At least 0.2 s between the two steps; the test's own overhead only lowers it.
+    assert prompt / 2.0 < rate <= prompt / 0.2, rate
+    time.sleep(0.2)
+    e.step()  # the decode step before was no sample
+    assert _poll(e)["ranks"][0]["prefill_tokens_per_s"] == rate
+
+
 def test_an_admitted_turn_is_listed_before_its_retention(engines):
     """A turn is listed from admission (waiting, then running) with its prompt's full
     blocks, so a next turn arriving before its retention finds its holder; a request

@@ -1,7 +1,9 @@
 //! The `residency` configuration: residency-aware placement (`docs/gateway.md`,
 //! "Residency-aware placement").
 
-use tether_placement::{LoadBound, MoveCost, OverBound, Rule, Unseen};
+use tether_placement::{
+    FALLBACK_PREFILL_TOKENS_PER_S, LoadBound, MoveCost, OverBound, Rule, Unseen,
+};
 
 /// The `residency` configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,8 +17,13 @@ pub struct ResidencyConfig {
     pub link_gbps: f64,
     /// Fixed cost of one transfer, ms.
     pub transfer_setup_ms: f64,
-    /// A rank's prefill rate, tokens/s (what a recompute costs).
-    pub prefill_tokens_per_s: f64,
+    /// Every rank's prefill rate, tokens/s, when the configuration sets one:
+    /// it turns the ranks' prefill backlogs into waits and prices a
+    /// recompute. `None` (the default): each rank's own rate from its
+    /// `/load` (`ranks[].prefill_tokens_per_s`), and
+    /// [`FALLBACK_PREFILL_TOKENS_PER_S`] for a rank that reports none and
+    /// for the recompute price.
+    pub prefill_tokens_per_s: Option<f64>,
     /// Bounded-load factor of the holder (> 1): tighter than `load.factor`,
     /// since a key over it moves with its state instead of losing it.
     pub factor: f64,
@@ -68,7 +75,7 @@ impl Default for ResidencyConfig {
             kv_bytes_per_token: 131_072.0,
             link_gbps: 50.0,
             transfer_setup_ms: 5.0,
-            prefill_tokens_per_s: 20_000.0,
+            prefill_tokens_per_s: None,
             factor: 1.5,
             floor: 1.0,
             busy_weight: tether_placement::BUSY_WEIGHT,
@@ -92,10 +99,19 @@ impl ResidencyConfig {
                 self.kv_bytes_per_token,
                 self.link_gbps,
                 self.transfer_setup_ms,
-                self.prefill_tokens_per_s,
+                self.prefill_tokens_per_s
+                    .unwrap_or(FALLBACK_PREFILL_TOKENS_PER_S),
             ),
             unseen: self.unseen,
             over_bound: self.over_bound,
         }
+    }
+
+    /// How long a rank's prefill backlog of `tokens` holds a new prefill
+    /// back, ms: at the configured rate when there is one, else at the rate
+    /// the rank `reported` (positive and finite), else at the fallback.
+    pub fn wait_ms(&self, rule: &Rule, tokens: f64, reported: Option<f64>) -> f64 {
+        let own = reported.filter(|_| self.prefill_tokens_per_s.is_none());
+        rule.cost.wait_ms(tokens, own)
     }
 }

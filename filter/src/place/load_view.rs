@@ -22,6 +22,9 @@ pub struct Sample {
     /// Busy share, the mean over its DP ranks (0–1; 0 when the report has
     /// none: `tether_placement::busy`).
     pub busy: f64,
+    /// Prefill rate over its DP ranks, tokens/s (0: not reported, or not by
+    /// every DP rank).
+    pub prefill_tokens_per_s: f64,
     /// When the reply arrived (host clock, ms since the epoch).
     pub at_ms: u64,
 }
@@ -67,6 +70,7 @@ impl Sample {
             requests: r.server_load as f64,
             prefill_tokens: r.queued_prefill_tokens() as f64,
             busy: r.busy(),
+            prefill_tokens_per_s: r.prefill_tokens_per_s().unwrap_or(0.0),
             at_ms,
         };
         Ok((s, r.residency))
@@ -92,8 +96,8 @@ pub struct LoadView {
 }
 
 /// Bytes per endpoint in the encoding: flag, requests, prefill tokens, busy
-/// share, time.
-const REC: usize = 1 + 8 + 8 + 8 + 8;
+/// share, prefill rate, time.
+const REC: usize = 1 + 8 + 8 + 8 + 8 + 8;
 
 impl LoadView {
     /// A view of no endpoints.
@@ -187,6 +191,22 @@ impl LoadView {
         self.values(range, now_ms, max_age_ms, |s| s.prefill_tokens)
     }
 
+    /// How long each endpoint's prefill backlog in `range` would hold a new
+    /// prefill back, ms: `wait(queued tokens, its reported rate)`, read as
+    /// [`Self::requests`] reads requests.
+    pub fn prefill_waits_ms(
+        &self,
+        range: std::ops::Range<usize>,
+        now_ms: u64,
+        max_age_ms: u64,
+        wait: impl Fn(f64, Option<f64>) -> f64,
+    ) -> Vec<f64> {
+        self.values(range, now_ms, max_age_ms, |s| {
+            let rate = (s.prefill_tokens_per_s > 0.0).then_some(s.prefill_tokens_per_s);
+            wait(s.prefill_tokens, rate)
+        })
+    }
+
     /// Residency placement's load of the endpoints in `range`: requests in
     /// flight plus `busy_weight` × the busy share
     /// ([`tether_placement::resident_load`]), read as [`Self::requests`]
@@ -223,7 +243,7 @@ impl LoadView {
     }
 
     /// Little-endian bytes: per endpoint a presence flag, requests, prefill
-    /// tokens and busy share (f64 bits), arrival ms (u64).
+    /// tokens, busy share and prefill rate (f64 bits), arrival ms (u64).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.samples.len() * REC);
         for s in &self.samples {
@@ -231,12 +251,14 @@ impl LoadView {
                 requests: 0.0,
                 prefill_tokens: 0.0,
                 busy: 0.0,
+                prefill_tokens_per_s: 0.0,
                 at_ms: 0,
             });
             out.push(u8::from(s.is_some()));
             out.extend_from_slice(&s_.requests.to_le_bytes());
             out.extend_from_slice(&s_.prefill_tokens.to_le_bytes());
             out.extend_from_slice(&s_.busy.to_le_bytes());
+            out.extend_from_slice(&s_.prefill_tokens_per_s.to_le_bytes());
             out.extend_from_slice(&s_.at_ms.to_le_bytes());
         }
         out
@@ -258,10 +280,12 @@ impl LoadView {
                     requests: f64::from_le_bytes(word(0)?),
                     prefill_tokens: f64::from_le_bytes(word(1)?),
                     busy: f64::from_le_bytes(word(2)?),
-                    at_ms: u64::from_le_bytes(word(3)?),
+                    prefill_tokens_per_s: f64::from_le_bytes(word(3)?),
+                    at_ms: u64::from_le_bytes(word(4)?),
                 };
-                let ok =
-                    s.requests.is_finite() && s.prefill_tokens.is_finite() && s.busy.is_finite();
+                let ok = [s.requests, s.prefill_tokens, s.busy, s.prefill_tokens_per_s]
+                    .iter()
+                    .all(|v| v.is_finite());
                 Some((*flag == 1 && ok).then_some(s))
             })
             .collect::<Option<Vec<_>>>()?;

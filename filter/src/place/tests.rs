@@ -58,6 +58,7 @@ fn view(decode: [f64; 4], prefill: [f64; 2], at: u64) -> LoadView {
                 requests: *r,
                 prefill_tokens: 0.0,
                 busy: 0.0,
+                prefill_tokens_per_s: 0.0,
                 at_ms: at,
             },
         );
@@ -69,6 +70,7 @@ fn view(decode: [f64; 4], prefill: [f64; 2], at: u64) -> LoadView {
                 requests: 0.0,
                 prefill_tokens: *t,
                 busy: 0.0,
+                prefill_tokens_per_s: 0.0,
                 at_ms: at,
             },
         );
@@ -157,6 +159,7 @@ fn a_primary_with_a_stale_report_beside_fresh_ones_keeps_its_last_load() {
                 requests: 0.0,
                 prefill_tokens: 0.0,
                 busy: 0.0,
+                prefill_tokens_per_s: 0.0,
                 at_ms: 2500,
             },
         );

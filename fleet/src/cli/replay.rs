@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tether_placement::FALLBACK_PREFILL_TOKENS_PER_S;
 
 /// How requests are spread over several `--target`s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -51,9 +52,11 @@ pub struct ResidentArgs {
     /// KV bytes per token of the served model (the migrate rule).
     #[arg(long, default_value_t = 131_072)]
     pub kv_bytes_per_token: u64,
-    /// Prefill tokens per second of a rank (the migrate rule's recompute cost).
-    #[arg(long, default_value_t = 20_000.0)]
-    pub prefill_tokens_per_s: f64,
+    /// Prefill tokens per second of every target (a backlog's wait and the
+    /// migrate rule's recompute cost). Unset: each target's own rate from its
+    /// `/load` (`prefill_tokens_per_s`), and 20,000 where it reports none.
+    #[arg(long)]
+    pub prefill_tokens_per_s: Option<f64>,
     /// How a migrated state moves: `pull` (the new rank pulls it from the old
     /// home, named in `x-tether-pull-from`) or `leg` (a prefill leg on the old
     /// home, named in `x-prefiller-host-port`; the ranks run `--role decode`).
@@ -86,7 +89,11 @@ impl ResidentArgs {
             ("--balance-floor", self.balance_floor),
             ("--kv-link-gbps", self.kv_link_gbps),
             ("--transfer-setup-ms", self.transfer_setup_ms),
-            ("--prefill-tokens-per-s", self.prefill_tokens_per_s),
+            (
+                "--prefill-tokens-per-s",
+                self.prefill_tokens_per_s
+                    .unwrap_or(FALLBACK_PREFILL_TOKENS_PER_S),
+            ),
         ] {
             if !v.is_finite() || v < 0.0 {
                 bail!("{flag} {v} must be a non-negative number");
@@ -102,7 +109,8 @@ impl ResidentArgs {
                 self.kv_bytes_per_token as f64,
                 self.kv_link_gbps,
                 self.transfer_setup_ms,
-                self.prefill_tokens_per_s,
+                self.prefill_tokens_per_s
+                    .unwrap_or(FALLBACK_PREFILL_TOKENS_PER_S),
             ),
             unseen: tether_placement::Unseen::default(),
             over_bound: self.over_bound,
@@ -341,6 +349,7 @@ pub fn run(a: Args) -> Result<()> {
                 rule: a.resident.rule()?,
                 poll_ms: a.resident.load_poll_ms,
                 migrate: a.resident.migrate,
+                own_rates: a.resident.prefill_tokens_per_s.is_none(),
             },
         },
         schedule,

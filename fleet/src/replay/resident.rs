@@ -25,6 +25,8 @@ struct Polled {
     load: f64,
     /// Prompt tokens still to compute.
     backlog: f64,
+    /// The target's prefill rate, tokens/s, when it reports one.
+    rate: Option<f64>,
     /// `None`: the reply had no (usable) residency summary.
     resident: Option<Resident>,
 }
@@ -38,6 +40,8 @@ pub struct ResidentRoute {
     max_age: Duration,
     /// How a migrated state moves: which header names the old home.
     migrate: Migrate,
+    /// Backlogs as waits at each target's reported rate (else the rule's).
+    own_rates: bool,
     view: RwLock<Vec<Option<Polled>>>,
 }
 
@@ -71,8 +75,16 @@ impl ResidentRoute {
             rule,
             max_age,
             migrate: Migrate::Pull,
+            own_rates: true,
             view: RwLock::new(vec![None; origins.len()]),
         }
+    }
+
+    /// The same route reading each target's own prefill rate (`true`, the
+    /// default) or the rule's for every target.
+    pub fn reading_rates(mut self, own: bool) -> Self {
+        self.own_rates = own;
+        self
     }
 
     /// The same route with migrations sent as `m` moves them (default: pull).
@@ -126,6 +138,7 @@ impl ResidentRoute {
                                 tether_placement::BUSY_WEIGHT,
                             ),
                             backlog: r.queued_prefill_tokens() as f64,
+                            rate: r.prefill_tokens_per_s(),
                             resident,
                         }
                     }
@@ -172,8 +185,14 @@ impl ResidentRoute {
         let loads: Vec<f64> = (0..self.origins.len())
             .map(|i| last(i).map_or(0.0, |p| p.load))
             .collect();
-        let backlog: Vec<f64> = (0..self.origins.len())
-            .map(|i| last(i).map_or(0.0, |p| p.backlog))
+        // Backlogs as waits, at each target's own rate where it reports one.
+        let waits: Vec<f64> = (0..self.origins.len())
+            .map(|i| {
+                last(i).map_or(0.0, |p| {
+                    let rate = p.rate.filter(|_| self.own_rates);
+                    self.rule.cost.wait_ms(p.backlog, rate)
+                })
+            })
             .collect();
         let knows = |i: usize| match fresh(i).and_then(|p| p.resident.as_ref()) {
             None => Knows::Unknown,
@@ -184,7 +203,7 @@ impl ResidentRoute {
             self.rule.candidates.saturating_sub(1),
             &self.rule,
             &loads,
-            &backlog,
+            &waits,
             knows,
         )?;
         let target = choice.endpoint()?;

@@ -46,6 +46,10 @@ pub enum Route {
         poll_ms: u64,
         /// How a migrated state moves (which header names the old home).
         migrate: crate::sim::Migrate,
+        /// A target's prefill backlog is a wait at the rate it reports in
+        /// `/load` (`prefill_tokens_per_s`), where it reports one; otherwise,
+        /// and always when false, at the rule's.
+        own_rates: bool,
     },
 }
 
@@ -390,11 +394,13 @@ pub async fn replay(
             rule,
             poll_ms,
             migrate,
+            own_rates,
         } => {
             let origins: Vec<String> = opts.targets.iter().map(|t| t.origin.clone()).collect();
             // A reply older than three polls no longer counts (as the filter's `max_age_ms`).
             let res = ResidentRoute::new(&origins, rule, Duration::from_millis(poll_ms.max(1) * 3))
-                .migrating(migrate);
+                .migrating(migrate)
+                .reading_rates(own_rates);
             // A first view before the first request.
             for w in res.poll(&client).await {
                 warnings.push(format!("resident route: {w}"));

@@ -212,12 +212,17 @@ impl Router {
     ) -> Option<(usize, How)> {
         self.gather(loads);
         let active = &self.active;
-        let queued: Vec<f64> = if backlog.is_empty() {
+        // Each backlog as a wait at the rule's rate: the profile's own, as a
+        // rank of it reports in `/load` (`prefill_tokens_per_s`).
+        let waits: Vec<f64> = if backlog.is_empty() {
             Vec::new()
         } else {
             active
                 .iter()
-                .map(|&r| backlog.get(r).copied().unwrap_or(0.0))
+                .map(|&r| {
+                    rule.cost
+                        .wait_ms(backlog.get(r).copied().unwrap_or(0.0), None)
+                })
                 .collect()
         };
         let choice = self.placement.place_resident_in(
@@ -225,7 +230,7 @@ impl Router {
             rule.candidates.saturating_sub(1),
             rule,
             &self.view,
-            &queued,
+            &waits,
             |j| active.get(j).map_or(Knows::Unknown, |&r| knows(r)),
         )?;
         let rank = |j: usize| active.get(j).copied();

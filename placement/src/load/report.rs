@@ -45,6 +45,13 @@ pub struct RankLoad {
     /// reports: 0.
     #[serde(default)]
     pub busy: f64,
+    /// The rank's own prefill rate, prompt tokens per second of a full step
+    /// (`tether-rank`: its profile at its step budget; `TetherConnector`:
+    /// measured on its steps), which turns `queued_prefill_tokens` into a
+    /// wait. Absent from older reports, and 0 while unknown: the reader's
+    /// configured rate applies.
+    #[serde(default)]
+    pub prefill_tokens_per_s: f64,
 }
 
 impl LoadReport {
@@ -66,5 +73,72 @@ impl LoadReport {
         }
         let sum: f64 = self.ranks.iter().map(|r| crate::busy::share(r.busy)).sum();
         sum / n as f64
+    }
+
+    /// The process's prefill rate, tokens/s: the sum over its DP ranks (each
+    /// prefills its own queue, and [`Self::queued_prefill_tokens`] sums the
+    /// queues); `None` unless every DP rank reports a positive, finite rate.
+    pub fn prefill_tokens_per_s(&self) -> Option<f64> {
+        let known =
+            |r: &RankLoad| r.prefill_tokens_per_s.is_finite() && r.prefill_tokens_per_s > 0.0;
+        (!self.ranks.is_empty() && self.ranks.iter().all(known))
+            .then(|| self.ranks.iter().map(|r| r.prefill_tokens_per_s).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(rates: &[f64]) -> LoadReport {
+        let ranks = rates
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| RankLoad {
+                dp_rank: i,
+                running: 0,
+                waiting: 0,
+                restoring: 0,
+                queued_prefill_tokens: 1000,
+                kv_usage: 0.0,
+                kv_blocks: 16,
+                retentions: 0,
+                busy: 0.0,
+                prefill_tokens_per_s: r,
+            })
+            .collect();
+        LoadReport {
+            server_load: 0,
+            sim_ms: 0.0,
+            speedup: 1.0,
+            ranks,
+            residency: None,
+        }
+    }
+
+    #[test]
+    fn the_prefill_rate_sums_the_dp_ranks_and_is_unknown_if_any_rank_is() {
+        assert_eq!(
+            report(&[40_000.0, 60_000.0]).prefill_tokens_per_s(),
+            Some(100_000.0)
+        );
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(
+                report(&[40_000.0, bad]).prefill_tokens_per_s(),
+                None,
+                "{bad}"
+            );
+        }
+        assert_eq!(report(&[]).prefill_tokens_per_s(), None);
+    }
+
+    #[test]
+    fn a_report_without_the_rate_parses_as_unknown() {
+        let old = r#"{"server_load":1,"sim_ms":0,"speedup":1,"ranks":[{"dp_rank":0,"running":1,
+            "waiting":0,"restoring":0,"queued_prefill_tokens":5,"kv_usage":0.1,"kv_blocks":8,
+            "retentions":0}]}"#;
+        let r: LoadReport = serde_json::from_str(old).expect("an older report parses");
+        assert_eq!(r.ranks[0].prefill_tokens_per_s, 0.0);
+        assert_eq!(r.prefill_tokens_per_s(), None);
     }
 }

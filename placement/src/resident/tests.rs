@@ -237,15 +237,16 @@ fn a_holder_busy_with_another_prefill_passes_the_turn_on_when_moving_is_quicker(
     };
     // The holder has 100 K tokens queued (5 s at 20 K tokens/s); moving 30 K
     // tokens costs 5 + 315 ms.
+    let wait = |tokens: f64| rule(3).cost.wait_ms(tokens, None);
     let mut backlog = vec![0.0; 4];
-    backlog[order[0]] = 100_000.0;
+    backlog[order[0]] = wait(100_000.0);
     let c = p
         .place_resident_in(k, 2, &rule(3), &loads, &backlog, knows)
         .unwrap();
     assert_eq!(c.how, How::Migrate { from: order[0] });
     assert_ne!(c.endpoint(), Some(order[0]));
     // A short backlog (2 K tokens: 100 ms) is not worth the move.
-    backlog[order[0]] = 2_000.0;
+    backlog[order[0]] = wait(2_000.0);
     let c = p
         .place_resident_in(k, 2, &rule(3), &loads, &backlog, knows)
         .unwrap();
@@ -306,14 +307,22 @@ fn keep_up_keeps_a_holder_over_the_bound_while_its_prefills_keep_up() {
     };
     // One 2 K-token prefill queued on the holder (100 ms at 20 K tokens/s): a
     // 400-token pull (9 ms) starts the turn more than 50 ms sooner elsewhere.
+    let wait = |tokens: f64, rate: Option<f64>| keep.cost.wait_ms(tokens, rate);
     let mut backlog = vec![0.0; 4];
-    backlog[order[0]] = 2_000.0;
+    backlog[order[0]] = wait(2_000.0, None);
     let moved = p
         .place_resident_in(k, 2, &keep, &loads, &backlog, knows)
         .unwrap();
     assert_eq!(moved.how, How::Migrate { from: order[0] });
-    // 500 tokens queued (25 ms): the holder keeps up and keeps the key.
-    backlog[order[0]] = 500.0;
+    // The same 2 K tokens on a rank that reports prefilling 100 K tokens/s
+    // (20 ms): it keeps up, and keeps the key.
+    backlog[order[0]] = wait(2_000.0, Some(100_000.0));
+    let c = p
+        .place_resident_in(k, 2, &keep, &loads, &backlog, knows)
+        .unwrap();
+    assert_eq!((c.endpoint(), c.how), (Some(order[0]), How::Stay));
+    // 500 tokens queued at the rule's rate (25 ms): it keeps up too.
+    backlog[order[0]] = wait(500.0, None);
     let c = p
         .place_resident_in(k, 2, &keep, &loads, &backlog, knows)
         .unwrap();
@@ -334,6 +343,24 @@ fn keep_up_keeps_a_holder_over_the_bound_while_its_prefills_keep_up() {
         (c.endpoint(), c.how),
         (Some(order[1]), How::Migrate { from: order[0] })
     );
+}
+
+#[test]
+fn a_wait_is_the_backlog_at_the_ranks_own_rate_else_at_the_rules() {
+    let cost = rule(3).cost; // 20 K tokens/s
+    assert!((cost.wait_ms(2_000.0, None) - 100.0).abs() < 1e-9);
+    assert!((cost.wait_ms(2_000.0, Some(100_000.0)) - 20.0).abs() < 1e-9);
+    // An unknown, zero or broken rate falls back to the rule's.
+    for rate in [Some(0.0), Some(-5.0), Some(f64::NAN), Some(f64::INFINITY)] {
+        assert!(
+            (cost.wait_ms(2_000.0, rate) - 100.0).abs() < 1e-9,
+            "{rate:?}"
+        );
+    }
+    // No backlog, or a broken one, is no wait.
+    for tokens in [0.0, -3.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(cost.wait_ms(tokens, Some(1.0)), 0.0, "{tokens}");
+    }
 }
 
 #[test]

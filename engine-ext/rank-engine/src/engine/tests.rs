@@ -958,3 +958,20 @@ fn the_busy_share_follows_the_steps() {
     assert!((e.busy_share(later) - share * (-1.0f64).exp()).abs() < 1e-12);
     assert_eq!(e.gauges_at(later).busy, e.busy_share(later));
 }
+
+#[test]
+fn the_reported_prefill_rate_is_what_a_full_step_prefills() {
+    // Budget 8192: a lone cold prompt of 8192 tokens is one full step.
+    let mut e = engine();
+    let rate = e.gauges().prefill_tokens_per_s;
+    assert!(rate > 0.0, "{rate}");
+    let t = toks(3, 8192);
+    e.submit(req(1, &t, 1, None), 0.0).unwrap();
+    let o = done(&run(&mut e), 1);
+    let want = 8192.0 / rate * 1e3;
+    assert!(
+        (o.ttft_ms() - want).abs() <= want * 0.01,
+        "TTFT {} ms vs {want} ms at the reported {rate} tokens/s",
+        o.ttft_ms()
+    );
+}

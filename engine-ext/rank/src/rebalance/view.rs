@@ -141,6 +141,7 @@ mod tests {
             kv_blocks: 10,
             retentions: 0,
             busy: 0.0,
+            prefill_tokens_per_s: 0.0,
         };
         let r = LoadReport {
             server_load: 3,

@@ -63,6 +63,7 @@ from tether_vllm._native import (
     CallerError,
     KvCopier,
     Ledger,
+    PrefillRate,
     TetherError,
     load_report,
     parse_marker,
@@ -417,6 +418,9 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._inflight: dict[str, Request] = {}
         # Busy while any request is in flight: the /load report's busy share.
         self._busy = BusyShare()
+        # Prompt tokens per second over this core's own steps: the /load report's
+        # prefill rate, which the gateway turns queued prefill tokens into a wait with.
+        self._prefill_rate = PrefillRate()
         self._started_ms = time.monotonic() * 1000
         self.book: LeaseBook | None = None
         self.puller: Puller | None = None
@@ -500,6 +504,7 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
             max_entries=self.config.residency_max_entries,
             admitted=admitted,
             busy=self._busy.share(self._uptime_ms()),
+            prefill_tokens_per_s=self._prefill_rate.tokens_per_s,
         )
 
     def _uptime_ms(self) -> float:
@@ -719,8 +724,20 @@ class TetherConnector(KVConnectorBase_V1, SupportsHMA):
         self._unsaved.clear()
         for rid in scheduler_output.finished_req_ids:
             self._markers.pop(rid, None)
+        self._prefill_rate.step(self._uptime_ms(), self._prompt_tokens_scheduled(scheduler_output))
         self._tick(t0)
         return meta
+
+    def _prompt_tokens_scheduled(self, scheduler_output: SchedulerOutput) -> int:
+        """New prompt tokens in this step: the scheduled tokens of requests that have
+        no output yet (decoding requests have; a preempted request that recomputes
+        is not counted, a small undercount)."""
+        tokens = 0
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            req = self._inflight.get(rid)
+            if req is not None and getattr(req, "num_output_tokens", 1) == 0:
+                tokens += n
+        return tokens
 
     def _enforce_device_share(self, now: int) -> None:
         cap = int(self.config.max_device_fraction * self.num_blocks)

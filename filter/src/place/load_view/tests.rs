@@ -1,10 +1,28 @@
 use super::*;
+use serde_json::json;
 
 const REPLY: &[u8] = br#"{"server_load": 3, "sim_ms": 81234.5, "speedup": 100.0,
  "ranks": [{"dp_rank": 0, "running": 2, "waiting": 1, "restoring": 0,
             "queued_prefill_tokens": 18432, "kv_usage": 0.4123, "kv_blocks": 57656, "retentions": 12},
            {"dp_rank": 1, "running": 0, "waiting": 0, "restoring": 0,
             "queued_prefill_tokens": 100, "kv_usage": 0.0, "kv_blocks": 57656, "retentions": 0}]}"#;
+
+/// A `/load` reply of two DP ranks (one request running on the first), each
+/// rank's members overridden by `r0` and `r1`.
+fn two_dp_ranks(r0: serde_json::Value, r1: serde_json::Value) -> Vec<u8> {
+    let rank = |dp: u64, running: u64, extra: serde_json::Value| {
+        let mut r = json!({"dp_rank": dp, "running": running, "waiting": 0, "restoring": 0,
+                           "queued_prefill_tokens": 0, "kv_usage": 0.1, "kv_blocks": 8,
+                           "retentions": 0});
+        if let (Some(o), Some(e)) = (r.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        r
+    };
+    let reply = json!({"server_load": 1, "sim_ms": 1.0, "speedup": 1.0,
+                       "ranks": [rank(0, 1, r0), rank(1, 0, r1)]});
+    serde_json::to_vec(&reply).expect("JSON")
+}
 
 #[test]
 fn a_report_gives_requests_and_prefill_backlog() {
@@ -17,12 +35,8 @@ fn the_busy_share_is_the_dp_ranks_mean_and_weighs_below_a_request() {
     // A report without `busy` (an older rank) reads 0.
     let s = Sample::from_reply(Some("200"), REPLY, 7).unwrap();
     assert_eq!(s.busy, 0.0);
-    let with = br#"{"server_load": 1, "sim_ms": 1.0, "speedup": 1.0,
- "ranks": [{"dp_rank": 0, "running": 1, "waiting": 0, "restoring": 0, "queued_prefill_tokens": 0,
-            "kv_usage": 0.1, "kv_blocks": 8, "retentions": 0, "busy": 0.8},
-           {"dp_rank": 1, "running": 0, "waiting": 0, "restoring": 0, "queued_prefill_tokens": 0,
-            "kv_usage": 0.1, "kv_blocks": 8, "retentions": 0, "busy": 7.0}]}"#;
-    let s = Sample::from_reply(Some("200"), with, 7).unwrap();
+    let with = two_dp_ranks(json!({"busy": 0.8}), json!({"busy": 7.0}));
+    let s = Sample::from_reply(Some("200"), &with, 7).unwrap();
     // An out-of-range share reads as 1: the mean of 0.8 and 1.
     assert!((s.busy - 0.9).abs() < 1e-12, "{}", s.busy);
     let mut v = LoadView::new(2);
@@ -31,6 +45,31 @@ fn the_busy_share_is_the_dp_ranks_mean_and_weighs_below_a_request() {
     let l = v.resident_loads(0..2, 7, 100, tether_placement::BUSY_WEIGHT);
     // Both have one request in flight; the busier reads higher, by less than a request.
     assert!(l[0] > l[1] && l[0] < 2.0, "{l:?}");
+}
+
+#[test]
+fn the_prefill_rate_turns_the_backlog_into_a_wait_at_the_ranks_own_speed() {
+    // Neither DP rank reports a rate: unknown, the caller's fallback applies.
+    let s = Sample::from_reply(Some("200"), REPLY, 7).unwrap();
+    assert_eq!(s.prefill_tokens_per_s, 0.0);
+    let with = two_dp_ranks(
+        json!({"queued_prefill_tokens": 6000, "prefill_tokens_per_s": 40000}),
+        json!({"prefill_tokens_per_s": 20000}),
+    );
+    let fast = Sample::from_reply(Some("200"), &with, 7).unwrap();
+    assert_eq!(fast.prefill_tokens_per_s, 60_000.0);
+    let mut v = LoadView::new(2);
+    v.record(0, fast);
+    v.record(1, s);
+    // 6,000 tokens at the rank's 60 K tokens/s; 18,532 at a 20 K fallback.
+    let waits = v.prefill_waits_ms(0..2, 7, 100, |tokens, rate| {
+        tokens / rate.unwrap_or(20_000.0) * 1e3
+    });
+    assert!((waits[0] - 100.0).abs() < 1e-9, "{waits:?}");
+    assert!((waits[1] - 926.6).abs() < 1e-9, "{waits:?}");
+    // The rate survives the shared-data encoding.
+    let back = LoadView::decode(&v.encode(), 2).unwrap();
+    assert_eq!(back, v);
 }
 
 #[test]
@@ -71,6 +110,7 @@ fn sample(requests: f64, at_ms: u64) -> Sample {
         requests,
         prefill_tokens: requests * 10.0,
         busy: (requests / 10.0).min(1.0),
+        prefill_tokens_per_s: requests * 1000.0,
         at_ms,
     }
 }

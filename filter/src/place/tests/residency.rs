@@ -183,12 +183,32 @@ fn keep_up_keeps_the_key_on_a_hot_holder_whose_prefills_keep_up() {
             requests: 40.0,
             prefill_tokens: 100_000.0,
             busy: 0.0,
+            prefill_tokens_per_s: 0.0,
             at_ms: 1000,
         },
     );
     let d = decide_r(&c, &b, &queued, &r, 1000);
     assert_eq!(d.placed.how, Some(How::Migrate { from: order[0] }));
     assert_eq!(d.placed.prefill, Prefill::Pull(order[0]));
+    // The same queue on a holder that reports prefilling 10 M tokens/s
+    // (10 ms): it keeps up, and keeps the key.
+    let mut fast = queued.clone();
+    fast.record(
+        order[0],
+        Sample {
+            requests: 40.0,
+            prefill_tokens: 100_000.0,
+            busy: 0.0,
+            prefill_tokens_per_s: 10_000_000.0,
+            at_ms: 1001,
+        },
+    );
+    let d = decide_r(&c, &b, &fast, &r, 1001);
+    assert_eq!((primary(&d), d.placed.how), (order[0], Some(How::Stay)));
+    // A configured rate is every rank's: the report is not read.
+    let fixed = rcfg(json!({"over_bound": "keep-up", "prefill_tokens_per_s": 20_000}));
+    let d = decide_r(&fixed, &b, &fast, &r, 1001);
+    assert_eq!(d.placed.how, Some(How::Migrate { from: order[0] }));
 }
 
 /// A key that stays, or a new one, never carries `x-tether-pull-from`.

@@ -32,8 +32,45 @@ fn set_at(route: &ResidentRoute, i: usize, load: f64, resident: Option<Resident>
         at,
         load,
         backlog: 0.0,
+        rate: None,
         resident,
     });
+}
+
+/// A summary listing `rkey` with `tokens` on the device.
+fn holding(rkey: u64, tokens: u32) -> Resident {
+    Resident::from_entries(
+        [(
+            rkey,
+            Held {
+                tokens,
+                device: true,
+            },
+        )],
+        16,
+    )
+    .0
+}
+
+/// Every one of `n` targets replied idle; `holder` lists `held`, the others nothing.
+fn only_holder(route: &ResidentRoute, n: usize, holder: usize, held: &Resident) {
+    for i in 0..n {
+        let res = if i == holder {
+            held.clone()
+        } else {
+            Resident::EMPTY
+        };
+        set(route, i, 0.0, Some(res));
+    }
+}
+
+/// Target `i`'s last reply also reports `backlog` queued prefill tokens and,
+/// when `Some`, its prefill rate.
+fn queue(route: &ResidentRoute, i: usize, backlog: f64, rate: Option<f64>) {
+    if let Some(p) = route.view.write().unwrap()[i].as_mut() {
+        p.backlog = backlog;
+        p.rate = rate;
+    }
 }
 
 #[test]
@@ -62,25 +99,8 @@ fn a_returning_key_follows_its_state_and_an_overloaded_holder_hands_it_over() {
     let order = route.placement.pick(key, 3).unwrap().order;
     let holder = order[1];
     let rkey = resident_key(rk.tenant.0, rk.session.0, rk.subagent.0);
-    let held = Resident::from_entries(
-        [(
-            rkey,
-            Held {
-                tokens: 50_000,
-                device: true,
-            },
-        )],
-        16,
-    )
-    .0;
-    for i in 0..4 {
-        let res = if i == holder {
-            held.clone()
-        } else {
-            Resident::EMPTY
-        };
-        set(&route, i, 0.0, Some(res));
-    }
+    let held = holding(rkey, 50_000);
+    only_holder(&route, 4, holder, &held);
     let got = route.route(&t, r, "").unwrap();
     assert_eq!((got.target, got.how), (holder, How::Stay));
     // The holder over the bound: the key moves and names its old home to
@@ -153,4 +173,28 @@ fn a_stale_reply_beside_fresh_ones_keeps_its_load_and_its_residency_is_unknown()
     let got = route.route(&t, r, "").unwrap();
     assert_eq!(got.how, How::Bounded, "its summary is unknown");
     assert_ne!(got.target, primary, "held over the bound, not read as idle");
+}
+
+#[test]
+fn a_backlog_is_a_wait_at_the_targets_reported_rate_unless_one_is_set() {
+    let t = agent_trace(4, 3, 100, 10, 64);
+    let r = RequestId(1);
+    let (key, rk) = request_key(&t, r);
+    let rkey = resident_key(rk.tenant.0, rk.session.0, rk.subagent.0);
+    let held = holding(rkey, 4_000);
+    let routed = |own_rates: bool, rate: Option<f64>| {
+        let route = ResidentRoute::new(&origins(4), rule(), Duration::from_secs(60))
+            .reading_rates(own_rates);
+        let holder = route.placement.pick(key, 3).unwrap().order[0];
+        only_holder(&route, 4, holder, &held);
+        // 40 K tokens queued on the holder: 2 s at the rule's 20 K tokens/s.
+        queue(&route, holder, 40_000.0, rate);
+        let got = route.route(&t, r, "").unwrap();
+        (got.how == How::Stay, got.target == holder)
+    };
+    // At the rule's rate the queue is worth a move; at the holder's own
+    // 4 M tokens/s (10 ms) it is not; a set rate is every target's.
+    assert_eq!(routed(true, None), (false, false));
+    assert_eq!(routed(true, Some(4_000_000.0)), (true, true));
+    assert_eq!(routed(false, Some(4_000_000.0)), (false, false));
 }

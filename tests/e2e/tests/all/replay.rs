@@ -446,6 +446,7 @@ fn replay_route_resident_places_by_what_the_ranks_hold() {
             rule,
             poll_ms: 50,
             migrate: tether_fleet::sim::Migrate::Pull,
+            own_rates: true,
         },
         "resident",
     );

@@ -129,7 +129,8 @@ fn a_leg_migration_names_the_holder_as_the_prefiller() {
 
 /// `over_bound: "keep-up"`: a holder over the bound with no prefill queued
 /// keeps the key (no pull); once its `/load` reports a long prefill queue the
-/// key moves and pulls its state, as with the default.
+/// key moves and pulls its state, as with the default — unless the holder
+/// reports a prefill rate at which that queue is short.
 #[test]
 fn keep_up_keeps_a_hot_holder_until_its_prefill_queue_grows() {
     let mut vm = vm_with(json!({"residency": {"candidates": 2, "over_bound": "keep-up"}}));
@@ -139,23 +140,32 @@ fn keep_up_keeps_a_hot_holder_until_its_prefill_queue_grows() {
     assert_eq!(place(&mut vm), (other.clone(), None));
     assert_eq!(metric(&mut vm, "tether_residency_stay"), 1);
     assert_eq!(metric(&mut vm, "tether_residency_migrate"), 0);
-    // 100 K prompt tokens queued on the holder: 5 s at the default 20 K tokens/s.
-    vm.advance_clock_ms(100);
-    let holder = other.clone();
-    poll(&mut vm, move |to| {
-        if to == holder {
-            let ranks = json!([{"dp_rank": 0, "running": 40, "waiting": 0, "restoring": 0,
-                "queued_prefill_tokens": 100_000, "kv_usage": 0.0, "kv_blocks": 10,
-                "retentions": 0}]);
-            report_with(
-                40,
-                json!({"ranks": ranks, "residency": holding(&[hot_key()])}),
-            )
-        } else {
-            report(0, holding(&[]))
-        }
-    });
+    // 100 K prompt tokens queued on the holder, which reports `rate` tokens/s
+    // (0: no rate, read at the default 20 K tokens/s: 5 s).
+    let queued = |vm: &mut FilterVm, rate: f64| {
+        vm.advance_clock_ms(100);
+        let holder = other.clone();
+        poll(vm, move |to| {
+            if to == holder {
+                let ranks = json!([{"dp_rank": 0, "running": 40, "waiting": 0, "restoring": 0,
+                    "queued_prefill_tokens": 100_000, "kv_usage": 0.0, "kv_blocks": 10,
+                    "retentions": 0, "prefill_tokens_per_s": rate}]);
+                report_with(
+                    40,
+                    json!({"ranks": ranks, "residency": holding(&[hot_key()])}),
+                )
+            } else {
+                report(0, holding(&[]))
+            }
+        });
+    };
+    queued(&mut vm, 0.0);
     assert_eq!(place(&mut vm), (home.clone(), Some(other.clone())));
+    assert_eq!(metric(&mut vm, "tether_residency_migrate"), 1);
+    // The same queue on a holder that reports prefilling 10 M tokens/s (10 ms):
+    // its own rate says it keeps up, so it keeps the key.
+    queued(&mut vm, 10_000_000.0);
+    assert_eq!(place(&mut vm), (other.clone(), None));
     assert_eq!(metric(&mut vm, "tether_residency_migrate"), 1);
     assert!(!vm.failed(), "{:?}", vm.state().logs);
 }
