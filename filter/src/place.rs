@@ -22,14 +22,14 @@
 //!   the prefill leg ([`Prefill::Holder`], `"leg"`) (`docs/gateway.md`,
 //!   "Residency-aware placement").
 //! - P/D (`pd`, body path): [`pd::prefiller`] on the prompt estimate and the
-//!   prefill endpoints' queued prefill tokens.
+//!   prefill endpoints' queued prefill as waits at their own rates.
 
 pub mod eject;
 pub mod load_view;
 pub mod pd;
 pub mod residency_view;
 
-use crate::config::residency::Migrate;
+use crate::config::residency::{Migrate, ResidencyConfig};
 use crate::config::{Config, Mode};
 use eject::Health;
 use load_view::{Freshness, LoadView};
@@ -345,7 +345,23 @@ fn prefill(
     let n = pools.decode.endpoints().len();
     let m = pp.endpoints().len();
     let max_age = cfg.load.as_ref().map_or(0, |l| l.max_age_ms);
-    let loads = snap.view.prefill_tokens(n..n + m, snap.now_ms, max_age);
+    // The pool's backlogs as waits, each at the prefill rank's own rate (the
+    // residency rule's rate when one is configured): in a pool of unequal
+    // ranks the shorter queue is not always the sooner start.
+    let fallback;
+    let rc = match &cfg.residency {
+        Some(rc) => rc,
+        None => {
+            fallback = ResidencyConfig::default();
+            &fallback
+        }
+    };
+    let rule = rc.rule();
+    let loads = snap
+        .view
+        .prefill_waits_ms(n..n + m, snap.now_ms, max_age, |tokens, rate| {
+            rc.wait_ms(&rule, tokens, rate)
+        });
     let est = pd::estimate(prompt.bytes, prompt.new_bytes, spilled, pd.bytes_per_token);
     match pd::prefiller(pd, pp, key, est, &loads) {
         Some(i) => Prefill::Remote(i),

@@ -18,9 +18,16 @@
 //!
 //! **The target** is the key's candidate (first *d* rendezvous choices) with the
 //! least KV in use among those that are under the request bound, hold less KV than
-//! the home and than the mean, and have no more prefill queued than the home (a
-//! returning turn must not land behind another session's cold prefill); ties go to
-//! the rendezvous order.
+//! the mean, would still hold less than the home holds now once the state landed
+//! (a state large against a rank's KV only moves the hot spot), and have no more
+//! prefill queued than the home (a returning turn must not land behind another
+//! session's cold prefill); ties go to the rendezvous order.
+//!
+//! **The home lets its device copy go** when the copy lands: it moves its own to
+//! the host tier (`RetentionCache::demote`), so the relief starts in the gap, not
+//! when the turn returns. Measured against keeping both on the device until the
+//! turn returns (BENCHMARKS.md "Rebalancing in tool gaps"): with both copies on the
+//! device a copy only adds KV to the target for the gap's length.
 
 use crate::{Placement, Rule};
 
@@ -53,6 +60,8 @@ impl Placement {
     /// ([module docs](self)), or `None`: the home is not one of the key's
     /// candidates (the rule would not look for the state there), its KV in use
     /// is within `settings.kv_factor` × the mean, or no candidate qualifies.
+    /// `state` is the state's size as a share of one endpoint's device KV (the
+    /// home's own capacity stands for every endpoint's; 0 when unknown).
     pub fn rebalance_target(
         &self,
         key: u64,
@@ -60,7 +69,13 @@ impl Placement {
         rule: &Rule,
         settings: Rebalance,
         view: Loads<'_>,
+        state: f64,
     ) -> Option<usize> {
+        let state = if state.is_finite() {
+            state.max(0.0)
+        } else {
+            0.0
+        };
         let d = rule.candidates.max(1);
         let cands = self.pick(key, d - 1)?.order;
         let at = |v: &[f64], i: usize| v.get(i).copied().unwrap_or(0.0);
@@ -84,7 +99,7 @@ impl Placement {
             .filter(|&i| {
                 i != home
                     && room(i)
-                    && kv(i) < kv(home)
+                    && kv(i) + state < kv(home)
                     && kv(i) < mean_kv
                     && at(view.backlog, i) <= at(view.backlog, home)
             })

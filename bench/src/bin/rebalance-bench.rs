@@ -35,7 +35,7 @@ use tether_rank_engine::profile::Profile;
 #[command(about = "rebalancing in tool gaps against none, with verdicts")]
 struct Args {
     /// Corpus seeds (one trace each).
-    #[arg(long, default_value = "19,20,21,22", value_delimiter = ',')]
+    #[arg(long, default_value = "19,20,21,22,23,24,25,26", value_delimiter = ',')]
     seeds: Vec<u64>,
     /// Corpus fleet sizes (sessions grow with the fleet: `--sessions` per 8 ranks).
     #[arg(long, default_value = "4,8", value_delimiter = ',')]

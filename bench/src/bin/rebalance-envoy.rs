@@ -140,6 +140,7 @@ fn copies(ranks: &[SimRank]) -> String {
     [
         "copied",
         "copy_failed",
+        "demoted",
         "adopted",
         "used",
         "unused",

@@ -804,6 +804,20 @@ impl RetentionCache {
         self.host.remove_record(key).is_some() || held
     }
 
+    /// Moves `key`'s live device retention to the host tier now, as pressure would
+    /// (checksummed, restorable bit-exactly): a copy of the state on another rank (a
+    /// state rebalanced in a tool gap) is expected to take the key's next turn, so
+    /// this rank's device room is worth more to its other sessions, while the host
+    /// copy still serves the turn if it comes back here. True when the device
+    /// record moved; false when there was none, it had expired, or the host tier
+    /// refused it (it stays on the device).
+    pub fn demote(&mut self, key: &RetentionKey, now: Millis, mover: &mut dyn Mover) -> bool {
+        if !self.records.contains_key(key) || self.victims.class_of(key, now) != Class::Live {
+            return false;
+        }
+        self.displace(std::slice::from_ref(key), now, mover) && !self.records.contains_key(key)
+    }
+
     /// Holds enough slots for `tokens` tokens of a running request (its prompt, then
     /// prompt + generated after each decode step), as vLLM's block manager does; a no-op
     /// unless `hold_tail_blocks`. The slots come in the usual eviction order. Returns the

@@ -594,6 +594,13 @@ impl Engine {
         self.cache.forget(key)
     }
 
+    /// Moves `key`'s device retention to the host tier at the engine's clock
+    /// ([`RetentionCache::demote`]): a copy of the state on another engine is
+    /// expected to take the key's next turn. True when it moved.
+    pub fn demote(&mut self, key: &RetentionKey) -> bool {
+        self.cache.demote(key, self.clock as u64, &mut self.mover)
+    }
+
     /// Cancels a request (its client went away); its KV pins are dropped. Returns
     /// false if the id is not live.
     pub fn cancel(&mut self, id: u64) -> bool {

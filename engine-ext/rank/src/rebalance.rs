@@ -96,6 +96,8 @@ pub enum Event {
     Copied,
     /// As a home: the target could not be reached, refused or failed to adopt.
     CopyFailed,
+    /// As a home: the copy landed and this rank moved its own to its host tier.
+    Demoted,
     /// As a target: a state leased from its home and retained here.
     Adopted,
     /// As a target: the lease or the engine failed; nothing retained.
@@ -118,9 +120,10 @@ pub enum Event {
 }
 
 impl Event {
-    pub const ALL: [Event; 11] = [
+    pub const ALL: [Event; 12] = [
         Event::Copied,
         Event::CopyFailed,
+        Event::Demoted,
         Event::Adopted,
         Event::AdoptFailed,
         Event::Used,
@@ -136,6 +139,7 @@ impl Event {
         match self {
             Event::Copied => "copied",
             Event::CopyFailed => "copy_failed",
+            Event::Demoted => "demoted",
             Event::Adopted => "adopted",
             Event::AdoptFailed => "adopt_failed",
             Event::Used => "used",

@@ -180,19 +180,10 @@ impl LoadView {
         self.values(range, now_ms, max_age_ms, |s| s.requests)
     }
 
-    /// Queued prefill tokens of the endpoints in `range`, read as
-    /// [`Self::requests`] reads requests.
-    pub fn prefill_tokens(
-        &self,
-        range: std::ops::Range<usize>,
-        now_ms: u64,
-        max_age_ms: u64,
-    ) -> Vec<f64> {
-        self.values(range, now_ms, max_age_ms, |s| s.prefill_tokens)
-    }
-
     /// How long each endpoint's prefill backlog in `range` would hold a new
-    /// prefill back, ms: `wait(queued tokens, its reported rate)`, read as
+    /// prefill back, ms: `wait(queued tokens, its reported rate)` (0 when it
+    /// reports none, which `wait` reads as unknown, as
+    /// [`tether_placement::MoveCost::wait_ms`] does), read as
     /// [`Self::requests`] reads requests.
     pub fn prefill_waits_ms(
         &self,
@@ -202,8 +193,7 @@ impl LoadView {
         wait: impl Fn(f64, Option<f64>) -> f64,
     ) -> Vec<f64> {
         self.values(range, now_ms, max_age_ms, |s| {
-            let rate = (s.prefill_tokens_per_s > 0.0).then_some(s.prefill_tokens_per_s);
-            wait(s.prefill_tokens, rate)
+            wait(s.prefill_tokens, Some(s.prefill_tokens_per_s))
         })
     }
 

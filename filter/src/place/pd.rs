@@ -1,6 +1,7 @@
 //! P/D in pick mode: the decode endpoint is the session's pick (cache
-//! locality); a prefill endpoint from a separate pool, the least loaded by
-//! queued prefill tokens, is named in `x-prefiller-host-port` (llm-d) only
+//! locality); a prefill endpoint from a separate pool, the one whose queued
+//! prefill would hold a new one back the least (its backlog at its own rate),
+//! is named in `x-prefiller-host-port` (llm-d) only
 //! when the prompt tokens the decode endpoint is not expected to hold exceed
 //! a threshold ([`tether_placement::disaggregate`], the simulator's rule).
 //!
@@ -40,7 +41,8 @@ pub fn estimate(body_bytes: usize, new_bytes: Option<usize>, spilled: bool, bpt:
 
 /// The prefill endpoint (index into `prefill`) for `key`, or `None` when the
 /// request prefills on its decode endpoint: the least loaded by `loads`
-/// (queued prefill tokens per prefill endpoint; all 0 when unknown), ties
+/// (per prefill endpoint, how long its queued prefill holds a new one back,
+/// ms; all 0 when unknown), ties
 /// broken by the key's rendezvous score — deterministic for a given view.
 pub fn prefiller(
     cfg: &PdConfig,

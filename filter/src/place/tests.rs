@@ -218,6 +218,34 @@ fn a_long_first_turn_is_disaggregated_to_the_least_loaded_prefiller() {
     assert_eq!(prefiller(&decide(&c, &short, &LoadView::new(6), 0)), None);
 }
 
+/// The prefill pool is compared by how long each rank's queue would hold a
+/// new prefill back, at the rate the rank reports: more queued tokens on a
+/// faster rank can be the sooner start.
+#[test]
+fn the_prefill_pool_is_compared_by_wait_at_each_ranks_own_rate() {
+    let first = body("s1", false, 2000);
+    let mut v = view([0.0; 4], [9000.0, 2000.0], 1000);
+    for (i, tokens, rate) in [(4, 9000.0, 100_000.0), (5, 2000.0, 10_000.0)] {
+        v.record(
+            i,
+            Sample {
+                requests: 0.0,
+                prefill_tokens: tokens,
+                busy: 0.0,
+                prefill_tokens_per_s: rate,
+                at_ms: 1000,
+            },
+        );
+    }
+    // 9,000 tokens at 100 K/s wait 90 ms; 2,000 at 10 K/s wait 200 ms.
+    let c = cfg(json!({}));
+    assert_eq!(prefiller(&decide(&c, &first, &v, 1000)), Some(PREFILL[0]));
+    // A rate configured for the residency rule holds for every rank: the
+    // shorter queue is the sooner start again.
+    let c = cfg(json!({"residency": {"prefill_tokens_per_s": 20000.0}}));
+    assert_eq!(prefiller(&decide(&c, &first, &v, 1000)), Some(PREFILL[1]));
+}
+
 /// A long conversation (read from its two ends) whose turn ends with the
 /// user's reply: the walk back from the end reaches the assistant entry
 /// before it, so only the reply counts as new and the turn prefills in place

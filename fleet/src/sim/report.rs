@@ -97,6 +97,9 @@ pub struct ResidentSummary {
     /// Copies still crossing when their turn returned (released on landing).
     #[serde(default)]
     pub rebalance_late: u64,
+    /// Homes that moved their own copy to the host tier when a copy landed.
+    #[serde(default)]
+    pub rebalance_demoted: u64,
 }
 
 impl ResidentSummary {

@@ -253,6 +253,7 @@ impl Router {
         rule: &Rule,
         settings: Rebalance,
         view: Loads<'_>,
+        state: f64,
     ) -> Option<usize> {
         let pick = |v: &[f64]| -> Vec<f64> {
             self.active
@@ -270,7 +271,7 @@ impl Router {
         };
         let t = self
             .placement
-            .rebalance_target(key, j, rule, settings, active)?;
+            .rebalance_target(key, j, rule, settings, active, state)?;
         self.active.get(t).copied()
     }
 

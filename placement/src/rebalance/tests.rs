@@ -54,7 +54,7 @@ fn target(
         kv_usage: kv,
         backlog: b,
     };
-    p.rebalance_target(key, home, &rule(d), Rebalance::default(), view)
+    p.rebalance_target(key, home, &rule(d), Rebalance::default(), view, 0.0)
 }
 
 #[test]
@@ -92,4 +92,28 @@ fn a_target_needs_request_room_less_kv_and_no_longer_prefill_queue() {
     kv[a] = 0.6;
     kv[b] = 0.6;
     assert_eq!(target(&p, key, home, 3, &req, &kv, &bl), None);
+}
+
+/// A state large against a rank's KV would only move the hot spot: the
+/// emptiest candidate with 20 % + the state still under the home's 90 % takes
+/// it, and none does once every landing would reach the home's level.
+#[test]
+fn a_target_must_stay_below_the_home_once_the_state_landed() {
+    let (p, key, [home, _, b], req, kv, bl) = setup();
+    let view = Loads {
+        requests: &req,
+        kv_usage: &kv,
+        backlog: &bl,
+    };
+    let with = |state| p.rebalance_target(key, home, &rule(3), Rebalance::default(), view, state);
+    assert_eq!(with(0.5), Some(b), "0.2 + 0.5 < 0.9");
+    assert_eq!(
+        with(0.65),
+        Some(b),
+        "0.3 + 0.65 would pass the home, 0.2 + 0.65 does not"
+    );
+    assert_eq!(with(0.75), None, "0.2 + 0.75 passes the home's 0.9");
+    // An unknown or nonsensical size reads as 0.
+    assert_eq!(with(f64::NAN), Some(b));
+    assert_eq!(with(-1.0), Some(b));
 }

@@ -245,7 +245,12 @@ impl RetentionCache {
     /// Gives up the retentions `displaceable` chose: expired ones dropped, live
     /// ones offloaded. Stops (false) at a live one the host tier refuses, which
     /// stays on the device.
-    fn displace(&mut self, keys: &[RetentionKey], now: Millis, mover: &mut dyn Mover) -> bool {
+    pub(super) fn displace(
+        &mut self,
+        keys: &[RetentionKey],
+        now: Millis,
+        mover: &mut dyn Mover,
+    ) -> bool {
         for k in keys {
             match self.victims.class_of(k, now) {
                 Class::Expired => {

@@ -1642,3 +1642,58 @@ fn a_forgotten_retention_leaves_both_tiers_and_its_blocks_become_evictable() {
 }
 
 mod hybrid_room;
+
+/// A home whose copy of a state landed on a cooler rank moves its own to the
+/// host tier: the device blocks join the free queue, the host record serves the
+/// key's return bit-exactly, and nothing else is demoted.
+#[test]
+fn demote_moves_a_retention_to_the_host_and_the_return_restores_it() {
+    let mut c = RetentionCache::try_new(cfg(16, 16)).expect("cfg");
+    let mut m = VecMover::new(16, 0);
+    let s1 = chain(1, 5);
+    turn(&mut c, &mut m, 1, &s1, Some(marker(1, TurnKind::Tool)), 0);
+    assert!(!c.demote(&key(9), 10, &mut m), "no such retention");
+    assert!(c.demote(&key(1), 10, &mut m));
+    c.check().expect("invariants");
+    assert!(c.device_record(&key(1)).is_none());
+    assert!(c.host().record(&key(1)).is_some());
+    assert_eq!(c.stats().offloaded, 1);
+    assert!(!c.demote(&key(1), 11, &mut m), "already on the host");
+    // Another session takes the freed device room; the return restores.
+    turn(&mut c, &mut m, 2, &chain(2, 14), None, 20);
+    assert!(c.peek_prefix(&s1) < 5, "the device gave the blocks away");
+    let a = session_one_returns(&mut c, &mut m, &s1, 3, TurnKind::User, 30);
+    assert_eq!((a.cached_blocks, a.miss), (5, None));
+    assert!(a.restored_blocks > 0);
+}
+
+/// Without a host tier, or once the retention expired, the state stays where
+/// it is.
+#[test]
+fn demote_keeps_what_the_host_cannot_take_or_what_expired() {
+    let mut c = RetentionCache::try_new(cfg(16, 0)).expect("cfg");
+    let mut m = VecMover::new(16, 0);
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 5),
+        Some(marker(1, TurnKind::Tool)),
+        0,
+    );
+    assert!(!c.demote(&key(1), 10, &mut m));
+    assert!(c.device_record(&key(1)).is_some(), "no host tier: kept");
+    let mut c = RetentionCache::try_new(cfg(16, 16)).expect("cfg");
+    turn(
+        &mut c,
+        &mut m,
+        1,
+        &chain(1, 5),
+        Some(marker(1, TurnKind::Tool)),
+        0,
+    );
+    let expired = c.device_record(&key(1)).expect("held").meta.expires_ms;
+    assert!(!c.demote(&key(1), expired, &mut m));
+    assert!(c.host().record(&key(1)).is_none());
+    c.check().expect("invariants");
+}

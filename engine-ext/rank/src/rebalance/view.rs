@@ -186,6 +186,7 @@ mod tests {
                 &rule,
                 Rebalance::default(),
                 v.vectors(0, hot, now).loads(),
+                0.1,
             )
         };
         assert_eq!(target(&v, t0), Some(1), "the emptiest");

@@ -100,16 +100,22 @@ impl Rank {
             return;
         };
         let key = w.marker.key;
-        let hashes = {
+        let (hashes, state) = {
             let Some(slot) = self.slots.get(w.dp) else {
                 return;
             };
             let c = lock(slot);
             let cache = c.engine.cache();
-            cache
+            let held = cache
                 .device_record(&key)
-                .map(|r| r.hashes.clone())
-                .or_else(|| cache.host().record(&key).map(|r| r.hashes.clone()))
+                .map(|r| (r.hashes.clone(), r.meta.tokens))
+                .or_else(|| (cache.host().record(&key)).map(|r| (r.hashes.clone(), r.meta.tokens)));
+            // The state's share of this rank's device KV, which stands for a peer's.
+            let slots = cache.pool().capacity() * cache.config().block_size;
+            let state = held
+                .as_ref()
+                .map_or(0.0, |(_, t)| *t as f64 / slots.max(1) as f64);
+            (held.map(|(h, _)| h), state)
         };
         let Some((hashes, &last)) = hashes.as_ref().and_then(|h| Some((h, h.last()?))) else {
             return; // not retained (a failed prefill, or evicted already)
@@ -120,10 +126,14 @@ impl Rank {
         }
         let me = on.peers.me;
         let view = on.view().vectors(me, self.own_sample(), Instant::now());
-        let target =
-            on.peers
-                .placement
-                .rebalance_target(w.route, me, &on.rule, on.settings, view.loads());
+        let target = on.peers.placement.rebalance_target(
+            w.route,
+            me,
+            &on.rule,
+            on.settings,
+            view.loads(),
+            state,
+        );
         let (Some(to), Some(&from)) = (
             target.and_then(|t| on.peers.addrs.get(t)),
             on.peers.addrs.get(me),
@@ -149,20 +159,30 @@ impl Rank {
         );
         self.rebalanced
             .add(if ok { Event::Copied } else { Event::CopyFailed });
-        self.settle(key, ok);
+        // Landed before the turn came back: this rank moves its own copy to its
+        // host tier, so the relief starts in the gap (a turn that comes back
+        // here anyway restores it from there).
+        if !self.settle(key, ok)
+            && ok
+            && let Some(slot) = self.slots.get(w.dp)
+            && lock(slot).engine.demote(&key)
+        {
+            self.rebalanced.add(Event::Demoted);
+        }
     }
 
     /// The copy of `key` ended (`ok`: landed): if the key's turn came here
-    /// meanwhile, the twin lets its copy go.
-    fn settle(self: &Arc<Self>, key: RetentionKey, ok: bool) {
+    /// meanwhile, the twin lets its copy go (true).
+    fn settle(self: &Arc<Self>, key: RetentionKey, ok: bool) -> bool {
         let Some(on) = self.rebalance.as_ref() else {
-            return;
+            return false;
         };
-        let late = on.twins().ended(&key, ok);
-        if let Some(t) = late {
-            self.rebalanced.add(Event::Late);
-            self.spawn_forget(t.peer, key, t.last);
-        }
+        let Some(t) = on.twins().ended(&key, ok) else {
+            return false;
+        };
+        self.rebalanced.add(Event::Late);
+        self.spawn_forget(t.peer, key, t.last);
+        true
     }
 
     /// Tells `peer` to forget `key`'s copy ending at `last` (counted when it

@@ -58,10 +58,16 @@ fn flags(me: SocketAddr, all: &[SocketAddr], poll_ms: &str) -> Vec<String> {
 }
 
 async fn fleet(n: usize) -> (Vec<Server>, Vec<SocketAddr>) {
+    fleet_with(n, &[]).await
+}
+
+/// [`fleet`] with `extra` flags on every rank.
+async fn fleet_with(n: usize, extra: &[&str]) -> (Vec<Server>, Vec<SocketAddr>) {
     let addrs = ports(n);
     let mut ranks = Vec::new();
     for a in &addrs {
-        let f = flags(*a, &addrs, "50");
+        let mut f = flags(*a, &addrs, "50");
+        f.extend(extra.iter().map(|x| x.to_string()));
         ranks.push(Server::start(&f.iter().map(String::as_str).collect::<Vec<_>>()).await);
     }
     (ranks, addrs)
@@ -134,9 +140,15 @@ async fn turn(s: &Server, turns: &[&str], kind: &str) -> Reply {
 
 /// Tokens `s` lists for the session in its residency summary.
 async fn listed(s: &Server) -> Option<u32> {
+    held_on(s).await.map(|(tokens, _)| tokens)
+}
+
+/// What `s` lists for the session: tokens, and whether some are on the device.
+async fn held_on(s: &Server) -> Option<(u32, bool)> {
     let l: LoadReport = serde_json::from_slice(&s.get("/load").await.body).unwrap();
     let r = Resident::decode(&l.residency.expect("a summary")).unwrap();
-    r.get(resident_key(0, 0x9c, 0)).map(|h| h.tokens)
+    r.get(resident_key(0, 0x9c, 0))
+        .map(|h| (h.tokens, h.device))
 }
 
 /// The first candidate after `home` the rule takes on an idle fleet (ties
@@ -253,6 +265,46 @@ async fn a_turn_back_at_the_home_has_the_targets_copy_forgotten() {
     .await;
     assert_eq!(listed(&ranks[1]).await, None);
     assert_eq!(event(&ranks[0].metrics().await, "unused"), 1.0);
+}
+
+/// With a host tier, the home moves its own copy there once the target's copy
+/// landed (its summary lists the key as host-only, the target's on the
+/// device), and a turn that comes back to the home anyway is served from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_home_moves_its_own_copy_to_its_host_tier_when_the_copy_lands() {
+    let (ranks, _) = fleet_with(2, &["--cache", "retention-host", "--host-gib", "1"]).await;
+    until(&ranks[0], "the peer polled", |m| {
+        total(m, "tether_rank_rebalance_peers_known", &[]) == 1.0
+    })
+    .await;
+    make_kv_heavy(&ranks[0]).await;
+    let t1 = turn(&ranks[0], &["read the file"], "tool").await;
+    let held = t1.json()["usage"]["prompt_tokens"].as_u64().unwrap() / 16 * 16;
+    until(&ranks[0], "the demotion", |m| event(m, "demoted") == 1.0).await;
+    assert_eq!(
+        held_on(&ranks[0]).await,
+        Some((held as u32, false)),
+        "home: host only"
+    );
+    assert_eq!(
+        held_on(&ranks[1]).await,
+        Some((held as u32, true)),
+        "target: device"
+    );
+    // The turn comes back to the home anyway: its blocks, cold on the device
+    // until another session needs the room, and the host copy serve it.
+    let r = turn(&ranks[0], &["read the file", "ok", "go on"], "user").await;
+    let u = &r.json()["usage"]["tether"];
+    let served = |f: &str| u[f].as_u64().unwrap_or(0);
+    assert_eq!(
+        served("device_cached_tokens") + served("restored_tokens"),
+        held,
+        "{u}"
+    );
+    until(&ranks[1], "the target forgot", |m| {
+        event(m, "released") == 1.0
+    })
+    .await;
 }
 
 /// A rank process (the real binary) at `me` among `all`; killed on drop.

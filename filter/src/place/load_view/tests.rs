@@ -62,9 +62,10 @@ fn the_prefill_rate_turns_the_backlog_into_a_wait_at_the_ranks_own_speed() {
     v.record(0, fast);
     v.record(1, s);
     // 6,000 tokens at the rank's 60 K tokens/s; 18,532 at a 20 K fallback.
-    let waits = v.prefill_waits_ms(0..2, 7, 100, |tokens, rate| {
-        tokens / rate.unwrap_or(20_000.0) * 1e3
-    });
+    // Read as the filter reads them: an unreported rate (0) falls back.
+    let rc = crate::config::residency::ResidencyConfig::default();
+    let rule = rc.rule();
+    let waits = v.prefill_waits_ms(0..2, 7, 100, |tokens, rate| rc.wait_ms(&rule, tokens, rate));
     assert!((waits[0] - 100.0).abs() < 1e-9, "{waits:?}");
     assert!((waits[1] - 926.6).abs() < 1e-9, "{waits:?}");
     // The rate survives the shared-data encoding.
@@ -126,11 +127,17 @@ fn a_stale_sample_holds_beside_a_fresh_one_and_a_stale_view_is_none() {
     assert!(v.holds_stale(0..3, 1500, 1000));
     assert_eq!(v.requests(0..3, 1400, 1000), vec![5.0, 7.0, 0.0]);
     assert!(!v.holds_stale(0..3, 1400, 1000), "all sampled are fresh");
-    assert_eq!(v.prefill_tokens(1..3, 1400, 1000), vec![70.0, 0.0]);
+    assert_eq!(
+        v.prefill_waits_ms(1..3, 1400, 1000, |t, _| t),
+        vec![70.0, 0.0]
+    );
     assert!(v.any_fresh(0..1, 1500, 1000));
     assert!(!v.any_fresh(1..3, 1500, 1000));
     // No fresh sample in the range: no view, all 0, nothing held.
-    assert_eq!(v.prefill_tokens(1..3, 1500, 1000), vec![0.0, 0.0]);
+    assert_eq!(
+        v.prefill_waits_ms(1..3, 1500, 1000, |t, _| t),
+        vec![0.0, 0.0]
+    );
     assert!(!v.holds_stale(1..3, 1500, 1000));
     assert_eq!(v.requests(0..3, 2001, 1000), vec![0.0, 0.0, 0.0]);
     assert!(!v.holds_stale(0..3, 2001, 1000));

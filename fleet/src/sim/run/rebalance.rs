@@ -14,7 +14,8 @@
 //! one batch step for its last token, and retains the state under the key with
 //! the turn's interval. It is not a trace request: never in the hit, latency
 //! or request counts, only in busy time and the rebalancing counters. The
-//! home is charged nothing (a one-sided read of pinned blocks). The rule reads
+//! home is charged nothing (a one-sided read of pinned blocks); when the copy
+//! lands the home moves its own to its host tier (`demote`). The rule reads
 //! the polled view (requests, KV in use, queued prefill), as a rank polling its
 //! peers' `/load` would.
 
@@ -85,6 +86,8 @@ impl Sim<'_> {
             return;
         };
         let pool = &mut self.pools[DECODE];
+        let slots = pool.engines[rank].cache().pool().capacity() * bs;
+        let state = held as f64 / slots.max(1) as f64;
         let view = Loads {
             requests: &pool.polled,
             kv_usage: &pool.polled_kv,
@@ -92,7 +95,7 @@ impl Sim<'_> {
         };
         let Some(to) = pool
             .router
-            .rebalance_target(key, rank, &rule, settings, view)
+            .rebalance_target(key, rank, &rule, settings, view, state)
         else {
             return;
         };
@@ -157,6 +160,11 @@ impl Sim<'_> {
         self.tot.resident.rebalanced += 1;
         self.tot.resident.rebalanced_tokens += c.tokens as u64;
         self.rebalance.twins.insert(c.key, (c.home, c.to));
+        // The home's own copy goes to its host tier: the relief starts now, and
+        // the state still serves the turn from there if it comes back.
+        if self.pools[DECODE].engines[c.home].demote(&c.key) {
+            self.tot.resident.rebalance_demoted += 1;
+        }
     }
 
     /// A turn of `rkey` was placed on decode rank `d`: the holder it did not

@@ -506,6 +506,11 @@ fn rebalancing_copies_states_in_tool_gaps_without_counting_them_as_requests() {
         "{k:?}"
     );
     assert!(k.rebalance_used > 0, "{k:?}");
+    // Homes let their device copy go to the host tier when a copy lands.
+    assert!(
+        k.rebalance_demoted > 0 && k.rebalance_demoted <= k.rebalanced,
+        "{k:?}"
+    );
     assert!(
         r.hit_ratio > plain.hit_ratio - 0.02,
         "{} vs {}",
