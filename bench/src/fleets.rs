@@ -12,8 +12,9 @@
 
 use anyhow::Result;
 use tether_fleet::generate::{GenerateOptions, Preset, generate};
-use tether_fleet::sim::{Policy, RunReport, SimConfig, oracle_hits, simulate};
+use tether_fleet::sim::{Policy, RunReport, SimConfig, oracle_hits_within, simulate};
 use tether_fleet::trace::Trace;
+use tether_rank_engine::engine::ContextLimit;
 use tether_rank_engine::profile::Profile;
 
 /// One placement setting of the comparison.
@@ -96,7 +97,8 @@ pub fn judge(
     base: &SimConfig,
     settings: &[Setting],
 ) -> Result<Vec<Judged>> {
-    let hits = oracle_hits(trace, trace.block_size() as usize);
+    let window = ContextLimit(profile.max_model_len);
+    let hits = oracle_hits_within(trace, trace.block_size() as usize, window);
     let run = |cfg: &SimConfig| -> Result<RunReport> {
         Ok(simulate(trace, profile, cfg, &hits, false, None)?.report)
     };

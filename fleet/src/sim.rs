@@ -30,6 +30,6 @@ pub(crate) mod testkit;
 pub use config::{CacheMode, FleetShape, Migrate, PdOptions, Policy, SimConfig, Step};
 pub use identity::request_key;
 pub use report::{RunReport, Simulation};
-pub use run::{RunOutput, SimError, engine_name, oracle_hits, simulate};
+pub use run::{RunOutput, SimError, engine_name, oracle_hits, oracle_hits_within, simulate};
 /// `SimConfig::rebalance`: its settings type (the rule ranks share).
 pub use tether_placement::Rebalance;

@@ -36,12 +36,12 @@ use tether_fleet::import::{Format, ImportOptions, import};
 use tether_fleet::replay::assemble::Source;
 use tether_fleet::replay::{Options, Route, Schedule};
 use tether_fleet::sim::{
-    CacheMode, FleetShape, Migrate, Policy, RunReport, SimConfig, oracle_hits, simulate,
+    CacheMode, FleetShape, Migrate, Policy, RunReport, SimConfig, oracle_hits_within, simulate,
 };
 use tether_fleet::synth::{Identity, SynthOptions};
 use tether_fleet::trace::Trace;
 use tether_placement::OverBound;
-use tether_rank_engine::engine::EngineSettings;
+use tether_rank_engine::engine::{ContextLimit, EngineSettings};
 use tether_rank_engine::profile::Profile;
 
 #[derive(Parser, Debug)]
@@ -269,7 +269,8 @@ fn base(profile: &Profile, fleet: FleetShape, speedup: f64) -> SimConfig {
 }
 
 fn run(trace: &Trace, profile: &Profile, cfg: &SimConfig) -> Result<Row> {
-    let oracle = oracle_hits(trace, trace.block_size() as usize);
+    let window = ContextLimit(profile.max_model_len);
+    let oracle = oracle_hits_within(trace, trace.block_size() as usize, window);
     Ok(Row {
         report: simulate(trace, profile, cfg, &oracle, false, None)?.report,
     })

@@ -11,7 +11,7 @@ use crate::sim::plot::{self, Point};
 use crate::sim::report::{peak_rss_bytes, table};
 use crate::sim::run::describe;
 use crate::sim::{
-    CacheMode, FleetShape, PdOptions, Policy, RunOutput, RunReport, SimConfig, oracle_hits,
+    CacheMode, FleetShape, PdOptions, Policy, RunOutput, RunReport, SimConfig, oracle_hits_within,
     simulate,
 };
 use crate::trace::{Trace, content_hash};
@@ -381,7 +381,10 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         a.fleet.block_size
     };
-    let oracle = oracle_hits(&trace, block);
+    // What a fleet of this model could save: requests over its window are
+    // refused by every run alike.
+    let window = tether_rank_engine::engine::ContextLimit(profile.max_model_len);
+    let oracle = oracle_hits_within(&trace, block, window);
     let ids = Identities::derive(&trace, &identity);
     let hash = content_hash(&trace);
     println!(

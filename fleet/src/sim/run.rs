@@ -536,6 +536,14 @@ fn engine_config(
 /// request): every block any earlier request (in arrival order) carried, in
 /// whole engine blocks of the run's size.
 pub fn oracle_hits(trace: &Trace, engine_block: usize) -> Vec<u32> {
+    oracle_hits_within(trace, engine_block, ContextLimit(None))
+}
+
+/// [`oracle_hits`] on a fleet whose context window is `limit`: a request the
+/// window refuses (prompt plus its output over it, as [`Sim`] and
+/// `tether-rank` refuse it) is served nothing and leaves nothing behind, so
+/// the oracle saves only what a fleet of that model could.
+pub fn oracle_hits_within(trace: &Trace, engine_block: usize, limit: ContextLimit) -> Vec<u32> {
     let store = trace.blocks();
     let bt = trace.block_size() as u64;
     let be = engine_block.max(1) as u64;
@@ -544,6 +552,9 @@ pub fn oracle_hits(trace: &Trace, engine_block: usize) -> Vec<u32> {
     let mut path = Vec::new();
     for id in trace.by_arrival() {
         let r = trace.request(id);
+        if !within(limit, r) {
+            continue;
+        }
         store.path_into(r.blocks, &mut path);
         let mut blocks = 0u64;
         for node in &path {
@@ -559,6 +570,14 @@ pub fn oracle_hits(trace: &Trace, engine_block: usize) -> Vec<u32> {
         out[id.0 as usize] = (blocks * bt).min(full) as u32;
     }
     out
+}
+
+/// Whether a fleet with context window `limit` serves `req` at all: the replay
+/// asks for the trace's output tokens (at least 1), and a rank whose window
+/// that prompt plus output passes answers 400.
+fn within(limit: ContextLimit, req: &crate::trace::Request) -> bool {
+    let asked = u64::from(req.output_tokens.max(1));
+    limit.check(u64::from(req.input_tokens), asked).is_ok()
 }
 
 struct Sim<'a> {
@@ -796,14 +815,7 @@ impl Sim<'_> {
         let q = id.0 as usize;
         let req = trace.request(id);
         self.reqs[q].arrival = t;
-        // The replay asks for the trace's output tokens (at least 1): a rank
-        // with this window would answer 400, so the request is not served here either.
-        let asked = u64::from(req.output_tokens.max(1));
-        if self
-            .limit
-            .check(u64::from(req.input_tokens), asked)
-            .is_err()
-        {
+        if !within(self.limit, req) {
             self.tot.refused += 1;
             self.tot.too_long += 1;
             return Ok(());
@@ -1325,7 +1337,13 @@ impl Sim<'_> {
         } else {
             f64::INFINITY
         };
-        let oracle_hit_tokens: u64 = self.oracle_hits.iter().map(|&h| u64::from(h)).sum();
+        // Over the requests the window admits: a refused one is refused by
+        // every policy alike, the oracle's own run included.
+        let oracle_hit_tokens: u64 = (self.trace.requests().iter())
+            .zip(self.oracle_hits)
+            .filter(|(r, _)| within(self.limit, r))
+            .map(|(_, &h)| u64::from(h))
+            .sum();
         let pd = (self.pools.len() > PREFILL).then(|| PdSummary {
             remote_prefills: t.remote,
             local_prefills: t.local,

@@ -252,6 +252,36 @@ fn requests_over_the_context_window_are_refused_as_the_rank_refuses_them() {
             .filter_map(|o| o.served())
             .all(|s| s.prompt_tokens + s.output_tokens <= limit)
     );
+    // The oracle saves only what a fleet of this window could: a refused
+    // request is served nothing and leaves nothing behind, so the oracle's
+    // own run is the whole of it (with every request counted it read 27 %
+    // of itself on a coding-agent trace through a 128 K window).
+    let within = oracle_hits_within(&t, engine_block(&t, &c), rank_rule);
+    for ((i, o), h) in prompts.iter().zip(&within) {
+        if rank_rule.check(*i, *o).is_err() {
+            assert_eq!(*h, 0);
+        }
+    }
+    assert!(within.iter().zip(&oracle).all(|(w, o)| w <= o));
+    let sum_served = |hits: &[u32]| -> u64 {
+        (hits.iter().zip(&prompts))
+            .filter(|(_, (i, o))| rank_rule.check(*i, *o).is_ok())
+            .map(|(&h, _)| u64::from(h))
+            .sum()
+    };
+    let c = cfg(Policy::Oracle, CacheMode::Lru, 2);
+    let r = simulate(&t, &p, &c, &within, false, None).unwrap().report;
+    assert_eq!(r.sim.refused, expect);
+    assert_eq!(r.sim.oracle_hit_tokens, sum_served(&within));
+    assert!(
+        (r.sim.oracle_share - 1.0).abs() < 1e-12,
+        "{}",
+        r.sim.oracle_share
+    );
+    // Hits computed without the window: the refused still stay out of the
+    // baseline.
+    let r = simulate(&t, &p, &c, &oracle, false, None).unwrap().report;
+    assert_eq!(r.sim.oracle_hit_tokens, sum_served(&oracle));
 }
 
 #[test]
