@@ -33,7 +33,7 @@ pub mod search;
 pub mod size;
 pub mod whole;
 
-use crate::sim::{CacheMode, Policy, RunReport, SimConfig, SimError, oracle_hits};
+use crate::sim::{CacheMode, Policy, RunReport, SimConfig, SimError, oracle_hits_within};
 use crate::trace::{RequestId, Trace};
 use answer::{ApiComparison, Change, WaterfallStep};
 use demand::Interval;
@@ -413,7 +413,8 @@ fn planner<'a>(
     cfg: &'a PlanConfig,
     obs: &'a dyn progress::Observer,
 ) -> Result<Planner<'a>, PlanError> {
-    let hits = oracle_hits(trace, engine_block(trace, cfg));
+    let window = ContextLimit(profile.max_model_len);
+    let hits = oracle_hits_within(trace, engine_block(trace, cfg), window);
     Planner::new(trace, profile, cfg, hits, obs)
 }
 

@@ -15,8 +15,9 @@ use super::{
     sample,
 };
 use crate::sim::Step;
-use crate::sim::oracle_hits;
+use crate::sim::oracle_hits_within;
 use crate::trace::Trace;
+use tether_rank_engine::engine::ContextLimit;
 use tether_rank_engine::profile::Profile;
 
 /// Correction rounds of each candidate on the sample (the whole trace's
@@ -66,7 +67,8 @@ pub(super) fn plan(
                 None
             };
             let t = coarse.as_ref().unwrap_or(trace);
-            let hits = oracle_hits(t, engine_block(t, &wcfg));
+            let window = ContextLimit(profile.max_model_len);
+            let hits = oracle_hits_within(t, engine_block(t, &wcfg), window);
             Ok((coarse, hits))
         });
         let sp = planner(&part, profile, &scfg, obs)?;
