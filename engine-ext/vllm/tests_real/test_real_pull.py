@@ -87,6 +87,19 @@ def delta(after: dict, before: dict, name: str) -> int:
     return after.get(name, 0) - before.get(name, 0)
 
 
+def lease_ended(server: Server, before: dict, timeout: float = 10.0) -> dict:
+    """``server``'s counters once a lease it granted after ``before`` ended, or at the
+    timeout: the new home's HTTP release is sent from a thread of its own after the pull,
+    and the READ's notification is read in the holder's next steps."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = stats(server)
+        done = delta(s, before, "leases_released") >= 1 and delta(s, before, "leases_notified") >= 1
+        if done or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
+
+
 def test_a_pulled_turn_answers_exactly_as_a_device_hit_on_its_holder(pair):
     """Turn 1 on pa; turn 2 migrated to pb pulls pa's retained blocks, and answers
     bit-identically (text, every logprob and its top-2) to pa's own device hit."""
@@ -102,10 +115,11 @@ def test_a_pulled_turn_answers_exactly_as_a_device_hit_on_its_holder(pair):
     assert delta(b1, b0, "pulled_bytes") > 0
     assert two_a.cached == two_b.cached == expect * BLOCK >= 2 * BLOCK, (two_a, two_b)
     assert two_b.same_as(two_a), (two_b, two_a)
-    # The new home holds the turn now; the holder's lease ended (pb's HTTP release at
-    # once; the READ's notification read by pa's worker in the steps of two_a).
+    # The new home holds the turn now; the holder's lease ended (pb's HTTP release,
+    # sent from its lease thread; the READ's notification read by pa's worker in the
+    # steps of two_a).
     assert listed(pb, session)
-    a1 = stats(pa)
+    a1 = lease_ended(pa, a0)
     assert delta(a1, a0, "leases_granted") == 1 and delta(a1, a0, "leased_blocks") == expect, a1
     assert delta(a1, a0, "leases_released") == 1 and delta(a1, a0, "leases_notified") == 1, a1
     assert a1["leases_active"] == 0 and a1["lease_held_blocks"] == 0, a1

@@ -1644,8 +1644,8 @@ fn a_forgotten_retention_leaves_both_tiers_and_its_blocks_become_evictable() {
 mod hybrid_room;
 
 /// A home whose copy of a state landed on a cooler rank moves its own to the
-/// host tier: the device blocks join the free queue, the host record serves the
-/// key's return bit-exactly, and nothing else is demoted.
+/// host tier: the device blocks join the free queue, and the host record
+/// serves the key's return (`turn` checks every served block's bytes).
 #[test]
 fn demote_moves_a_retention_to_the_host_and_the_return_restores_it() {
     let mut c = RetentionCache::try_new(cfg(16, 16)).expect("cfg");
