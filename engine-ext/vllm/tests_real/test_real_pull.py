@@ -87,17 +87,21 @@ def delta(after: dict, before: dict, name: str) -> int:
     return after.get(name, 0) - before.get(name, 0)
 
 
-def lease_ended(server: Server, before: dict, timeout: float = 10.0) -> dict:
+def lease_ended(server: Server, before: dict, nudge: list[Server], timeout: float = 10.0) -> dict:
     """``server``'s counters once a lease it granted after ``before`` ended, or at the
-    timeout: the new home's HTTP release is sent from a thread of its own after the pull,
-    and the READ's notification is read in the holder's next steps."""
+    timeout. Both ends of a lease move in engine steps: the new home sends its release
+    when its worker reports the READ done (its scheduler's next step), the holder reads
+    the READ's notification in its worker's steps. An idle engine takes no steps, so the
+    ``nudge`` engines get a one-token request every half second, as traffic would."""
     deadline = time.monotonic() + timeout
     while True:
         s = stats(server)
         done = delta(s, before, "leases_released") >= 1 and delta(s, before, "leases_notified") >= 1
         if done or time.monotonic() > deadline:
             return s
-        time.sleep(0.05)
+        for n in nudge:
+            ask(n.url, "chat", [("user", "ping")], n=1)
+        time.sleep(0.5)
 
 
 def test_a_pulled_turn_answers_exactly_as_a_device_hit_on_its_holder(pair):
@@ -119,7 +123,7 @@ def test_a_pulled_turn_answers_exactly_as_a_device_hit_on_its_holder(pair):
     # sent from its lease thread; the READ's notification read by pa's worker in the
     # steps of two_a).
     assert listed(pb, session)
-    a1 = lease_ended(pa, a0)
+    a1 = lease_ended(pa, a0, nudge=[pb, pa])
     assert delta(a1, a0, "leases_granted") == 1 and delta(a1, a0, "leased_blocks") == expect, a1
     assert delta(a1, a0, "leases_released") == 1 and delta(a1, a0, "leases_notified") == 1, a1
     assert a1["leases_active"] == 0 and a1["lease_held_blocks"] == 0, a1
