@@ -339,7 +339,7 @@ fn too_long(trace: &Trace, limit: ContextLimit) -> (u64, u64) {
     let mut count = 0;
     let mut longest = 0;
     for r in trace.requests() {
-        let (p, o) = (u64::from(r.input_tokens), u64::from(r.output_tokens.max(1)));
+        let (p, o) = r.asked_tokens();
         if limit.check(p, o).is_err() {
             count += 1;
             longest = longest.max(p + o);

@@ -804,6 +804,13 @@ impl RetentionCache {
         self.host.remove_record(key).is_some() || held
     }
 
+    /// `tokens` as a share of this cache's device KV (its blocks × block size): how
+    /// much of a rank a state of that size fills.
+    pub fn device_share(&self, tokens: u64) -> f64 {
+        let slots = self.pool.capacity() * self.cfg.block_size;
+        tokens as f64 / slots.max(1) as f64
+    }
+
     /// Moves `key`'s live device retention to the host tier now, as pressure would
     /// (checksummed, restorable bit-exactly): a copy of the state on another rank (a
     /// state rebalanced in a tool gap) is expected to take the key's next turn, so

@@ -82,7 +82,7 @@ impl<'a> Planner<'a> {
         p.tokens = trace
             .requests()
             .iter()
-            .map(|r| (u64::from(r.input_tokens), u64::from(r.output_tokens.max(1))))
+            .map(crate::trace::Request::asked_tokens)
             .filter(|&(i, o)| window.check(i, o).is_ok())
             .map(|(i, o)| (i + o) as f64)
             .sum();

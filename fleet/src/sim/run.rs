@@ -576,8 +576,8 @@ pub fn oracle_hits_within(trace: &Trace, engine_block: usize, limit: ContextLimi
 /// asks for the trace's output tokens (at least 1), and a rank whose window
 /// that prompt plus output passes answers 400.
 fn within(limit: ContextLimit, req: &crate::trace::Request) -> bool {
-    let asked = u64::from(req.output_tokens.max(1));
-    limit.check(u64::from(req.input_tokens), asked).is_ok()
+    let (prompt, asked) = req.asked_tokens();
+    limit.check(prompt, asked).is_ok()
 }
 
 struct Sim<'a> {

@@ -129,6 +129,17 @@ pub struct Request {
     pub messages: Option<Box<RawValue>>,
 }
 
+impl Request {
+    /// Its prompt tokens and the output tokens a replay asks for (the trace's, at
+    /// least 1): what a rank's context window is checked against.
+    pub fn asked_tokens(&self) -> (u64, u64) {
+        (
+            u64::from(self.input_tokens),
+            u64::from(self.output_tokens.max(1)),
+        )
+    }
+}
+
 /// A whole trace in memory. Build one with [`TraceBuilder`] or read one with
 /// [`crate::trace::read_trace`]; it is valid by construction.
 #[derive(Clone, Debug)]

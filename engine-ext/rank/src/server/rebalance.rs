@@ -111,10 +111,7 @@ impl Rank {
                 .map(|r| (r.hashes.clone(), r.meta.tokens))
                 .or_else(|| (cache.host().record(&key)).map(|r| (r.hashes.clone(), r.meta.tokens)));
             // The state's share of this rank's device KV, which stands for a peer's.
-            let slots = cache.pool().capacity() * cache.config().block_size;
-            let state = held
-                .as_ref()
-                .map_or(0.0, |(_, t)| *t as f64 / slots.max(1) as f64);
+            let state = held.as_ref().map_or(0.0, |(_, t)| cache.device_share(*t));
             (held.map(|(h, _)| h), state)
         };
         let Some((hashes, &last)) = hashes.as_ref().and_then(|h| Some((h, h.last()?))) else {

@@ -86,8 +86,7 @@ impl Sim<'_> {
             return;
         };
         let pool = &mut self.pools[DECODE];
-        let slots = pool.engines[rank].cache().pool().capacity() * bs;
-        let state = held as f64 / slots.max(1) as f64;
+        let state = pool.engines[rank].cache().device_share(held as u64);
         let view = Loads {
             requests: &pool.polled,
             kv_usage: &pool.polled_kv,
